@@ -1,0 +1,1 @@
+"""laneway's command line: parses arguments and renders results, nothing more."""

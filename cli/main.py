@@ -1,0 +1,395 @@
+"""The ``laneway`` command. Parses arguments, calls the controller/worker, renders.
+
+Exit codes: 0 done; 1 refused or failed (preflight refused, a run could not finish);
+2 bad input (config, arguments, ids); 3 a run is blocked and needs an operator
+(halt, pause, unknown outcome); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from cli import render
+from controller import config as config_module
+from controller import db, ledger, pipeline
+from controller.clock import SystemClock
+from controller.daemon import Controller
+from controller.errors import ConfigError, LanewayError, UsageError
+from controller.status import build_status
+from workers.service import WorkerService, psutil_memory
+
+EXIT_BLOCKED = 3
+BLOCKING_REASONS = {"halted", "unknown_outcome", "paused", "stopped"}
+
+app = typer.Typer(
+    name="laneway",
+    help=(
+        "A persistent pipeline controller for long-running, expensive work: nothing runs "
+        "twice without an operator saying so, no evidence is lost, and every idle lane "
+        "has a recorded reason."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+RuntimeDir = Annotated[
+    Path,
+    typer.Option(
+        "--runtime-dir",
+        envvar="LANEWAY_RUNTIME_DIR",
+        help="Where the ledger and runs/ live (env LANEWAY_RUNTIME_DIR).",
+    ),
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+ConfigPath = Annotated[Path, typer.Argument(help="Pipeline config, .toml or .json.")]
+DEFAULT_RUNTIME = Path(".laneway")
+
+
+def _actor() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{os.uname().nodename}"
+
+
+def _emit(data: Any, as_json: bool, text_form: Callable[[Any], str]) -> None:
+    typer.echo(render.as_json(data) if as_json else text_form(data))
+
+
+def _fail(error: LanewayError, as_json: bool = False) -> None:
+    if isinstance(error, ConfigError):
+        lines = error.problems
+    elif hasattr(error, "reasons"):
+        lines = list(error.reasons)
+    else:
+        lines = [str(error)]
+    if as_json:
+        typer.echo(render.as_json({"ok": False, "error": type(error).__name__, "problems": lines}))
+    else:
+        for line in lines:
+            typer.echo(f"laneway: {line}", err=True)
+    raise typer.Exit(error.exit_code)
+
+
+def _existing_ledger(runtime_dir: Path) -> Any:
+    url = db.ledger_url(runtime_dir)
+    if url.startswith("sqlite") and not (runtime_dir / db.LEDGER_FILENAME).exists():
+        raise UsageError(
+            f"no ledger at {runtime_dir / db.LEDGER_FILENAME}; pass --runtime-dir or run "
+            "`laneway start-pipeline` first"
+        )
+    return url
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of a pipeline config."""
+    typer.echo(render.as_json(config_module.json_schema()))
+
+
+@app.command("dry-run")
+def dry_run(config: ConfigPath, as_json: JsonFlag = False) -> None:
+    """Validate a config and print its plan; writes nothing.
+
+    The plan: items, jobs per stage and lane, capacity arithmetic, and the first
+    admission decisions with their reasons. Exit 1 if preflight refuses, 2 if the
+    config is invalid.
+    """
+    try:
+        parsed = config_module.load_config(config)
+        reasons, _ = pipeline.preflight(parsed)
+    except LanewayError as error:
+        _fail(error, as_json)
+        return
+    plan = pipeline.plan(parsed, mem_available_mib=psutil_memory()[0])
+    plan["preflight"] = {"ok": not reasons, "reasons": reasons}
+    if as_json:
+        typer.echo(render.as_json(plan))
+    else:
+        typer.echo(render.plan_text(plan))
+        typer.echo("")
+        typer.echo("preflight: ok" if not reasons else "preflight: REFUSED")
+        for reason in reasons:
+            typer.echo(f"  {reason}")
+    if reasons:
+        raise typer.Exit(1)
+
+
+@app.command("start-pipeline")
+def start_pipeline(
+    config: ConfigPath,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    as_json: JsonFlag = False,
+) -> None:
+    """Preflight a config and freeze it into a new run.
+
+    Checks the config, paths, executables, source files and secret references; on any
+    refusal exits 1 with the reasons and creates nothing. Otherwise creates the run's
+    items and jobs (respecting batch_cap). Never clears a pause or halt.
+    """
+    try:
+        parsed = config_module.load_config(config)
+        run_id = pipeline.start(parsed, runtime_dir=runtime_dir, actor=_actor())
+    except LanewayError as error:
+        _fail(error, as_json)
+        return
+    result = {"ok": True, "run_id": run_id, "runtime_dir": str(runtime_dir.resolve())}
+    _emit(
+        result,
+        as_json,
+        lambda r: (
+            f"run {r['run_id']} created in {r['runtime_dir']}\n"
+            f"next: laneway worker --node NODE --runtime-dir {r['runtime_dir']} "
+            "(one per node) and laneway controller"
+        ),
+    )
+
+
+@app.command()
+def status(
+    run: Annotated[int | None, typer.Argument(help="Run id (default: the newest).")] = None,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    as_json: JsonFlag = False,
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh every 2 s.")] = False,
+) -> None:
+    """Show a run: controls, unknowns, jobs, running attempts, lanes and why they idle.
+
+    Reads the ledger only (SQLite opened read-only).
+    """
+    try:
+        engine = db.make_engine(_existing_ledger(runtime_dir), readonly=True)
+        db.check_revision(engine)
+        while True:
+            with db.session_factory(engine)() as session:
+                report = build_status(
+                    session, ledger.get_run(session, run), now=SystemClock().now()
+                )
+            if watch and not as_json:
+                typer.echo("\x1b[2J\x1b[H", nl=False)
+            _emit(report, as_json, render.status_text)
+            if not watch:
+                return
+            time.sleep(2)
+    except LanewayError as error:
+        _fail(error, as_json)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+class _Stopper:
+    """SIGTERM/SIGINT set a flag; a second signal asks to leave at once."""
+
+    def __init__(self) -> None:
+        self.signals = 0
+        signal.signal(signal.SIGTERM, self._on)
+        signal.signal(signal.SIGINT, self._on)
+
+    def _on(self, signum: int, _frame: Any) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            typer.echo(
+                "laneway: stopping — no new dispatch; waiting for running attempts "
+                "(signal again to leave them running under their supervisors)",
+                err=True,
+            )
+
+    def stop(self) -> bool:
+        return self.signals > 0
+
+    def abort(self) -> bool:
+        return self.signals > 1
+
+
+@app.command()
+def worker(
+    node: Annotated[str, typer.Option("--node", help="The node this machine is.")],
+    slots: Annotated[int, typer.Option("--slots", min=1, help="Attempts at once.")] = 2,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+) -> None:
+    """Run the worker service of one node: lease, supervise, settle, heartbeat.
+
+    TERM/INT drains: no new dispatch, running attempts finish and settle. A second
+    signal leaves them running under their supervisors.
+    """
+    try:
+        engine = db.open_ledger(runtime_dir)
+        service = WorkerService(engine, node=node, slots=slots)
+        worker_id = service.start()
+    except LanewayError as error:
+        _fail(error)
+        return
+    typer.echo(f"laneway worker {worker_id}: node {node}, {slots} slots", err=True)
+    stopper = _Stopper()
+    service.serve(stopper.stop)
+    service.drain(should_abort=stopper.abort)
+    if not service.in_flight:
+        service.stop()
+
+
+@app.command()
+def controller(
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    interval: Annotated[float, typer.Option(help="Seconds between ticks.")] = 0.25,
+) -> None:
+    """Run the controller daemon: promote jobs, close finished runs, write snapshots.
+
+    Promotes jobs whose needs succeeded (skips those whose needs did not), closes runs
+    whose jobs are all terminal, writes runs/<run>/status.json and SUMMARY.json.
+    """
+    try:
+        engine = db.open_ledger(runtime_dir)
+    except LanewayError as error:
+        _fail(error)
+        return
+    stopper = _Stopper()
+    Controller(engine).serve(stopper.stop, interval=interval)
+
+
+@app.command("run")
+def run_pipeline(
+    config: ConfigPath,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    as_json: JsonFlag = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress lines.")] = False,
+) -> None:
+    """Start a pipeline and run it here, in the foreground, until it finishes.
+
+    Starts the run, then the controller and one local worker per node, with live
+    progress. Exit 0 when every job is terminal, 3 when the run is blocked and needs an
+    operator (halt, pause, unknown outcome), 130 when interrupted.
+    """
+    try:
+        parsed = config_module.load_config(config)
+        engine = db.open_ledger(runtime_dir)
+        run_id = pipeline.start(parsed, runtime_dir=runtime_dir, actor=_actor(), engine=engine)
+        services = [
+            WorkerService(engine, node=node.name, slots=node.max_jobs) for node in parsed.nodes
+        ]
+        for service in services:
+            service.start()
+    except LanewayError as error:
+        _fail(error, as_json)
+        return
+    daemon = Controller(engine)
+    stopper = _Stopper()
+    progress = _Progress(run_id, quiet=quiet or as_json)
+    blocked: str | None = None
+    while True:
+        report = daemon.tick()
+        busy = False
+        for service in services:
+            tick = service.tick()
+            busy = busy or bool(tick.claimed or tick.settled)
+        with db.session_factory(engine)() as session:
+            snapshot = build_status(
+                session, ledger.get_run(session, run_id), now=daemon.clock.now()
+            )
+        progress.show(snapshot)
+        if run_id in report.closed:
+            break
+        in_flight = sum(len(s.in_flight) for s in services)
+        blocked = _blocked_reason(snapshot) if in_flight == 0 else None
+        if blocked or stopper.stop():
+            break
+        if not busy:
+            time.sleep(0.02)
+    for service in services:
+        service.drain(should_abort=stopper.abort)
+        if not service.in_flight:
+            service.stop()
+    daemon.tick()
+    with db.session_factory(engine)() as session:
+        final = build_status(session, ledger.get_run(session, run_id), now=daemon.clock.now())
+    _emit(final, as_json, render.status_text)
+    if blocked:
+        typer.echo(f"laneway: run {run_id} is blocked: {blocked}", err=True)
+        raise typer.Exit(EXIT_BLOCKED)
+    if final["run"]["state"] != "finished":
+        raise typer.Exit(130 if stopper.stop() else 1)
+
+
+def _blocked_reason(snapshot: dict[str, Any]) -> str | None:
+    """Why a run with nothing in flight cannot progress without an operator, if so."""
+    if snapshot["unknown"]:
+        return f"{len(snapshot['unknown'])} unknown attempt(s) await `laneway reconcile`"
+    reasons = [lane["reason"] for lane in snapshot["lanes"] if lane["ready"] or lane["waiting"]]
+    if reasons and all(r is not None and r["code"] in BLOCKING_REASONS for r in reasons):
+        return "; ".join(sorted({r["words"] for r in reasons if r}))
+    return None
+
+
+class _Progress:
+    def __init__(self, run_id: int, *, quiet: bool) -> None:
+        self.run_id = run_id
+        self.quiet = quiet
+        self.last = ""
+
+    def show(self, status: dict[str, Any]) -> None:
+        if self.quiet:
+            return
+        totals = status["totals"]
+        total = sum(totals.values())
+        done = sum(totals.get(s, 0) for s in ("succeeded", "failed", "skipped", "cancelled"))
+        parts = [f"{k} {v}" for k, v in sorted(totals.items()) if v]
+        line = f"run {self.run_id}: {done}/{total} jobs terminal · " + " · ".join(parts)
+        if line != self.last:
+            typer.echo(line, err=True)
+            self.last = line
+
+
+@app.command()
+def sql(
+    query: Annotated[str, typer.Argument(help="A read-only SQL query.")],
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run a read-only SQL query against the ledger.
+
+    SQLite is opened read-only. Tables and views are documented in docs/ledger.md.
+    """
+    try:
+        engine = db.make_engine(_existing_ledger(runtime_dir), readonly=True)
+        with engine.connect() as connection:
+            if not db.is_sqlite(engine):
+                connection.execute(text("SET TRANSACTION READ ONLY"))
+            result = connection.execute(text(query))
+            if not result.returns_rows:
+                raise UsageError("the query returned no rows; `laneway sql` is for SELECTs")
+            headers = list(result.keys())
+            rows = [list(row) for row in result]
+    except LanewayError as error:
+        _fail(error, as_json)
+        return
+    except (OperationalError, ProgrammingError) as error:
+        message = str(error.orig).splitlines()[0] if error.orig else str(error)
+        _fail(UsageError(f"query refused: {message}"), as_json)
+        return
+    if as_json:
+        typer.echo(render.as_json([dict(zip(headers, row, strict=True)) for row in rows]))
+    else:
+        typer.echo(render.table(headers, rows))
+
+
+def main() -> None:
+    try:
+        app()
+    except LanewayError as error:  # errors raised outside a command's own handling
+        typer.echo(f"laneway: {error}", err=True)
+        sys.exit(error.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Turning laneway's JSON-able results into text for people."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]|\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def clean(text: Any) -> str:
+    """Neutralise terminal escapes and carriage returns that came from job output."""
+    return _CONTROL_CHARS.sub("?", str(text))
+
+
+def as_json(data: Any) -> str:
+    return json.dumps(data, indent=2, sort_keys=False, default=str)
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[clean("" if v is None else v) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, value in enumerate(row):
+            widths[i] = max(widths[i], len(value))
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    return "\n".join(lines)
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} m"
+    if minutes:
+        return f"{minutes} m {secs:02d} s"
+    return f"{secs} s"
+
+
+def status_text(status: dict[str, Any]) -> str:
+    run = status["run"]
+    out = [
+        f"run {run['id']} ({run['name']}) — {run['state']}; started {run['created_at']}"
+        + (f", finished {run['finished_at']}" if run["finished_at"] else "")
+    ]
+    if status["unknown"]:
+        out.append("")
+        out.append(
+            f"UNKNOWN OUTCOMES — dispatch halted until reconciled ({len(status['unknown'])}):"
+        )
+        for u in status["unknown"]:
+            out.append(
+                f"  attempt {u['attempt_id']} {u['item']}.{u['stage']}: {clean(u['reason'])}"
+            )
+            out.append(f"    evidence: {u['evidence']}")
+            out.append(f"    resolve:  {u['reconcile']}")
+    if status["controls"]:
+        out.append("")
+        out.append("controls:")
+        for c in status["controls"]:
+            where = c["scope"] + (f" {c['lane']}" if c["lane"] else "")
+            out.append(
+                f"  {c['kind']} ({where}) by {c['set_by']} at {c['set_at']}: {clean(c['reason'])}"
+            )
+    states = [
+        "waiting",
+        "ready",
+        "running",
+        "unknown",
+        "succeeded",
+        "failed",
+        "skipped",
+        "cancelled",
+    ]
+    out.append("")
+    rows = [[stage, *(by.get(s, 0) or "" for s in states)] for stage, by in status["jobs"].items()]
+    rows.append(["total", *(status["totals"].get(s, 0) or "" for s in states)])
+    out.append(table(["stage", *states], rows))
+    classes = sorted({o for by in status["outcomes"].values() for o in by})
+    if classes:
+        out.append("")
+        out.append("attempt outcomes:")
+        out.append(
+            table(
+                ["stage", *classes],
+                [[s, *(by.get(c, "") for c in classes)] for s, by in status["outcomes"].items()],
+            )
+        )
+    if status["running"]:
+        out.append("")
+        out.append("running:")
+        out.append(
+            table(
+                ["attempt", "item", "stage", "lane", "node", "pid", "elapsed", "timeout"],
+                [
+                    [
+                        r["attempt_id"],
+                        r["item"],
+                        r["stage"],
+                        r["lane"],
+                        r["node"],
+                        r["pid"],
+                        duration(r["elapsed_seconds"]),
+                        duration(r["timeout_seconds"]),
+                    ]
+                    for r in status["running"]
+                ],
+            )
+        )
+    out.append("")
+    out.append("lanes:")
+    lane_rows = []
+    for lane in status["lanes"]:
+        if lane["running"]:
+            state = f"{lane['running']} running"
+        elif lane["reason"]:
+            state = f"idle {duration(lane['idle_seconds'])}: {clean(lane['reason']['words'])}"
+        elif lane["ready"] or lane["waiting"]:
+            state = f"idle {duration(lane['idle_seconds'])}"
+        else:
+            state = "done"
+        lane_rows.append(
+            [
+                lane["lane"],
+                lane["node"],
+                lane["ready"],
+                lane["waiting"],
+                lane["done"],
+                lane["last_start"] or "-",
+                state,
+            ]
+        )
+    out.append(table(["lane", "node", "ready", "waiting", "done", "last start", "now"], lane_rows))
+    t = status["throughput"]
+    out.append("")
+    out.append(f"throughput: {t['settled_attempts']} settled attempts, {t['per_hour']}/hour")
+    if status["recent_events"]:
+        out.append("")
+        out.append("recent events:")
+        for e in status["recent_events"]:
+            target = f"job {e['job_id']}" if e["job_id"] else ""
+            target += f" attempt {e['attempt_id']}" if e["attempt_id"] else ""
+            detail = ", ".join(f"{k}={v}" for k, v in e["detail"].items() if v is not None)
+            out.append(clean(f"  #{e['id']} {e['at']} {e['kind']} {target} {detail}".rstrip()))
+    return "\n".join(out)
+
+
+def plan_text(plan: dict[str, Any]) -> str:
+    items = plan["items"]
+    out = [
+        f"pipeline {plan['pipeline']} (config sha256 {plan['config_sha256'][:12]}…)",
+        f"items: {items['taken']} taken"
+        + (
+            f", {items['deferred_by_batch_cap']} deferred by batch_cap"
+            if items["deferred_by_batch_cap"]
+            else ""
+        )
+        + f"; jobs: {plan['jobs_total']}",
+        "",
+    ]
+    lanes = sorted({lane for by in plan["jobs_per_stage_and_lane"].values() for lane in by})
+    stages = {s["name"]: s for s in plan["stages"]}
+    rows = []
+    for stage, by in plan["jobs_per_stage_and_lane"].items():
+        s = stages[stage]
+        rows.append(
+            [
+                stage,
+                ",".join(s["needs"]) or "-",
+                *(by[lane] for lane in lanes),
+                duration(s["timeout_seconds"]),
+                s["memory_mib"],
+                s["cap"] if s["cap"] is not None else "-",
+            ]
+        )
+    out.append(
+        table(
+            ["stage", "needs", *(f"lane {lane}" for lane in lanes), "timeout", "mem MiB", "cap"],
+            rows,
+        )
+    )
+    out.append("")
+    out.append("capacity:")
+    for node in plan["capacity"]:
+        out.append(
+            f"  node {node['node']}: max_jobs {node['max_jobs']}, "
+            f"free {node['mem_available_mib']} MiB - floor {node['memory_floor_mib']} MiB"
+            f" = headroom {node['headroom_mib']} MiB"
+        )
+    out.append("")
+    out.append("first admission decisions:")
+    for d in plan["first_decisions"]:
+        if d["verdict"] == "dispatch":
+            out.append(f"  dispatch {d['item']}.{d['stage']} (lane {d['lane']}, node {d['node']})")
+        else:
+            out.append(f"  lane {d['lane']} {d['stage'] or ''}: refused — {d['words']}")
+    return "\n".join(out)

@@ -1,0 +1,19 @@
+"""Demo stage 2: solve an item with one paid provider call.
+
+Item i07 meets a provider outage before any call is billed: it reports an
+infrastructure failure (result flag and exit code 75), which is not the job's fault.
+"""
+
+import sys
+
+from demo_job import paid_call, work, write_result
+
+item = sys.argv[1]
+if item == "i07":
+    print("provider returned 503 before accepting the request; nothing billed", file=sys.stderr)
+    write_result(item=item, infrastructure_failure=True, provider_status=503)
+    sys.exit(75)
+answer = paid_call(f"solve {item}")
+work(0.4)
+print(f"solved {item}: {answer}")
+write_result(item=item, answer=answer)

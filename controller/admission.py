@@ -1,0 +1,220 @@
+"""Admission: a pure function from a snapshot to the jobs to start and every refusal.
+
+No database, no clock, no processes: the worker's lease transaction builds a Snapshot
+from the ledger, calls ``admit``, and writes what it returns. Tests call ``admit`` with
+hand-built snapshots.
+
+Reason codes, in the order they are checked for a candidate job:
+
+- ``halted`` — a halt control covers the run, lane or everything.
+- ``unknown_outcome`` — the run has an attempt whose outcome is unknown (invariant 3).
+- ``paused`` / ``stopped`` — a pause or stop (drain) control covers it.
+- ``max_jobs`` — the node already runs ``max_jobs`` attempts.
+- ``slots_full`` — this worker has no free slot.
+- ``lane_cap`` — the lane's cap for the stage is reached.
+- ``stage_cap`` — the stage's global cap (across lanes) is reached.
+- ``gpu_capacity`` — a GPU stage on a node without a GPU, or a second concurrent GPU
+  attempt of a stage with no measured peak (the first runs alone; invariant 9).
+- ``memory_floor`` — ``available - reserved - stage.memory_mib < floor``, where
+  ``reserved`` is the sum of the node's unreleased reservations. Equality admits.
+- ``needs_pending`` — (lane-level) nothing is ready, but jobs wait on earlier stages.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Candidate:
+    job_id: int
+    run_id: int
+    lane: str
+    stage: str
+    memory_mib: int = 0
+    gpu_mib: int = 0
+
+
+@dataclass(frozen=True)
+class ControlView:
+    kind: str  # pause | stop | halt
+    scope: str  # run | lane | global
+    run_id: int | None
+    lane: str | None
+    reason: str
+
+    def covers(self, run_id: int, lane: str) -> bool:
+        if self.scope == "global":
+            return True
+        if self.run_id != run_id:
+            return False
+        return self.scope == "run" or self.lane == lane
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    max_jobs: int
+    memory_floor_mib: int
+    mem_available_mib: float | None
+    reserved_mib: float
+    running: int
+    has_gpu: bool = False
+
+
+@dataclass
+class Snapshot:
+    node: NodeView
+    free_slots: int
+    candidates: list[Candidate]
+    lane_caps: dict[tuple[int, str], dict[str, int]] = field(default_factory=dict)
+    stage_caps: dict[tuple[int, str], int | None] = field(default_factory=dict)
+    running_lane_stage: Counter[tuple[int, str, str]] = field(default_factory=Counter)
+    running_stage: Counter[tuple[int, str]] = field(default_factory=Counter)
+    controls: list[ControlView] = field(default_factory=list)
+    unknown_runs: dict[int, int] = field(default_factory=dict)
+    """run id -> number of attempts awaiting reconciliation."""
+    waiting_lanes: set[tuple[int, str]] = field(default_factory=set)
+    """(run, lane) pairs with jobs waiting on `needs`."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    run_id: int
+    lane: str
+    stage: str | None
+    code: str
+    detail: dict[str, Any]
+    job_id: int | None = None
+
+    def words(self) -> str:
+        return describe(self.code, self.detail)
+
+
+@dataclass
+class Admission:
+    starts: list[Candidate] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
+
+
+def admit(snapshot: Snapshot) -> Admission:
+    """Choose the jobs to start, in candidate order, and say why every other waits.
+
+    At most one refusal per (run, lane, stage): the first candidate's reason.
+    """
+    result = Admission()
+    running = snapshot.node.running
+    free = snapshot.free_slots
+    reserved = snapshot.node.reserved_mib
+    lane_stage = Counter(snapshot.running_lane_stage)
+    stage = Counter(snapshot.running_stage)
+    refused: set[tuple[int, str, str | None]] = set()
+    blocked_lanes: set[tuple[int, str]] = set()
+
+    for job in snapshot.candidates:
+        reason = _first_refusal(snapshot, job, running, free, reserved, lane_stage, stage)
+        if reason is None:
+            result.starts.append(job)
+            running += 1
+            free -= 1
+            reserved += job.memory_mib
+            lane_stage[(job.run_id, job.lane, job.stage)] += 1
+            stage[(job.run_id, job.stage)] += 1
+            continue
+        blocked_lanes.add((job.run_id, job.lane))
+        key = (job.run_id, job.lane, job.stage)
+        if key not in refused:
+            refused.add(key)
+            code, detail = reason
+            result.refusals.append(
+                Refusal(job.run_id, job.lane, job.stage, code, detail, job.job_id)
+            )
+
+    has_candidates = {(job.run_id, job.lane) for job in snapshot.candidates}
+    for run_id, lane in sorted(snapshot.waiting_lanes - has_candidates):
+        result.refusals.append(Refusal(run_id, lane, None, "needs_pending", {}))
+    return result
+
+
+def _first_refusal(
+    snap: Snapshot,
+    job: Candidate,
+    running: int,
+    free: int,
+    reserved: float,
+    lane_stage: Counter[tuple[int, str, str]],
+    stage: Counter[tuple[int, str]],
+) -> tuple[str, dict[str, Any]] | None:
+    for kind, code in (("halt", "halted"),):
+        control = _control(snap, job, kind)
+        if control is not None:
+            return code, {"scope": control.scope, "reason": control.reason}
+    if snap.unknown_runs.get(job.run_id):
+        return "unknown_outcome", {"unknown_attempts": snap.unknown_runs[job.run_id]}
+    for kind, code in (("pause", "paused"), ("stop", "stopped")):
+        control = _control(snap, job, kind)
+        if control is not None:
+            return code, {"scope": control.scope, "reason": control.reason}
+    node = snap.node
+    if running >= node.max_jobs:
+        return "max_jobs", {"running": running, "max_jobs": node.max_jobs}
+    if free <= 0:
+        return "slots_full", {"slots": snap.free_slots}
+    cap = snap.lane_caps.get((job.run_id, job.lane), {}).get(job.stage)
+    in_lane = lane_stage[(job.run_id, job.lane, job.stage)]
+    if cap is not None and in_lane >= cap:
+        return "lane_cap", {"running": in_lane, "cap": cap}
+    global_cap = snap.stage_caps.get((job.run_id, job.stage))
+    in_stage = stage[(job.run_id, job.stage)]
+    if global_cap is not None and in_stage >= global_cap:
+        return "stage_cap", {"running": in_stage, "cap": global_cap}
+    if job.gpu_mib > 0:
+        if not node.has_gpu:
+            return "gpu_capacity", {"why": "node has no GPU configured"}
+        if in_stage >= 1:
+            return "gpu_capacity", {"why": "no measured GPU peak yet: GPU attempts run alone"}
+    if node.mem_available_mib is None:
+        return "memory_floor", {"why": "no memory sample from this node yet"}
+    headroom = node.mem_available_mib - reserved - job.memory_mib
+    if headroom < node.memory_floor_mib:
+        return "memory_floor", {
+            "available_mib": round(node.mem_available_mib),
+            "reserved_mib": round(reserved),
+            "stage_mib": job.memory_mib,
+            "floor_mib": node.memory_floor_mib,
+        }
+    return None
+
+
+def _control(snap: Snapshot, job: Candidate, kind: str) -> ControlView | None:
+    for control in snap.controls:
+        if control.kind == kind and control.covers(job.run_id, job.lane):
+            return control
+    return None
+
+
+def describe(code: str, detail: dict[str, Any]) -> str:
+    """A refusal in words, e.g. ``memory_floor — free 900 MiB - reserved 0 - stage 2048 <
+    floor 1024``."""
+    if code == "memory_floor" and "available_mib" in detail:
+        return (
+            f"memory_floor — free {detail['available_mib']} MiB - reserved "
+            f"{detail['reserved_mib']} - stage {detail['stage_mib']} < floor {detail['floor_mib']}"
+        )
+    if code in ("lane_cap", "stage_cap"):
+        return f"{code} — {detail['running']} running, cap {detail['cap']}"
+    if code == "max_jobs":
+        return f"max_jobs — {detail['running']} running, node max_jobs {detail['max_jobs']}"
+    if code in ("halted", "paused", "stopped"):
+        return f"{code} ({detail['scope']}) — {detail['reason']}"
+    if code == "unknown_outcome":
+        return (
+            f"unknown_outcome — {detail['unknown_attempts']} attempt(s) await `laneway reconcile`"
+        )
+    if code == "needs_pending":
+        return "needs_pending — waiting for earlier stages to finish"
+    if "why" in detail:
+        return f"{code} — {detail['why']}"
+    return code

@@ -1,0 +1,376 @@
+"""Pipeline configuration: pydantic models, loading (TOML or JSON) and argv rendering.
+
+A config is validated whole before anything is written. Every problem becomes one line
+``field.path: message`` so ``laneway dry-run`` can list them all at once.
+
+Secret rule (invariant 8): a config never holds a secret value. An env var whose *name*
+looks secret (contains KEY, TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL or AUTH) must
+have exactly ``${ENV_NAME}`` as its value, and no argv or env value may contain a
+literal that looks like a credential (``Bearer …``, ``sk-…``, ``ghp_…``, ``AKIA…``).
+``${ENV_NAME}`` references are resolved from the worker's environment at spawn time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import string
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from controller.errors import ConfigError
+from controller.states import RETRYABLE_OUTCOMES, Outcome
+
+KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+"""Item keys become directory names: no slash, no leading dot, so never ``..``."""
+NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,62}$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
+SECRET_LITERAL = re.compile(
+    r"(?i:bearer\s+[A-Za-z0-9._~+/-]{8,})|\bsk-[A-Za-z0-9_-]{16,}|\bghp_[A-Za-z0-9]{20,}"
+    r"|\bAKIA[0-9A-Z]{16}\b|\bxox[abp]-[A-Za-z0-9-]{10,}"
+)
+RESERVED_PLACEHOLDERS = ("item", "lane")
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+Key = Annotated[str, Field(pattern=KEY_PATTERN)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuCapacity(_Strict):
+    """A node's GPU budget for the concurrency rule of invariant 9."""
+
+    total_mib: int = Field(gt=0, description="GPU memory of the node's device, MiB.")
+    fraction: float = Field(0.9, gt=0, le=1, description="Usable share of total_mib.")
+    baseline_mib: int = Field(0, ge=0, description="Memory used by processes not ours, MiB.")
+
+
+class NodeConfig(_Strict):
+    name: Name
+    memory_floor_mib: int = Field(ge=0, description="Free memory never to go below, MiB.")
+    max_jobs: int = Field(ge=1, description="Most attempts running at once on the node.")
+    gpu: GpuCapacity | None = None
+
+
+class LaneConfig(_Strict):
+    name: Name
+    node: Name
+    caps: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict, description="stage name -> most running at once in this lane"
+    )
+
+
+class RetryPolicy(_Strict):
+    """Automatic retry; the default is never (invariant 2)."""
+
+    max_attempts: int = Field(1, ge=1, le=20)
+    on: list[Literal["failed", "infra_failure", "timed_out"]] = Field(default_factory=list)
+
+
+def _default_exit_codes() -> dict[int, Outcome]:
+    return {0: Outcome.SUCCEEDED}
+
+
+class StageConfig(_Strict):
+    name: Name
+    argv: list[str] = Field(min_length=1, description="{item}, {lane}, {<item field>} expand.")
+    cwd: str | None = Field(None, description="Defaults to the attempt's workspace/.")
+    env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str] = Field(default_factory=dict)
+    timeout_seconds: int = Field(3600, ge=1, le=172800)
+    grace_seconds: float = Field(10.0, ge=0, le=3600)
+    memory_mib: int = Field(0, ge=0, description="Memory reserved while an attempt runs.")
+    gpu_mib: int = Field(0, ge=0, description="GPU memory reserved while an attempt runs.")
+    needs: list[Name] = Field(default_factory=list)
+    cap: int | None = Field(None, ge=0, description="Most running at once across all lanes.")
+    exit_codes: dict[int, Outcome] = Field(default_factory=_default_exit_codes)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+
+    @model_validator(mode="after")
+    def _check(self) -> StageConfig:
+        for code, outcome in self.exit_codes.items():
+            if outcome in (Outcome.NOT_RUN, Outcome.CANCELLED, Outcome.TIMED_OUT):
+                raise ValueError(
+                    f"exit_codes.{code}: {outcome.value!r} is decided by laneway, not by an "
+                    "exit code; use succeeded, failed, infra_failure, harness_failure or fatal"
+                )
+        for name, value in self.env.items():
+            if SECRET_NAME.search(name) and not re.fullmatch(ENV_REF, value):
+                raise ValueError(
+                    f"env.{name}: looks like a secret, so its value must be a reference "
+                    f"like ${{{name}}} resolved from the worker's environment, not a literal"
+                )
+        for where, value in [*(("argv", v) for v in self.argv), *self.env.items()]:
+            if SECRET_LITERAL.search(value):
+                raise ValueError(
+                    f"{where}: holds a literal credential; put it in the worker's "
+                    "environment and reference it as ${ENV_NAME}"
+                )
+        return self
+
+
+class ItemConfig(BaseModel):
+    """One unit of work. Extra keys are item fields usable as argv placeholders."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    key: Key
+    lane: Name
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class PipelineConfig(_Strict):
+    name: Name
+    nodes: list[NodeConfig] = Field(min_length=1)
+    lanes: list[LaneConfig] = Field(min_length=1)
+    stages: list[StageConfig] = Field(min_length=1)
+    items: list[ItemConfig] = Field(default_factory=list)
+    items_file: str | None = Field(None, description="JSONL file of items, one per line.")
+    batch_cap: int | None = Field(None, ge=1, description="Most items a run takes on.")
+    sources: list[str] = Field(default_factory=list, description="Files hashed and frozen.")
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> PipelineConfig:
+        problems: list[str] = []
+        problems += _duplicates("nodes", [n.name for n in self.nodes])
+        problems += _duplicates("lanes", [lane.name for lane in self.lanes])
+        problems += _duplicates("stages", [s.name for s in self.stages])
+        problems += _duplicates("items", [i.key for i in self.items])
+        nodes = {n.name for n in self.nodes}
+        stage_names = [s.name for s in self.stages]
+        for i, lane in enumerate(self.lanes):
+            if lane.node not in nodes:
+                problems.append(
+                    f"lanes.{i}.node: unknown node {lane.node!r}; known: {sorted(nodes)}"
+                )
+            for capped in lane.caps:
+                if capped not in stage_names:
+                    problems.append(f"lanes.{i}.caps.{capped}: unknown stage")
+        for i, stage_config in enumerate(self.stages):
+            earlier = stage_names[:i]
+            for need in stage_config.needs:
+                if need not in earlier:
+                    problems.append(
+                        f"stages.{i}.needs: {need!r} must name a stage listed before "
+                        f"{stage_config.name!r}"
+                    )
+            for code, outcome in stage_config.exit_codes.items():
+                if outcome is Outcome.SUCCEEDED and code != 0 and 0 not in stage_config.exit_codes:
+                    problems.append(f"stages.{i}.exit_codes.{code}: 0 must map to succeeded too")
+        lanes = {lane.name for lane in self.lanes}
+        for i, item in enumerate(self.items):
+            if item.lane not in lanes:
+                problems.append(f"items.{i}.lane: unknown lane {item.lane!r} for item {item.key!r}")
+        problems += _placeholder_problems(self.stages, self.items)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def stage(self, name: str) -> StageConfig:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(name)
+
+    def lane(self, name: str) -> LaneConfig:
+        for lane in self.lanes:
+            if lane.name == name:
+                return lane
+        raise KeyError(name)
+
+    def node(self, name: str) -> NodeConfig:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def canonical_json(self) -> str:
+        """The frozen form stored with a run; its sha256 identifies the config."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+def _duplicates(field: str, names: list[str]) -> list[str]:
+    seen: set[str] = set()
+    out = []
+    for name in names:
+        if name in seen:
+            out.append(f"{field}: {name!r} appears more than once")
+        seen.add(name)
+    return out
+
+
+def _plain_segments(template: str) -> list[tuple[bool, str]]:
+    """Split a template into (is_secret_reference, text) parts: ``${NAME}`` references
+    are resolved by the worker at spawn time, never by template rendering."""
+    parts: list[tuple[bool, str]] = []
+    last = 0
+    for match in ENV_REF.finditer(template):
+        parts.append((False, template[last : match.start()]))
+        parts.append((True, match.group(0)))
+        last = match.end()
+    parts.append((False, template[last:]))
+    return parts
+
+
+def placeholders(template: str) -> list[str]:
+    """The ``{name}`` fields of a template (``{{`` is a literal brace; ``${NAME}`` is a
+    secret reference, not a field). Raises ValueError for a malformed template."""
+    names = []
+    for is_ref, text in _plain_segments(template):
+        if not is_ref:
+            names += [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
+    return names
+
+
+def _placeholder_problems(stages: list[StageConfig], items: list[ItemConfig]) -> list[str]:
+    problems = []
+    for stage in stages:
+        templates = [*stage.argv, *stage.env.values(), *([stage.cwd] if stage.cwd else [])]
+        names: set[str] = set()
+        for template in templates:
+            try:
+                names.update(placeholders(template))
+            except ValueError as exc:
+                problems.append(f"stages.{stage.name}: bad template {template!r}: {exc}")
+        for name in sorted(names):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                problems.append(
+                    f"stages.{stage.name}: placeholder {{{name}}} must be a plain field name"
+                )
+                continue
+            if name in RESERVED_PLACEHOLDERS:
+                continue
+            missing = [item.key for item in items if name not in item.fields]
+            if missing:
+                shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
+                problems.append(
+                    f"stages.{stage.name}: placeholder {{{name}}} is not a field of "
+                    f"{len(missing)} item(s) ({shown}); add it to those items or remove it"
+                )
+    return problems
+
+
+def render(template: str, item: ItemConfig) -> str:
+    """Expand ``{item}``, ``{lane}`` and item fields in one argv/env/cwd template,
+    leaving ``${NAME}`` references for the worker to resolve."""
+    values: dict[str, Any] = {**item.fields, "item": item.key, "lane": item.lane}
+    return "".join(
+        text if is_ref else text.format_map(values) for is_ref, text in _plain_segments(template)
+    )
+
+
+def _format_validation_error(exc: ValidationError) -> list[str]:
+    lines = []
+    for error in exc.errors():
+        loc = ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "string_pattern_mismatch":
+            message = (
+                f"{error['input']!r} is not allowed: use letters, digits, '_', '.', '-' "
+                f"(pattern {error['ctx']['pattern']}); no slashes or leading dots"
+            )
+        for line in message.splitlines():
+            lines.append(f"{loc}: {line}" if loc else line)
+    return lines
+
+
+def _read_items_file(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    items: list[dict[str, Any]] = []
+    problems: list[str] = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        return [], [f"items_file: cannot read {path}: {exc.strerror or exc}"]
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append(f"items_file line {number}: not JSON ({exc.msg}); one object per line")
+            continue
+        if not isinstance(row, dict):
+            problems.append(f"items_file line {number}: must be a JSON object with key and lane")
+            continue
+        items.append(row)
+    return items, problems
+
+
+def parse_config(raw: dict[str, Any], base_dir: Path) -> PipelineConfig:
+    """Validate a raw config mapping; paths are resolved against ``base_dir``.
+
+    Raises ConfigError with one line per problem.
+    """
+    raw = dict(raw)
+    problems: list[str] = []
+    if isinstance(raw.get("items_file"), str):
+        items_path = (base_dir / raw["items_file"]).resolve()
+        extra, problems = _read_items_file(items_path)
+        inline = raw.get("items") or []
+        raw["items"] = [*inline, *extra] if isinstance(inline, list) else inline
+        raw["items_file"] = str(items_path)
+    if isinstance(raw.get("sources"), list):
+        raw["sources"] = [
+            str((base_dir / s).resolve()) if isinstance(s, str) else s for s in raw["sources"]
+        ]
+    if isinstance(raw.get("stages"), list):
+        raw["stages"] = [_absolute_cwd(stage, base_dir) for stage in raw["stages"]]
+    try:
+        config = PipelineConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(problems + _format_validation_error(exc)) from None
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def _absolute_cwd(stage: Any, base_dir: Path) -> Any:
+    if isinstance(stage, dict) and isinstance(stage.get("cwd"), str) and stage["cwd"]:
+        # A relative cwd is relative to the config file, never to wherever laneway runs.
+        stage = {**stage, "cwd": os.path.normpath(base_dir / stage["cwd"])}
+    return stage
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Read and validate a config file (``.toml`` or ``.json``)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".toml", ".json"):
+        raise ConfigError([f"CONFIG: {path} must end in .toml or .json"])
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError([f"CONFIG: cannot read {path}: {exc.strerror or exc}"]) from None
+    try:
+        raw = tomllib.loads(data.decode()) if suffix == ".toml" else json.loads(data)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"CONFIG: {path} is not valid {suffix[1:].upper()}: {exc}"]) from None
+    if not isinstance(raw, dict):
+        raise ConfigError([f"CONFIG: {path} must hold a table/object at the top level"])
+    return parse_config(raw, path.parent.resolve())
+
+
+def config_from_frozen(frozen: str) -> PipelineConfig:
+    """Rebuild the config a run froze (paths in it are already absolute)."""
+    return PipelineConfig.model_validate_json(frozen)
+
+
+def json_schema() -> dict[str, Any]:
+    return PipelineConfig.model_json_schema()
+
+
+def retryable(stage: StageConfig, outcome: Outcome) -> bool:
+    return outcome in RETRYABLE_OUTCOMES and outcome.value in stage.retry.on

@@ -1,0 +1,84 @@
+"""The controller daemon. ``Controller.tick(now)`` is the loop body; ``serve`` the loop.
+
+Each tick, for every active run: promote waiting jobs whose needs succeeded (or skip
+them when a need did not), close the run when every job is terminal, and write the
+derived ``runs/<run>/status.json`` snapshot (and ``SUMMARY.json`` at close). Lease
+expiry, lost-worker detection and breakers join this tick in later issues.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from controller import db, ledger
+from controller.clock import Clock, SystemClock
+from controller.durable import write_json
+from controller.status import build_status
+
+ACTOR = "controller"
+
+
+@dataclass
+class ControllerReport:
+    promoted: int = 0
+    closed: list[int] = field(default_factory=list)
+    active: list[int] = field(default_factory=list)
+
+
+class Controller:
+    def __init__(
+        self, engine: Engine, *, clock: Clock | None = None, snapshot_seconds: float = 1.0
+    ) -> None:
+        self.engine = engine
+        self.factory = db.session_factory(engine)
+        self.clock = clock or SystemClock()
+        self.snapshot_seconds = snapshot_seconds
+        self._last_snapshot: dict[int, tuple[int, float]] = {}
+
+    def tick(self, now: datetime | None = None) -> ControllerReport:
+        now = now or self.clock.now()
+        report = ControllerReport()
+        with db.transaction(self.factory) as session:
+            run_ids = ledger.active_run_ids(session)
+            for run_id in run_ids:
+                report.promoted += ledger.promote_run(session, run_id, now=now, actor=ACTOR)
+                if ledger.close_run_if_done(session, run_id, now=now, actor=ACTOR):
+                    report.closed.append(run_id)
+                else:
+                    report.active.append(run_id)
+        for run_id in run_ids:
+            self.write_snapshots(run_id, now=now, final=run_id in report.closed)
+        return report
+
+    def write_snapshots(self, run_id: int, *, now: datetime, final: bool = False) -> None:
+        """Write status.json (and SUMMARY.json when ``final``) if the ledger changed."""
+        with self.factory() as session:
+            latest = ledger.latest_event_id(session)
+            seen, at = self._last_snapshot.get(run_id, (-1, float("-inf")))
+            fresh = latest == seen or time.monotonic() - at < self.snapshot_seconds
+            if fresh and not final:
+                return
+            run = ledger.get_run(session, run_id)
+            status = build_status(session, run, now=now)
+        directory = Path(run.runtime_dir) / "runs" / str(run_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        write_json(directory / "status.json", status)
+        if final:
+            write_json(directory / "SUMMARY.json", _summary(status))
+        self._last_snapshot[run_id] = (latest, time.monotonic())
+
+    def serve(self, should_stop: Callable[[], bool], interval: float = 0.25) -> None:
+        while not should_stop():
+            self.tick()
+            time.sleep(interval)
+
+
+def _summary(status: dict[str, object]) -> dict[str, object]:
+    keys = ("run", "totals", "jobs", "outcomes", "throughput", "unknown", "controls")
+    return {key: status[key] for key in keys}

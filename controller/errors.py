@@ -1,0 +1,53 @@
+"""One exception root for everything laneway tells a user.
+
+Each subclass carries a message meant to be printed as one line: what is wrong, where,
+and what to do about it. The CLI prints ``str(error)`` and never a traceback.
+"""
+
+
+class LanewayError(Exception):
+    """Root of every error laneway raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(LanewayError):
+    """The pipeline config is invalid; ``problems`` holds one line per problem."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+class UsageError(LanewayError):
+    """A command-line argument is invalid (unknown run id, bad path, ...)."""
+
+    exit_code = 2
+
+
+class PreflightError(LanewayError):
+    """``start-pipeline`` refused: nothing was created. ``reasons`` lists why."""
+
+    def __init__(self, reasons: list[str]) -> None:
+        self.reasons = reasons
+        super().__init__("; ".join(reasons))
+
+
+class LedgerRevisionError(LanewayError):
+    """The ledger's schema revision is one this build of laneway does not know."""
+
+
+class NotFound(LanewayError):
+    """A run, job or attempt id that is not in the ledger."""
+
+    exit_code = 2
+
+
+class IllegalTransition(LanewayError):
+    """A compare-and-set found the row in another state than the transition expects."""
+
+
+class StaleLease(IllegalTransition):
+    """A write carried a fence token that is no longer the job's current one."""

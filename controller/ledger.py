@@ -1,0 +1,1140 @@
+"""The ledger: the one module that writes state.
+
+Every change to a run, job, attempt, lease, reservation, control, decision or worker row
+happens here, as a compare-and-set (``UPDATE ... WHERE id = :id AND state = :expected
+[AND fence = :fence]``) whose row count is checked, with its event appended in the same
+transaction. Callers pass an open Session (see ``controller.db.transaction``) and ``now``
+from a Clock; this module never commits and never reads the wall clock.
+
+Lease design (invariant 4). A lease is a worker's claim on one job for one attempt. It
+is granted in the same transaction that writes the attempt's intent, and it carries the
+job's fence token, which only grows: it is bumped on every grant and every revocation.
+Every later write about the attempt (spawn identity, settle) names the fence it was
+granted, and the compare-and-set includes ``jobs.fence = :fence``: a worker whose lease
+was revoked (a zombie coming back late) matches no row and gets ``StaleLease``. The
+holder renews the lease with each heartbeat; ``expires_at`` is judged on the database's
+clock (on SQLite, the single host's clock read through ``controller.clock``). A holder
+must stop trusting its lease when a renewal fails or when it has not renewed it for
+``lease_seconds``: from then on it may only write evidence files, never ledger state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, and_, func, select, update
+from sqlalchemy.orm import Session
+
+from controller import admission
+from controller.config import PipelineConfig, config_from_frozen, render
+from controller.errors import IllegalTransition, NotFound, StaleLease
+from controller.models import (
+    Attempt,
+    Control,
+    Decision,
+    Event,
+    Item,
+    Job,
+    Lane,
+    Lease,
+    Node,
+    Reservation,
+    Run,
+    Worker,
+)
+from controller.states import (
+    TERMINAL_JOB_STATES,
+    AttemptState,
+    ControlKind,
+    ControlScope,
+    JobState,
+    Outcome,
+    RunState,
+    Verdict,
+    WorkerState,
+)
+
+DEFAULT_LEASE_SECONDS = 60.0
+
+
+def _rowcount(result: Any) -> int:
+    """Rows matched by an UPDATE: how a compare-and-set learns whether it won."""
+    return int(cast(CursorResult[Any], result).rowcount)
+
+
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.WAITING: frozenset({JobState.READY, JobState.SKIPPED, JobState.CANCELLED}),
+    JobState.READY: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.RUNNING: frozenset(
+        {
+            JobState.SUCCEEDED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+            JobState.READY,  # the stage's retry policy allows another attempt
+            JobState.UNKNOWN,
+        }
+    ),
+    JobState.UNKNOWN: frozenset(
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.READY, JobState.CANCELLED}
+    ),
+    JobState.FAILED: frozenset({JobState.READY}),  # only an operator's retry
+    JobState.SUCCEEDED: frozenset(),
+    JobState.SKIPPED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+"""Every legal job transition; ``move_job`` refuses anything else."""
+
+ATTEMPT_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
+    AttemptState.INTENT: frozenset(
+        {AttemptState.RUNNING, AttemptState.SETTLED, AttemptState.UNKNOWN}
+    ),
+    AttemptState.RUNNING: frozenset({AttemptState.SETTLED, AttemptState.UNKNOWN}),
+    AttemptState.UNKNOWN: frozenset({AttemptState.SETTLED}),
+    AttemptState.SETTLED: frozenset(),
+}
+
+
+# --------------------------------------------------------------------------- events
+
+
+def append_event(
+    session: Session,
+    kind: str,
+    *,
+    actor: str,
+    now: datetime,
+    run_id: int | None = None,
+    job_id: int | None = None,
+    attempt_id: int | None = None,
+    **detail: Any,
+) -> None:
+    """Append one row to the append-only event log (same transaction as the change)."""
+    session.add(
+        Event(
+            at=now,
+            kind=kind,
+            actor=actor,
+            run_id=run_id,
+            job_id=job_id,
+            attempt_id=attempt_id,
+            detail=detail,
+        )
+    )
+
+
+def latest_event_id(session: Session) -> int:
+    """The newest event id: a cheap "did anything change?" signal for polling loops."""
+    return session.scalar(select(func.max(Event.id))) or 0
+
+
+# --------------------------------------------------------------------- transitions
+
+
+def move_job(
+    session: Session,
+    job_id: int,
+    expected: JobState,
+    new: JobState,
+    *,
+    now: datetime,
+    actor: str,
+    fence: int | None = None,
+    reason: str | None = None,
+    bump_fence: bool = False,
+) -> None:
+    """Compare-and-set a job from ``expected`` to ``new`` and log ``job_<new>``.
+
+    Raises IllegalTransition if the move is not in JOB_TRANSITIONS or the row is not in
+    ``expected``; StaleLease if ``fence`` is given and is no longer the job's fence.
+    """
+    if new not in JOB_TRANSITIONS[expected]:
+        raise IllegalTransition(f"job {job_id}: {expected.value} -> {new.value} is not allowed")
+    conditions = [Job.id == job_id, Job.state == expected.value]
+    if fence is not None:
+        conditions.append(Job.fence == fence)
+    values: dict[str, Any] = {"state": new.value, "updated_at": now, "state_reason": reason}
+    if new in TERMINAL_JOB_STATES:
+        values["finished_at"] = now
+    elif expected in TERMINAL_JOB_STATES:
+        values["finished_at"] = None
+    if bump_fence:
+        values["fence"] = Job.fence + 1
+    changed = _rowcount(session.execute(update(Job).where(*conditions).values(**values)))
+    if changed != 1:
+        row = session.get(Job, job_id, populate_existing=True)
+        if row is None:
+            raise NotFound(f"job {job_id} does not exist")
+        if fence is not None and row.fence != fence:
+            raise StaleLease(
+                f"job {job_id}: fence {fence} is stale (current {row.fence}); "
+                "this worker's lease was revoked"
+            )
+        raise IllegalTransition(
+            f"job {job_id} is {row.state}, not {expected.value}; cannot move it to {new.value}"
+        )
+    session.expire_all()
+    run_id = session.scalar(select(Job.run_id).where(Job.id == job_id))
+    extra: dict[str, Any] = {"reason": reason} if reason else {}
+    append_event(
+        session,
+        f"job_{new.value}",
+        actor=actor,
+        now=now,
+        run_id=run_id,
+        job_id=job_id,
+        **extra,
+    )
+
+
+def move_attempt(
+    session: Session,
+    attempt_id: int,
+    expected: AttemptState | tuple[AttemptState, ...],
+    new: AttemptState,
+    *,
+    now: datetime,
+    actor: str,
+    fence: int | None = None,
+    values: dict[str, Any] | None = None,
+    event_detail: dict[str, Any] | None = None,
+) -> Attempt:
+    """Compare-and-set an attempt's state (and ``values``), fenced by its job's fence."""
+    expected_states = expected if isinstance(expected, tuple) else (expected,)
+    for state in expected_states:
+        if new not in ATTEMPT_TRANSITIONS[state]:
+            raise IllegalTransition(
+                f"attempt {attempt_id}: {state.value} -> {new.value} is not allowed"
+            )
+    conditions = [
+        Attempt.id == attempt_id,
+        Attempt.state.in_([s.value for s in expected_states]),
+    ]
+    if fence is not None:
+        current_fence = select(Job.fence).where(Job.id == Attempt.job_id).scalar_subquery()
+        conditions += [Attempt.fence == fence, current_fence == fence]
+    changes = {"state": new.value, **(values or {})}
+    changed = _rowcount(session.execute(update(Attempt).where(*conditions).values(**changes)))
+    row = session.get(Attempt, attempt_id, populate_existing=True)
+    if row is None:
+        raise NotFound(f"attempt {attempt_id} does not exist")
+    if changed != 1:
+        job_fence = session.scalar(select(Job.fence).where(Job.id == row.job_id))
+        if fence is not None and (row.fence != fence or job_fence != fence):
+            raise StaleLease(
+                f"attempt {attempt_id}: fence {fence} is stale (job fence {job_fence}); "
+                "this worker's lease was revoked"
+            )
+        raise IllegalTransition(
+            f"attempt {attempt_id} is {row.state}, not "
+            f"{'/'.join(s.value for s in expected_states)}; cannot move it to {new.value}"
+        )
+    append_event(
+        session,
+        f"attempt_{new.value}",
+        actor=actor,
+        now=now,
+        run_id=row.run_id,
+        job_id=row.job_id,
+        attempt_id=attempt_id,
+        **(event_detail or {}),
+    )
+    return row
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def upsert_node(session: Session, node: Any, *, now: datetime) -> None:
+    """Create or refresh a node's configured capacity (from a config's NodeConfig)."""
+    row = session.get(Node, node.name)
+    gpu = node.gpu
+    values = {
+        "memory_floor_mib": node.memory_floor_mib,
+        "max_jobs": node.max_jobs,
+        "gpu_total_mib": gpu.total_mib if gpu else None,
+        "gpu_fraction": gpu.fraction if gpu else None,
+        "gpu_baseline_mib": gpu.baseline_mib if gpu else None,
+        "updated_at": now,
+    }
+    if row is None:
+        session.add(Node(name=node.name, **values))
+    else:
+        for key, value in values.items():
+            setattr(row, key, value)
+
+
+def create_run(
+    session: Session,
+    config: PipelineConfig,
+    *,
+    runtime_dir: str,
+    source_hashes: dict[str, str],
+    actor: str,
+    now: datetime,
+) -> Run:
+    """Freeze ``config`` into a new run with its lanes, items and jobs.
+
+    Only the first ``batch_cap`` items (in config order) are taken on. A job with no
+    ``needs`` starts ready; the rest wait for the controller.
+    """
+    for node in config.nodes:
+        upsert_node(session, node, now=now)
+    run = Run(
+        name=config.name,
+        state=RunState.ACTIVE.value,
+        config_json=config.canonical_json(),
+        config_sha256=config.sha256(),
+        source_hashes=source_hashes,
+        runtime_dir=runtime_dir,
+        created_by=actor,
+        created_at=now,
+    )
+    session.add(run)
+    session.flush()
+    for lane in config.lanes:
+        session.add(Lane(run_id=run.id, name=lane.name, node=lane.node, caps=dict(lane.caps)))
+    items = config.items[: config.batch_cap] if config.batch_cap else config.items
+    for position, item_config in enumerate(items):
+        item = Item(
+            run_id=run.id,
+            key=item_config.key,
+            lane=item_config.lane,
+            position=position,
+            fields=item_config.fields,
+        )
+        session.add(item)
+        session.flush()
+        for stage_position, stage in enumerate(config.stages):
+            state = JobState.WAITING if stage.needs else JobState.READY
+            session.add(
+                Job(
+                    run_id=run.id,
+                    item_id=item.id,
+                    stage=stage.name,
+                    stage_position=stage_position,
+                    lane=item.lane,
+                    state=state.value,
+                    fence=0,
+                    attempt_count=0,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+    session.flush()
+    append_event(
+        session,
+        "run_created",
+        actor=actor,
+        now=now,
+        run_id=run.id,
+        config_sha256=run.config_sha256,
+        items=len(items),
+        deferred_by_batch_cap=len(config.items) - len(items),
+    )
+    return run
+
+
+_config_cache: dict[str, PipelineConfig] = {}
+
+
+def run_config(run: Run) -> PipelineConfig:
+    """The frozen config of a run (parsed once per process per config hash)."""
+    cached = _config_cache.get(run.config_sha256)
+    if cached is None:
+        cached = _config_cache[run.config_sha256] = config_from_frozen(run.config_json)
+    return cached
+
+
+def get_run(session: Session, run_id: int | None = None) -> Run:
+    """The run with ``run_id``, or the newest run when None."""
+    if run_id is None:
+        run = session.scalars(select(Run).order_by(Run.id.desc()).limit(1)).first()
+        if run is None:
+            raise NotFound("the ledger has no runs yet; start one with `laneway start-pipeline`")
+        return run
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} is not in the ledger; `laneway status` lists the newest")
+    return run
+
+
+# -------------------------------------------------------------------------- workers
+
+
+def register_worker(
+    session: Session,
+    *,
+    node: str,
+    host: str,
+    pid: int,
+    boot_id: str,
+    process_start_time: int | None,
+    slots: int,
+    now: datetime,
+) -> str:
+    """Record a starting worker and return its id."""
+    if session.get(Node, node) is None:
+        raise NotFound(f"node {node!r} is not in the ledger; start a pipeline that names it first")
+    worker_id = f"{node}-{pid}-{uuid.uuid4().hex[:8]}"
+    session.add(
+        Worker(
+            id=worker_id,
+            node=node,
+            host=host,
+            pid=pid,
+            boot_id=boot_id,
+            process_start_time=process_start_time,
+            slots=slots,
+            state=WorkerState.ACTIVE.value,
+            started_at=now,
+            heartbeat_at=now,
+        )
+    )
+    append_event(session, "worker_started", actor=worker_id, now=now, node=node, pid=pid)
+    return worker_id
+
+
+def heartbeat(
+    session: Session,
+    worker_id: str,
+    *,
+    now: datetime,
+    lease_seconds: float,
+    mem_available_mib: float | None,
+    mem_total_mib: float | None,
+) -> int:
+    """Renew the worker's heartbeat, its live leases, and its node's memory sample.
+
+    Returns how many leases were renewed. Raises StaleLease if the worker is no longer
+    active (the controller declared it lost).
+    """
+    changed = _rowcount(
+        session.execute(
+            update(Worker)
+            .where(Worker.id == worker_id, Worker.state == WorkerState.ACTIVE.value)
+            .values(heartbeat_at=now)
+        )
+    )
+    if changed != 1:
+        raise StaleLease(f"worker {worker_id} is no longer active; it must stop writing")
+    renewed = _rowcount(
+        session.execute(
+            update(Lease)
+            .where(
+                Lease.worker_id == worker_id,
+                Lease.released_at.is_(None),
+                Lease.expires_at > now,
+            )
+            .values(expires_at=now + timedelta(seconds=lease_seconds))
+        )
+    )
+    node = session.scalar(select(Worker.node).where(Worker.id == worker_id))
+    session.execute(
+        update(Node)
+        .where(Node.name == node)
+        .values(
+            mem_available_mib=mem_available_mib,
+            mem_total_mib=mem_total_mib,
+            sampled_at=now,
+            updated_at=now,
+        )
+    )
+    return renewed
+
+
+def stop_worker(session: Session, worker_id: str, *, now: datetime) -> None:
+    """A worker's clean exit."""
+    changed = _rowcount(
+        session.execute(
+            update(Worker)
+            .where(Worker.id == worker_id, Worker.state == WorkerState.ACTIVE.value)
+            .values(state=WorkerState.STOPPED.value, stopped_at=now)
+        )
+    )
+    if changed != 1:
+        raise IllegalTransition(f"worker {worker_id} is not active")
+    append_event(session, "worker_stopped", actor=worker_id, now=now)
+
+
+# --------------------------------------------------------------------- claim / intent
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Everything a worker needs to spawn one attempt whose intent is committed."""
+
+    run_id: int
+    job_id: int
+    attempt_id: int
+    number: int
+    fence: int
+    idempotency_key: str
+    item: str
+    stage: str
+    lane: str
+    argv: list[str]
+    env: dict[str, str]
+    """Templates rendered; ``${NAME}`` secret references still unresolved."""
+    cwd: str | None
+    timeout_seconds: int
+    grace_seconds: float
+    attempt_dir: str
+
+
+def attempt_dir(runtime_dir: str, run_id: int, item: str, stage: str, number: int) -> str:
+    return str(
+        Path(runtime_dir) / "runs" / str(run_id) / "jobs" / f"{item}.{stage}" / f"attempt-{number}"
+    )
+
+
+def argv_hash(argv: list[str], cwd: str | None) -> str:
+    return hashlib.sha256(json.dumps([argv, cwd]).encode()).hexdigest()
+
+
+def claim_jobs(
+    session: Session,
+    *,
+    worker_id: str,
+    node: str,
+    free_slots: int,
+    mem_available_mib: float | None,
+    now: datetime,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    candidate_limit: int = 500,
+) -> list[Claim]:
+    """Lease admissible jobs for up to ``free_slots`` and commit their intents.
+
+    In one write transaction: build the admission snapshot for ``node``, ask
+    ``admission.admit``, then for each job to start bump its fence, write the attempt
+    (the intent, with a fresh idempotency key), the lease and the reservation, and
+    record the decisions. The caller commits before spawning anything (invariant 1).
+    """
+    snapshot, jobs_by_id = _snapshot(
+        session, node=node, free_slots=free_slots, mem=mem_available_mib, limit=candidate_limit
+    )
+    verdict = admission.admit(snapshot)
+    _record_refusals(session, verdict.refusals, node=node, worker_id=worker_id, now=now)
+    claims = []
+    for candidate in verdict.starts:
+        job, run, item = jobs_by_id[candidate.job_id]
+        config = run_config(run)
+        claims.append(
+            _grant(
+                session,
+                job,
+                run,
+                item,
+                config,
+                worker_id=worker_id,
+                node=node,
+                now=now,
+                lease_seconds=lease_seconds,
+            )
+        )
+        _record_decision(
+            session,
+            admission.Refusal(run.id, job.lane, job.stage, "", {}, job.id),
+            verdict=Verdict.DISPATCHED,
+            node=node,
+            worker_id=worker_id,
+            now=now,
+        )
+    return claims
+
+
+def _grant(
+    session: Session,
+    job: Job,
+    run: Run,
+    item: Item,
+    config: PipelineConfig,
+    *,
+    worker_id: str,
+    node: str,
+    now: datetime,
+    lease_seconds: float,
+) -> Claim:
+    stage = config.stage(job.stage)
+    item_config = next(i for i in config.items if i.key == item.key)
+    number = job.attempt_count + 1
+    move_job(
+        session, job.id, JobState.READY, JobState.RUNNING, now=now, actor=worker_id, bump_fence=True
+    )
+    session.execute(update(Job).where(Job.id == job.id).values(attempt_count=number))
+    fence = session.scalar(select(Job.fence).where(Job.id == job.id))
+    assert fence is not None
+    argv = [render(part, item_config) for part in stage.argv]
+    env = {name: render(value, item_config) for name, value in stage.env.items()}
+    cwd = render(stage.cwd, item_config) if stage.cwd else None
+    directory = attempt_dir(run.runtime_dir, run.id, item.key, job.stage, number)
+    key = f"lw-{run.id}-{job.id}-{number}-{uuid.uuid4().hex[:12]}"
+    attempt = Attempt(
+        job_id=job.id,
+        run_id=run.id,
+        number=number,
+        idempotency_key=key,
+        state=AttemptState.INTENT.value,
+        fence=fence,
+        worker_id=worker_id,
+        node=node,
+        argv_hash=argv_hash(argv, cwd),
+        attempt_dir=directory,
+        intent_at=now,
+        diagnostics=[],
+    )
+    session.add(attempt)
+    session.flush()
+    session.add(
+        Lease(
+            job_id=job.id,
+            attempt_id=attempt.id,
+            worker_id=worker_id,
+            fence=fence,
+            granted_at=now,
+            expires_at=now + timedelta(seconds=lease_seconds),
+        )
+    )
+    session.add(
+        Reservation(
+            attempt_id=attempt.id,
+            node=node,
+            memory_mib=stage.memory_mib,
+            gpu_mib=stage.gpu_mib,
+            created_at=now,
+        )
+    )
+    append_event(
+        session,
+        "attempt_intent",
+        actor=worker_id,
+        now=now,
+        run_id=run.id,
+        job_id=job.id,
+        attempt_id=attempt.id,
+        number=number,
+        fence=fence,
+        idempotency_key=key,
+    )
+    return Claim(
+        run_id=run.id,
+        job_id=job.id,
+        attempt_id=attempt.id,
+        number=number,
+        fence=fence,
+        idempotency_key=key,
+        item=item.key,
+        stage=job.stage,
+        lane=job.lane,
+        argv=argv,
+        env=env,
+        cwd=cwd,
+        timeout_seconds=stage.timeout_seconds,
+        grace_seconds=stage.grace_seconds,
+        attempt_dir=directory,
+    )
+
+
+def _snapshot(
+    session: Session, *, node: str, free_slots: int, mem: float | None, limit: int
+) -> tuple[admission.Snapshot, dict[int, tuple[Job, Run, Item]]]:
+    node_row = session.get(Node, node)
+    if node_row is None:
+        raise NotFound(f"node {node!r} is not in the ledger")
+    lanes = session.execute(
+        select(Lane, Run)
+        .join(Run, Run.id == Lane.run_id)
+        .where(Lane.node == node, Run.state == RunState.ACTIVE.value)
+    ).all()
+    lane_keys = {(lane.run_id, lane.name) for lane, _ in lanes}
+    runs = {run.id: run for _, run in lanes}
+    run_ids = list(runs)
+    lane_caps = {(lane.run_id, lane.name): dict(lane.caps) for lane, _ in lanes}
+    stage_caps: dict[tuple[int, str], int | None] = {}
+    for run in runs.values():
+        for stage in run_config(run).stages:
+            stage_caps[(run.id, stage.name)] = stage.cap
+
+    ready_rows = session.execute(
+        select(Job, Item)
+        .join(Item, Item.id == Job.item_id)
+        .where(Job.run_id.in_(run_ids), Job.state == JobState.READY.value)
+        .order_by(Job.run_id, Job.stage_position.desc(), Item.position)
+        .limit(limit)
+    ).all()
+    candidates = []
+    jobs_by_id: dict[int, tuple[Job, Run, Item]] = {}
+    for job, item in ready_rows:
+        if (job.run_id, job.lane) not in lane_keys:
+            continue
+        stage = run_config(runs[job.run_id]).stage(job.stage)
+        candidates.append(
+            admission.Candidate(
+                job_id=job.id,
+                run_id=job.run_id,
+                lane=job.lane,
+                stage=job.stage,
+                memory_mib=stage.memory_mib,
+                gpu_mib=stage.gpu_mib,
+            )
+        )
+        jobs_by_id[job.id] = (job, runs[job.run_id], item)
+
+    running_lane_stage: Counter[tuple[int, str, str]] = Counter()
+    running_stage: Counter[tuple[int, str]] = Counter()
+    for run_id, lane, stage_name, count in session.execute(
+        select(Job.run_id, Job.lane, Job.stage, func.count())
+        .where(Job.run_id.in_(run_ids), Job.state == JobState.RUNNING.value)
+        .group_by(Job.run_id, Job.lane, Job.stage)
+    ):
+        running_lane_stage[(run_id, lane, stage_name)] += count
+        running_stage[(run_id, stage_name)] += count
+
+    node_running = (
+        session.scalar(
+            select(func.count())
+            .select_from(Attempt)
+            .where(
+                Attempt.node == node,
+                Attempt.state.in_([AttemptState.INTENT.value, AttemptState.RUNNING.value]),
+            )
+        )
+        or 0
+    )
+    reserved = (
+        session.scalar(
+            select(func.coalesce(func.sum(Reservation.memory_mib), 0)).where(
+                Reservation.node == node, Reservation.released_at.is_(None)
+            )
+        )
+        or 0
+    )
+    controls = [
+        admission.ControlView(c.kind, c.scope, c.run_id, c.lane, c.reason)
+        for c in session.scalars(select(Control).where(Control.cleared_at.is_(None)))
+    ]
+    unknown_runs = dict(
+        session.execute(
+            select(Attempt.run_id, func.count())
+            .where(Attempt.run_id.in_(run_ids), Attempt.state == AttemptState.UNKNOWN.value)
+            .group_by(Attempt.run_id)
+        ).all()
+    )
+    waiting_lanes = {
+        (run_id, lane)
+        for run_id, lane in session.execute(
+            select(Job.run_id, Job.lane)
+            .where(Job.run_id.in_(run_ids), Job.state == JobState.WAITING.value)
+            .distinct()
+        )
+        if (run_id, lane) in lane_keys
+    }
+    snapshot = admission.Snapshot(
+        node=admission.NodeView(
+            name=node,
+            max_jobs=node_row.max_jobs,
+            memory_floor_mib=node_row.memory_floor_mib,
+            mem_available_mib=mem,
+            reserved_mib=float(reserved),
+            running=node_running,
+            has_gpu=node_row.gpu_total_mib is not None,
+        ),
+        free_slots=free_slots,
+        candidates=candidates,
+        lane_caps=lane_caps,
+        stage_caps=stage_caps,
+        running_lane_stage=running_lane_stage,
+        running_stage=running_stage,
+        controls=controls,
+        unknown_runs=unknown_runs,
+        waiting_lanes=waiting_lanes,
+    )
+    return snapshot, jobs_by_id
+
+
+def _record_refusals(
+    session: Session,
+    refusals: list[admission.Refusal],
+    *,
+    node: str,
+    worker_id: str,
+    now: datetime,
+) -> None:
+    for refusal in refusals:
+        _record_decision(
+            session, refusal, verdict=Verdict.REFUSED, node=node, worker_id=worker_id, now=now
+        )
+
+
+def _record_decision(
+    session: Session,
+    refusal: admission.Refusal,
+    *,
+    verdict: Verdict,
+    node: str,
+    worker_id: str,
+    now: datetime,
+) -> None:
+    """Insert a decision only when the verdict or reason for (run, lane, stage) changed."""
+    stage_match = (
+        Decision.stage.is_(None) if refusal.stage is None else Decision.stage == refusal.stage
+    )
+    last = session.execute(
+        select(Decision.verdict, Decision.reason_code, Decision.detail)
+        .where(Decision.run_id == refusal.run_id, Decision.lane == refusal.lane, stage_match)
+        .order_by(Decision.id.desc())
+        .limit(1)
+    ).first()
+    code = refusal.code or None
+    if last is not None and last.verdict == verdict.value and last.reason_code == code:
+        return
+    session.add(
+        Decision(
+            run_id=refusal.run_id,
+            lane=refusal.lane,
+            stage=refusal.stage,
+            node=node,
+            worker_id=worker_id,
+            verdict=verdict.value,
+            reason_code=code,
+            detail=refusal.detail,
+            job_id=refusal.job_id,
+            decided_at=now,
+        )
+    )
+
+
+# --------------------------------------------------------------------------- spawn
+
+
+def record_spawn(
+    session: Session,
+    attempt_id: int,
+    *,
+    fence: int,
+    actor: str,
+    now: datetime,
+    boot_id: str,
+    supervisor_pid: int,
+    supervisor_start_time: int | None,
+    child_pid: int | None,
+    child_start_time: int | None,
+) -> None:
+    """Intent -> running: the supervisor (and child) identity is now in the ledger."""
+    move_attempt(
+        session,
+        attempt_id,
+        AttemptState.INTENT,
+        AttemptState.RUNNING,
+        now=now,
+        actor=actor,
+        fence=fence,
+        values={
+            "started_at": now,
+            "boot_id": boot_id,
+            "supervisor_pid": supervisor_pid,
+            "supervisor_start_time": supervisor_start_time,
+            "child_pid": child_pid,
+            "child_start_time": child_start_time,
+        },
+        event_detail={"supervisor_pid": supervisor_pid, "child_pid": child_pid},
+    )
+
+
+# -------------------------------------------------------------------------- settle
+
+
+def settle_attempt(
+    session: Session,
+    attempt_id: int,
+    *,
+    fence: int,
+    outcome: Outcome,
+    actor: str,
+    now: datetime,
+    reason: str | None = None,
+    exit_code: int | None = None,
+    exit_signal: int | None = None,
+    result: dict[str, Any] | None = None,
+    diagnostics: list[str] | None = None,
+) -> JobState:
+    """Settle an attempt into ``outcome``, move its job on, release lease and reservation.
+
+    The job becomes ready again only if its stage's retry policy names the outcome and
+    attempts remain; otherwise it becomes succeeded, failed or cancelled. Downstream jobs
+    of the item are promoted or skipped in the same transaction. Returns the job's new
+    state. StaleLease if ``fence`` is no longer current.
+    """
+    attempt = move_attempt(
+        session,
+        attempt_id,
+        (AttemptState.INTENT, AttemptState.RUNNING),
+        AttemptState.SETTLED,
+        now=now,
+        actor=actor,
+        fence=fence,
+        values={
+            "outcome": outcome.value,
+            "settled_at": now,
+            "state_reason": reason,
+            "exit_code": exit_code,
+            "exit_signal": exit_signal,
+            "result": result,
+            "diagnostics": diagnostics or [],
+        },
+        event_detail={"outcome": outcome.value, "exit_code": exit_code, "reason": reason},
+    )
+    job = session.get(Job, attempt.job_id, populate_existing=True)
+    assert job is not None
+    run = session.get(Run, job.run_id)
+    assert run is not None
+    stage = run_config(run).stage(job.stage)
+    if outcome is Outcome.SUCCEEDED:
+        new_state = JobState.SUCCEEDED
+    elif outcome is Outcome.CANCELLED:
+        new_state = JobState.CANCELLED
+    elif outcome.value in stage.retry.on and job.attempt_count < stage.retry.max_attempts:
+        new_state = JobState.READY
+    else:
+        new_state = JobState.FAILED
+    move_job(
+        session,
+        job.id,
+        JobState.RUNNING,
+        new_state,
+        now=now,
+        actor=actor,
+        fence=fence,
+        reason=None
+        if new_state is JobState.SUCCEEDED
+        else f"attempt {attempt.number}: {outcome.value}",
+    )
+    _release(session, attempt_id, now=now)
+    promote_item(session, job.item_id, now=now, actor=actor)
+    return new_state
+
+
+def mark_unknown(
+    session: Session,
+    attempt_id: int,
+    *,
+    reason: str,
+    actor: str,
+    now: datetime,
+    fence: int | None = None,
+) -> None:
+    """The attempt's outcome cannot be established: attempt and job become unknown, the
+    lease is revoked (fence bumped), and dispatch for the run halts until reconciled.
+    The reservation stays held: the process may still be running."""
+    attempt = move_attempt(
+        session,
+        attempt_id,
+        (AttemptState.INTENT, AttemptState.RUNNING),
+        AttemptState.UNKNOWN,
+        now=now,
+        actor=actor,
+        fence=fence,
+        values={"state_reason": reason},
+        event_detail={"reason": reason},
+    )
+    move_job(
+        session,
+        attempt.job_id,
+        JobState.RUNNING,
+        JobState.UNKNOWN,
+        now=now,
+        actor=actor,
+        reason=reason,
+        bump_fence=True,
+    )
+    session.execute(
+        update(Lease)
+        .where(Lease.attempt_id == attempt_id, Lease.released_at.is_(None))
+        .values(released_at=now)
+    )
+
+
+def _release(session: Session, attempt_id: int, *, now: datetime) -> None:
+    session.execute(
+        update(Lease)
+        .where(Lease.attempt_id == attempt_id, Lease.released_at.is_(None))
+        .values(released_at=now)
+    )
+    session.execute(
+        update(Reservation)
+        .where(Reservation.attempt_id == attempt_id, Reservation.released_at.is_(None))
+        .values(released_at=now)
+    )
+
+
+# ---------------------------------------------------------------------- controller
+
+
+def promote_item(session: Session, item_id: int, *, now: datetime, actor: str) -> int:
+    """Move the item's waiting jobs to ready when every need succeeded, or to skipped
+    (with the reason) when a need ended without success. Returns how many moved."""
+    jobs = session.scalars(
+        select(Job).where(Job.item_id == item_id).execution_options(populate_existing=True)
+    ).all()
+    if not any(job.state == JobState.WAITING.value for job in jobs):
+        return 0
+    by_stage = {job.stage: job for job in jobs}
+    run = session.get(Run, jobs[0].run_id)
+    assert run is not None
+    config = run_config(run)
+    moved = 0
+    for job in sorted(jobs, key=lambda j: j.stage_position):
+        if job.state != JobState.WAITING.value:
+            continue
+        needs = config.stage(job.stage).needs
+        states = {need: JobState(by_stage[need].state) for need in needs}
+        blocked = [
+            f"{need} {state.value}"
+            for need, state in states.items()
+            if state in TERMINAL_JOB_STATES and state is not JobState.SUCCEEDED
+        ]
+        if blocked:
+            reason = "needed stage did not succeed: " + ", ".join(blocked)
+            move_job(
+                session,
+                job.id,
+                JobState.WAITING,
+                JobState.SKIPPED,
+                now=now,
+                actor=actor,
+                reason=reason,
+            )
+            job.state = JobState.SKIPPED.value
+            moved += 1
+        elif all(state is JobState.SUCCEEDED for state in states.values()):
+            move_job(session, job.id, JobState.WAITING, JobState.READY, now=now, actor=actor)
+            job.state = JobState.READY.value
+            moved += 1
+    return moved
+
+
+def promote_run(session: Session, run_id: int, *, now: datetime, actor: str) -> int:
+    """``promote_item`` for every item of the run that still has waiting jobs."""
+    item_ids = session.scalars(
+        select(Job.item_id)
+        .where(Job.run_id == run_id, Job.state == JobState.WAITING.value)
+        .distinct()
+    ).all()
+    return sum(promote_item(session, item_id, now=now, actor=actor) for item_id in item_ids)
+
+
+def close_run_if_done(session: Session, run_id: int, *, now: datetime, actor: str) -> bool:
+    """Active -> finished when every job of the run is terminal. Returns True if closed."""
+    open_jobs = session.scalar(
+        select(func.count())
+        .select_from(Job)
+        .where(Job.run_id == run_id, Job.state.not_in([s.value for s in TERMINAL_JOB_STATES]))
+    )
+    if open_jobs:
+        return False
+    changed = _rowcount(
+        session.execute(
+            update(Run)
+            .where(Run.id == run_id, Run.state == RunState.ACTIVE.value)
+            .values(state=RunState.FINISHED.value, finished_at=now)
+        )
+    )
+    if changed != 1:
+        return False
+    counts = dict(
+        session.execute(
+            select(Job.state, func.count()).where(Job.run_id == run_id).group_by(Job.state)
+        ).all()
+    )
+    append_event(session, "run_finished", actor=actor, now=now, run_id=run_id, jobs=counts)
+    return True
+
+
+def active_run_ids(session: Session) -> list[int]:
+    return list(session.scalars(select(Run.id).where(Run.state == RunState.ACTIVE.value)))
+
+
+# ------------------------------------------------------------------------ controls
+
+
+def set_control(
+    session: Session,
+    kind: ControlKind,
+    *,
+    scope: ControlScope,
+    reason: str,
+    actor: str,
+    now: datetime,
+    run_id: int | None = None,
+    lane: str | None = None,
+) -> int:
+    """Set a pause, stop or halt; it stays until cleared (``clear_controls``)."""
+    control = Control(
+        kind=kind.value,
+        scope=scope.value,
+        run_id=run_id,
+        lane=lane,
+        reason=reason,
+        set_by=actor,
+        set_at=now,
+    )
+    session.add(control)
+    session.flush()
+    append_event(
+        session,
+        f"control_{kind.value}",
+        actor=actor,
+        now=now,
+        run_id=run_id,
+        scope=scope.value,
+        lane=lane,
+        reason=reason,
+        control_id=control.id,
+    )
+    return control.id
+
+
+def clear_controls(
+    session: Session,
+    kinds: tuple[ControlKind, ...],
+    *,
+    reason: str,
+    actor: str,
+    now: datetime,
+    run_id: int | None = None,
+) -> int:
+    """Clear active controls of ``kinds`` on a run (or global ones when run_id is None).
+    Returns how many were cleared; each clear is an event with who and why."""
+    scope_match = Control.run_id.is_(None) if run_id is None else Control.run_id == run_id
+    rows = session.scalars(
+        select(Control).where(
+            Control.cleared_at.is_(None),
+            Control.kind.in_([k.value for k in kinds]),
+            scope_match,
+        )
+    ).all()
+    for control in rows:
+        changed = _rowcount(
+            session.execute(
+                update(Control)
+                .where(and_(Control.id == control.id, Control.cleared_at.is_(None)))
+                .values(cleared_at=now, cleared_by=actor, clear_reason=reason)
+            )
+        )
+        if changed == 1:
+            append_event(
+                session,
+                f"control_{control.kind}_cleared",
+                actor=actor,
+                now=now,
+                run_id=control.run_id,
+                control_id=control.id,
+                reason=reason,
+            )
+    return len(rows)

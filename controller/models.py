@@ -1,0 +1,308 @@
+"""The ledger's tables as SQLAlchemy 2.x typed models.
+
+Only ``controller.ledger`` writes these rows' state columns. Every state set from
+``controller.states`` is mirrored as a named CHECK constraint, and state is tied to its
+timestamps by CHECKs so a half-finished row cannot exist. All timestamps are naive UTC.
+Alembic migrations (``migrations/``) are the only way this schema changes; the drift
+test proves ``alembic upgrade head`` builds exactly these tables.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from controller.states import (
+    AttemptState,
+    ControlKind,
+    ControlScope,
+    JobState,
+    Outcome,
+    RunState,
+    Verdict,
+    WorkerState,
+)
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime()}  # noqa: RUF012
+
+
+def one_of(column: str, enum: type[StrEnum], name: str) -> CheckConstraint:
+    values = ", ".join(f"'{member.value}'" for member in enum)
+    return CheckConstraint(f"{column} IN ({values})", name=name)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (
+        one_of("state", RunState, "state"),
+        CheckConstraint("(state = 'finished') = (finished_at IS NOT NULL)", name="finished_at"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), default=RunState.ACTIVE.value)
+    config_json: Mapped[str] = mapped_column(Text)
+    config_sha256: Mapped[str] = mapped_column(String(64))
+    source_hashes: Mapped[dict[str, Any]] = mapped_column(JSON)
+    runtime_dir: Mapped[str] = mapped_column(Text)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(DateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+
+class Lane(Base):
+    __tablename__ = "lanes"
+    __table_args__ = (UniqueConstraint("run_id", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    name: Mapped[str] = mapped_column(String(64))
+    node: Mapped[str] = mapped_column(ForeignKey("nodes.name"))
+    caps: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class Item(Base):
+    __tablename__ = "items"
+    __table_args__ = (UniqueConstraint("run_id", "key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    key: Mapped[str] = mapped_column(String(128))
+    lane: Mapped[str] = mapped_column(String(64))
+    position: Mapped[int] = mapped_column(Integer)
+    fields: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("item_id", "stage"),
+        one_of("state", JobState, "state"),
+        CheckConstraint(
+            "(state IN ('succeeded', 'failed', 'skipped', 'cancelled')) = "
+            "(finished_at IS NOT NULL)",
+            name="finished_at",
+        ),
+        CheckConstraint("fence >= 0", name="fence"),
+        Index("ix_jobs_run_state", "run_id", "state"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id"))
+    stage: Mapped[str] = mapped_column(String(64))
+    stage_position: Mapped[int] = mapped_column(Integer)
+    lane: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    fence: Mapped[int] = mapped_column(Integer, default=0)
+    """Only grows: bumped on every lease grant and every revocation (invariant 4)."""
+    attempt_count: Mapped[int] = mapped_column(Integer, default=0)
+    state_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime())
+    updated_at: Mapped[datetime] = mapped_column(DateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+
+class Attempt(Base):
+    """An attempt row *is* the intent: it is committed before any process starts."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (
+        UniqueConstraint("job_id", "number"),
+        UniqueConstraint("idempotency_key"),
+        one_of("state", AttemptState, "state"),
+        CheckConstraint(
+            "outcome IS NULL OR outcome IN (" + ", ".join(f"'{o.value}'" for o in Outcome) + ")",
+            name="outcome",
+        ),
+        CheckConstraint("(state = 'settled') = (outcome IS NOT NULL)", name="settled_outcome"),
+        CheckConstraint("(state = 'settled') = (settled_at IS NOT NULL)", name="settled_at"),
+        CheckConstraint("state <> 'running' OR started_at IS NOT NULL", name="started_at"),
+        Index("ix_attempts_state", "state"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    number: Mapped[int] = mapped_column(Integer)
+    idempotency_key: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    outcome: Mapped[str | None] = mapped_column(String(32))
+    state_reason: Mapped[str | None] = mapped_column(Text)
+    fence: Mapped[int] = mapped_column(Integer)
+    worker_id: Mapped[str] = mapped_column(ForeignKey("workers.id"))
+    node: Mapped[str] = mapped_column(String(64))
+    argv_hash: Mapped[str] = mapped_column(String(64))
+    attempt_dir: Mapped[str] = mapped_column(Text)
+    intent_at: Mapped[datetime] = mapped_column(DateTime())
+    started_at: Mapped[datetime | None] = mapped_column(DateTime())
+    settled_at: Mapped[datetime | None] = mapped_column(DateTime())
+    boot_id: Mapped[str | None] = mapped_column(String(64))
+    supervisor_pid: Mapped[int | None] = mapped_column(Integer)
+    supervisor_start_time: Mapped[int | None] = mapped_column(BigInteger)
+    """Clock ticks since boot (/proc/PID/stat field 22): with boot id and pid, an identity
+    a recycled pid cannot fake."""
+    child_pid: Mapped[int | None] = mapped_column(Integer)
+    child_start_time: Mapped[int | None] = mapped_column(BigInteger)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    exit_signal: Mapped[int | None] = mapped_column(Integer)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    diagnostics: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    peak_rss_mib: Mapped[float | None] = mapped_column(Float)
+    peak_gpu_mib: Mapped[float | None] = mapped_column(Float)
+
+
+class Lease(Base):
+    """One row per grant. The active lease of a job is the one with released_at NULL."""
+
+    __tablename__ = "leases"
+    __table_args__ = (
+        UniqueConstraint("job_id", "fence"),
+        CheckConstraint("released_at IS NULL OR released_at >= granted_at", name="released_at"),
+        Index("ix_leases_worker_active", "worker_id", "released_at"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"))
+    worker_id: Mapped[str] = mapped_column(ForeignKey("workers.id"))
+    fence: Mapped[int] = mapped_column(Integer)
+    granted_at: Mapped[datetime] = mapped_column(DateTime())
+    expires_at: Mapped[datetime] = mapped_column(DateTime())
+    released_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    memory_floor_mib: Mapped[int] = mapped_column(Integer)
+    max_jobs: Mapped[int] = mapped_column(Integer)
+    gpu_total_mib: Mapped[int | None] = mapped_column(Integer)
+    gpu_fraction: Mapped[float | None] = mapped_column(Float)
+    gpu_baseline_mib: Mapped[int | None] = mapped_column(Integer)
+    mem_available_mib: Mapped[float | None] = mapped_column(Float)
+    mem_total_mib: Mapped[float | None] = mapped_column(Float)
+    gpus: Mapped[list[Any] | None] = mapped_column(JSON)
+    sampled_at: Mapped[datetime | None] = mapped_column(DateTime())
+    updated_at: Mapped[datetime] = mapped_column(DateTime())
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+    __table_args__ = (
+        one_of("state", WorkerState, "state"),
+        CheckConstraint("(state = 'active') = (stopped_at IS NULL)", name="stopped_at"),
+    )
+    id: Mapped[str] = mapped_column(String(96), primary_key=True)
+    node: Mapped[str] = mapped_column(ForeignKey("nodes.name"))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    boot_id: Mapped[str] = mapped_column(String(64))
+    process_start_time: Mapped[int | None] = mapped_column(BigInteger)
+    slots: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[datetime] = mapped_column(DateTime())
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime())
+    stopped_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+
+class Reservation(Base):
+    """Memory/GPU held for a running attempt; unreleased rows count against headroom."""
+
+    __tablename__ = "reservations"
+    __table_args__ = (
+        UniqueConstraint("attempt_id"),
+        CheckConstraint("memory_mib >= 0 AND gpu_mib >= 0", name="amounts"),
+        Index("ix_reservations_node_active", "node", "released_at"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"))
+    node: Mapped[str] = mapped_column(String(64))
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    gpu_mib: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime())
+    released_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+
+class Control(Base):
+    __tablename__ = "controls"
+    __table_args__ = (
+        one_of("kind", ControlKind, "kind"),
+        one_of("scope", ControlScope, "scope"),
+        CheckConstraint("(scope = 'global') = (run_id IS NULL)", name="scope_run"),
+        CheckConstraint("(scope = 'lane') = (lane IS NOT NULL)", name="scope_lane"),
+        CheckConstraint("(cleared_at IS NULL) = (cleared_by IS NULL)", name="cleared"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    scope: Mapped[str] = mapped_column(String(16))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    lane: Mapped[str | None] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    set_by: Mapped[str] = mapped_column(String(128))
+    set_at: Mapped[datetime] = mapped_column(DateTime())
+    cleared_by: Mapped[str | None] = mapped_column(String(128))
+    cleared_at: Mapped[datetime | None] = mapped_column(DateTime())
+    clear_reason: Mapped[str | None] = mapped_column(Text)
+
+
+class Decision(Base):
+    """An admission verdict. Refusals are deduplicated: a row only when the reason for
+    (run, lane, stage) changes."""
+
+    __tablename__ = "decisions"
+    __table_args__ = (
+        one_of("verdict", Verdict, "verdict"),
+        Index("ix_decisions_run_lane", "run_id", "lane", "id"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    lane: Mapped[str] = mapped_column(String(64))
+    stage: Mapped[str | None] = mapped_column(String(64))
+    node: Mapped[str] = mapped_column(String(64))
+    worker_id: Mapped[str | None] = mapped_column(String(96))
+    verdict: Mapped[str] = mapped_column(String(16))
+    reason_code: Mapped[str | None] = mapped_column(String(32))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON)
+    job_id: Mapped[int | None] = mapped_column(Integer)
+    decided_at: Mapped[datetime] = mapped_column(DateTime())
+
+
+class Event(Base):
+    """Append-only; ``id`` grows monotonically (AUTOINCREMENT on SQLite: never reused)."""
+
+    __tablename__ = "events"
+    __table_args__ = (
+        Index("ix_events_run", "run_id", "id"),
+        {"sqlite_autoincrement": True},
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime())
+    run_id: Mapped[int | None] = mapped_column(Integer)
+    job_id: Mapped[int | None] = mapped_column(Integer)
+    attempt_id: Mapped[int | None] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(48))
+    actor: Mapped[str] = mapped_column(String(128))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -1,0 +1,90 @@
+"""Classifying a finished attempt into one outcome class (SPEC "Outcome classes").
+
+Pure policy over what the supervisor and the job left on disk. The rules, in order:
+
+1. No readable exit record → the outcome cannot be established: ``None`` (unknown).
+2. The command could not be started → ``harness_failure``.
+3. Stopped by an operator → ``cancelled``; killed by its timeout → ``timed_out``.
+4. The supervisor could not write the logs → ``harness_failure`` (the exit code is kept).
+5. A valid result JSON with ``fatal_failure: true`` → ``fatal``; with
+   ``infrastructure_failure: true`` → ``infra_failure``.
+6. Killed by a signal nobody sent on purpose → ``failed``.
+7. Otherwise the stage's exit-code map (unlisted non-zero codes → ``failed``).
+8. A result that is present but invalid can never be "succeeded": ``failed``, with the
+   problem kept as a diagnostic. Never turn a crash or an unreadable result into success.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.states import Outcome
+
+
+@dataclass
+class Verdict:
+    outcome: Outcome | None
+    """None means unknown: nothing on disk establishes what happened."""
+    reason: str
+    diagnostics: list[str] = field(default_factory=list)
+
+
+def check_result(result: Any, job_id: int) -> str | None:
+    """Why ``result`` (parsed result.json) is not acceptable, or None if it is."""
+    if not isinstance(result, dict):
+        return "result.json must be a JSON object"
+    if str(result.get("job_id")) != str(job_id):
+        return f"result.json job_id {result.get('job_id')!r} is not this job ({job_id})"
+    for flag in ("infrastructure_failure", "fatal_failure"):
+        if flag in result and not isinstance(result[flag], bool):
+            return f"result.json {flag} must be true or false, not {result[flag]!r}"
+    return None
+
+
+def classify(
+    exit_record: dict[str, Any] | None,
+    *,
+    exit_problem: str | None,
+    result: dict[str, Any] | None,
+    result_problem: str | None,
+    exit_codes: dict[int, Outcome],
+) -> Verdict:
+    """The outcome of one attempt; see the module docstring for the rules."""
+    if exit_record is None:
+        return Verdict(None, exit_problem or "no exit record")
+    diagnostics = [result_problem] if result_problem else []
+    if exit_record.get("spawn_error"):
+        return Verdict(
+            Outcome.HARNESS_FAILURE, f"could not start: {exit_record['spawn_error']}", diagnostics
+        )
+    if exit_record.get("stopped"):
+        return Verdict(Outcome.CANCELLED, "stopped by an operator", diagnostics)
+    if exit_record.get("timed_out"):
+        return Verdict(Outcome.TIMED_OUT, "killed by its timeout", diagnostics)
+    log_errors = exit_record.get("log_errors") or []
+    if log_errors:
+        return Verdict(
+            Outcome.HARNESS_FAILURE,
+            "log write failed: " + "; ".join(log_errors),
+            diagnostics + [f"log: {e}" for e in log_errors],
+        )
+    if result is not None and result_problem is None:
+        if result.get("fatal_failure") is True:
+            return Verdict(Outcome.FATAL, "result.json reports fatal_failure", diagnostics)
+        if result.get("infrastructure_failure") is True:
+            return Verdict(
+                Outcome.INFRA_FAILURE, "result.json reports infrastructure_failure", diagnostics
+            )
+    signum = exit_record.get("signal")
+    if signum is not None:
+        return Verdict(Outcome.FAILED, f"killed by signal {signum}", diagnostics)
+    code = exit_record.get("exit_code")
+    if not isinstance(code, int):
+        return Verdict(None, "exit record has neither an exit code nor a signal")
+    outcome = exit_codes.get(code, Outcome.SUCCEEDED if code == 0 and 0 not in exit_codes else None)
+    if outcome is None:
+        outcome = Outcome.FAILED
+    if outcome is Outcome.SUCCEEDED and result_problem:
+        return Verdict(Outcome.FAILED, f"exit {code} but {result_problem}", diagnostics)
+    return Verdict(outcome, f"exit code {code}", diagnostics)

@@ -1,0 +1,224 @@
+"""Planning and starting a pipeline: ``dry-run`` and ``start-pipeline``.
+
+``preflight`` checks everything that can be known before a run exists (paths,
+executables, source files, secret references); ``plan`` shows what a run would hold and
+the first admission decisions; ``start`` freezes a config into a new run, creating
+nothing at all if preflight refuses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+
+from controller import admission, db, ledger
+from controller.clock import Clock, SystemClock
+from controller.config import ENV_REF, PipelineConfig, render
+from controller.errors import PreflightError
+
+
+def hash_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def taken_items(config: PipelineConfig) -> int:
+    return min(len(config.items), config.batch_cap or len(config.items))
+
+
+def preflight(
+    config: PipelineConfig, environ: dict[str, str] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """Every reason the config cannot start now, and the source hashes if it can."""
+    environ = dict(os.environ) if environ is None else environ
+    reasons: list[str] = []
+    if not config.items:
+        reasons.append("items: the pipeline has no items; add items or items_file")
+    items = config.items[: taken_items(config)]
+    for stage in config.stages:
+        checked: set[tuple[str, str | None]] = set()
+        for item in items:
+            executable = render(stage.argv[0], item)
+            cwd = render(stage.cwd, item) if stage.cwd else None
+            if (executable, cwd) in checked:
+                continue
+            checked.add((executable, cwd))
+            if cwd is not None and not Path(cwd).is_dir():
+                reasons.append(f"stages.{stage.name}.cwd: {cwd} is not a directory")
+            problem = _executable_problem(executable, cwd)
+            if problem:
+                reasons.append(f"stages.{stage.name}.argv[0]: {problem}")
+        for name, value in stage.env.items():
+            for reference in ENV_REF.findall(value):
+                if reference not in environ:
+                    reasons.append(
+                        f"stages.{stage.name}.env.{name}: ${{{reference}}} is not set; export "
+                        "it in the environment of laneway and its workers"
+                    )
+    hashes: dict[str, str] = {}
+    for source in config.sources:
+        try:
+            hashes[source] = hash_file(source)
+        except OSError as exc:
+            reasons.append(f"sources: cannot read {source}: {exc.strerror or exc}")
+    return reasons, hashes
+
+
+def _executable_problem(executable: str, cwd: str | None) -> str | None:
+    if "/" in executable:
+        path = Path(cwd or ".") / executable
+        if not path.is_file():
+            return f"{executable} does not exist"
+        if not os.access(path, os.X_OK):
+            return f"{executable} is not executable (chmod +x)"
+        return None
+    if shutil.which(executable) is None:
+        return f"{executable!r} is not on PATH"
+    return None
+
+
+def plan(config: PipelineConfig, *, mem_available_mib: float | None) -> dict[str, Any]:
+    """What a run of this config would hold, and the first admission decisions."""
+    count = taken_items(config)
+    items = config.items[:count]
+    per_lane = Counter(item.lane for item in items)
+    jobs = {
+        stage.name: {lane.name: per_lane.get(lane.name, 0) for lane in config.lanes}
+        for stage in config.stages
+    }
+    first: list[dict[str, Any]] = []
+    for node in config.nodes:
+        node_lanes = {lane.name for lane in config.lanes if lane.node == node.name}
+        candidates = [
+            admission.Candidate(
+                job_id=position,
+                run_id=0,
+                lane=item.lane,
+                stage=stage.name,
+                memory_mib=stage.memory_mib,
+                gpu_mib=stage.gpu_mib,
+            )
+            for position, item in enumerate(items)
+            for stage in config.stages
+            if not stage.needs and item.lane in node_lanes
+        ]
+        snapshot = admission.Snapshot(
+            node=admission.NodeView(
+                name=node.name,
+                max_jobs=node.max_jobs,
+                memory_floor_mib=node.memory_floor_mib,
+                mem_available_mib=mem_available_mib,
+                reserved_mib=0,
+                running=0,
+                has_gpu=node.gpu is not None,
+            ),
+            free_slots=node.max_jobs,
+            candidates=candidates,
+            lane_caps={(0, lane.name): dict(lane.caps) for lane in config.lanes},
+            stage_caps={(0, stage.name): stage.cap for stage in config.stages},
+        )
+        verdict = admission.admit(snapshot)
+        for start in verdict.starts:
+            first.append(
+                {
+                    "node": node.name,
+                    "lane": start.lane,
+                    "stage": start.stage,
+                    "item": items[start.job_id].key,
+                    "verdict": "dispatch",
+                }
+            )
+        for refusal in verdict.refusals:
+            first.append(
+                {
+                    "node": node.name,
+                    "lane": refusal.lane,
+                    "stage": refusal.stage,
+                    "verdict": "refused",
+                    "reason": refusal.code,
+                    "words": refusal.words(),
+                }
+            )
+    return {
+        "pipeline": config.name,
+        "config_sha256": config.sha256(),
+        "items": {
+            "total": len(config.items),
+            "taken": count,
+            "deferred_by_batch_cap": len(config.items) - count,
+            "keys": [item.key for item in items],
+        },
+        "stages": [
+            {
+                "name": stage.name,
+                "needs": stage.needs,
+                "timeout_seconds": stage.timeout_seconds,
+                "memory_mib": stage.memory_mib,
+                "gpu_mib": stage.gpu_mib,
+                "cap": stage.cap,
+                "retry": stage.retry.model_dump(),
+            }
+            for stage in config.stages
+        ],
+        "jobs_per_stage_and_lane": jobs,
+        "jobs_total": count * len(config.stages),
+        "capacity": [
+            {
+                "node": node.name,
+                "max_jobs": node.max_jobs,
+                "memory_floor_mib": node.memory_floor_mib,
+                "mem_available_mib": None
+                if mem_available_mib is None
+                else round(mem_available_mib),
+                "headroom_mib": (
+                    None
+                    if mem_available_mib is None
+                    else round(mem_available_mib - node.memory_floor_mib)
+                ),
+            }
+            for node in config.nodes
+        ],
+        "first_decisions": first,
+    }
+
+
+def start(
+    config: PipelineConfig,
+    *,
+    runtime_dir: str | Path,
+    actor: str,
+    clock: Clock | None = None,
+    engine: Engine | None = None,
+) -> int:
+    """Preflight, then freeze ``config`` into a new run. Raises PreflightError (having
+    created nothing) when preflight refuses. Returns the new run's id.
+
+    Never clears a pause or halt: controls are separate rows that only operators lift.
+    """
+    reasons, hashes = preflight(config)
+    if reasons:
+        raise PreflightError(reasons)
+    runtime = Path(runtime_dir).resolve()
+    engine = engine or db.open_ledger(runtime)
+    clock = clock or SystemClock()
+    with db.transaction(db.session_factory(engine)) as session:
+        run = ledger.create_run(
+            session,
+            config,
+            runtime_dir=str(runtime),
+            source_hashes=hashes,
+            actor=actor,
+            now=clock.now(),
+        )
+        run_id = run.id
+    (runtime / "runs" / str(run_id)).mkdir(parents=True, exist_ok=True)
+    return run_id

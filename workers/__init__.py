@@ -1,0 +1,1 @@
+"""laneway's per-node worker service and the per-attempt supervisor."""

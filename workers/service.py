@@ -1,0 +1,456 @@
+"""The per-node worker service: lease → intent committed → supervised spawn → settle.
+
+One ``WorkerService`` per node. Each ``tick``:
+
+1. settles attempts whose supervisor has exited, from ``exit.json`` and the optional
+   ``result.json`` (one transaction per settle);
+2. heartbeats (renews its leases, reports the node's live memory) when due;
+3. if it has free slots and something changed, claims admissible jobs and commits their
+   intents in one transaction (``ledger.claim_jobs``);
+4. only then starts one supervisor per claimed attempt, reads back the child's identity,
+   records every identity in one transaction and writes each ``receipt.json``.
+
+Crash windows are named by ``crash_point`` (a test hook, inert unless the
+``LANEWAY_CRASH_POINT`` environment variable names the point).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+from sqlalchemy import Engine
+
+from controller import db, ledger
+from controller.clock import Clock, SystemClock, iso
+from controller.durable import read_json, write_json
+from controller.errors import StaleLease
+from controller.outcome import check_result, classify
+from controller.states import Outcome
+from workers import identity
+
+MIB = 1024 * 1024
+ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+CRASH_POINT_ENV = "LANEWAY_CRASH_POINT"
+
+
+def crash_point(name: str) -> None:
+    """Test hook: SIGKILL this process at a named point when LANEWAY_CRASH_POINT names it."""
+    if os.environ.get(CRASH_POINT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def psutil_memory() -> tuple[float, float]:
+    """(available MiB, total MiB) of this machine, from psutil."""
+    memory = psutil.virtual_memory()
+    return memory.available / MIB, memory.total / MIB
+
+
+@dataclass
+class InFlight:
+    claim: ledger.Claim
+    supervisor: subprocess.Popen[bytes]
+    exit_codes: dict[int, Outcome]
+
+
+@dataclass
+class TickReport:
+    claimed: int = 0
+    settled: int = 0
+    in_flight: int = 0
+    outcomes: list[str] = field(default_factory=list)
+
+
+class SecretMissing(Exception):
+    pass
+
+
+def resolve_env(
+    templates: dict[str, str], environ: dict[str, str]
+) -> tuple[dict[str, str], list[str]]:
+    """Resolve ``${NAME}`` references from the worker's environment.
+
+    Returns the resolved env and the names whose values came from references (the
+    supervisor redacts those values from the logs). Raises SecretMissing naming the
+    variable when one is not set.
+    """
+    resolved: dict[str, str] = {}
+    secret_names: list[str] = []
+    for name, template in templates.items():
+        references = ENV_REF.findall(template)
+        for reference in references:
+            if reference not in environ:
+                raise SecretMissing(
+                    f"env {name}: ${{{reference}}} is not set in the worker's environment"
+                )
+        resolved[name] = ENV_REF.sub(lambda m: environ[m.group(1)], template)
+        if references:
+            secret_names.append(name)
+    return resolved, secret_names
+
+
+class WorkerService:
+    """The worker of one node. ``tick()`` is the loop body; ``serve()`` the loop."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        node: str,
+        slots: int,
+        clock: Clock | None = None,
+        lease_seconds: float = ledger.DEFAULT_LEASE_SECONDS,
+        heartbeat_seconds: float = 2.0,
+        rescan_seconds: float = 1.0,
+        memory_probe: Callable[[], tuple[float, float]] = psutil_memory,
+    ) -> None:
+        self.engine = engine
+        self.factory = db.session_factory(engine)
+        self.node = node
+        self.slots = slots
+        self.clock = clock or SystemClock()
+        self.lease_seconds = lease_seconds
+        self.heartbeat_seconds = heartbeat_seconds
+        self.rescan_seconds = rescan_seconds
+        self.memory_probe = memory_probe
+        self.in_flight: dict[int, InFlight] = {}
+        self.worker_id = ""
+        self._last_heartbeat = float("-inf")
+        self._last_claim = float("-inf")
+        self._seen_event = -1
+        self._exit_codes: dict[int, dict[str, dict[int, Outcome]]] = {}
+        self._receipt_errors: dict[int, str] = {}
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> str:
+        """Register this worker in the ledger; returns its id."""
+        pid, start_time = identity.current()
+        with db.transaction(self.factory) as session:
+            self.worker_id = ledger.register_worker(
+                session,
+                node=self.node,
+                host=identity.host(),
+                pid=pid,
+                boot_id=identity.boot_id(),
+                process_start_time=start_time,
+                slots=self.slots,
+                now=self.clock.now(),
+            )
+        return self.worker_id
+
+    def stop(self) -> None:
+        """Record a clean exit (call after ``drain``)."""
+        with db.transaction(self.factory) as session:
+            ledger.stop_worker(session, self.worker_id, now=self.clock.now())
+
+    def drain(self, poll: float = 0.05, should_abort: Callable[[], bool] = lambda: False) -> None:
+        """Settle every in-flight attempt, claiming nothing new."""
+        while self.in_flight and not should_abort():
+            self._settle_finished()
+            self._heartbeat_if_due()
+            time.sleep(poll)
+
+    # -- the loop body -------------------------------------------------------
+
+    def tick(self) -> TickReport:
+        report = TickReport()
+        report.settled, report.outcomes = self._settle_finished()
+        self._heartbeat_if_due()
+        free = self.slots - len(self.in_flight)
+        if free > 0 and self._worth_claiming():
+            claims = self._claim(free)
+            report.claimed = len(claims)
+            if claims:
+                self._spawn_all(claims)
+        report.in_flight = len(self.in_flight)
+        return report
+
+    def _worth_claiming(self) -> bool:
+        """Claim when the ledger changed since the last claim, or every rescan period
+        (free memory changes without an event)."""
+        with self.factory() as session:
+            latest = ledger.latest_event_id(session)
+        due = time.monotonic() - self._last_claim >= self.rescan_seconds
+        return latest != self._seen_event or due
+
+    def _heartbeat_if_due(self) -> None:
+        if time.monotonic() - self._last_heartbeat < self.heartbeat_seconds:
+            return
+        available, total = self.memory_probe()
+        with db.transaction(self.factory) as session:
+            ledger.heartbeat(
+                session,
+                self.worker_id,
+                now=self.clock.now(),
+                lease_seconds=self.lease_seconds,
+                mem_available_mib=available,
+                mem_total_mib=total,
+            )
+        self._last_heartbeat = time.monotonic()
+
+    # -- claim and spawn -----------------------------------------------------
+
+    def _claim(self, free: int) -> list[ledger.Claim]:
+        available, _ = self.memory_probe()
+        with db.transaction(self.factory) as session:
+            claims = ledger.claim_jobs(
+                session,
+                worker_id=self.worker_id,
+                node=self.node,
+                free_slots=free,
+                mem_available_mib=available,
+                now=self.clock.now(),
+                lease_seconds=self.lease_seconds,
+            )
+            for claim in claims:
+                self._exit_codes.setdefault(claim.run_id, {})
+                if claim.stage not in self._exit_codes[claim.run_id]:
+                    run = ledger.get_run(session, claim.run_id)
+                    stage = ledger.run_config(run).stage(claim.stage)
+                    self._exit_codes[claim.run_id][claim.stage] = dict(stage.exit_codes)
+            self._seen_event = ledger.latest_event_id(session)
+        self._last_claim = time.monotonic()
+        crash_point("worker_after_intent_commit")
+        return claims
+
+    def _spawn_all(self, claims: list[ledger.Claim]) -> None:
+        """Start every claimed attempt's supervisor, then record all identities at once."""
+        started: list[tuple[ledger.Claim, subprocess.Popen[bytes]]] = []
+        for claim in claims:
+            try:
+                supervisor = self._start_supervisor(claim)
+            except SecretMissing as exc:
+                self._settle_without_spawn(claim, str(exc))
+                continue
+            started.append((claim, supervisor))
+        identities = []
+        for claim, supervisor in started:
+            assert supervisor.stdout is not None
+            line = supervisor.stdout.readline()
+            supervisor.stdout.close()
+            try:
+                reported = json.loads(line) if line else {}
+            except json.JSONDecodeError:
+                reported = {}
+            identities.append((claim, supervisor, reported))
+            self.in_flight[claim.attempt_id] = InFlight(
+                claim, supervisor, self._exit_codes[claim.run_id][claim.stage]
+            )
+        crash_point("worker_after_spawn_before_identity")
+        boot = identity.boot_id()
+        now = self.clock.now()
+        with db.transaction(self.factory) as session:
+            for claim, supervisor, reported in identities:
+                ledger.record_spawn(
+                    session,
+                    claim.attempt_id,
+                    fence=claim.fence,
+                    actor=self.worker_id,
+                    now=now,
+                    boot_id=boot,
+                    supervisor_pid=supervisor.pid,
+                    supervisor_start_time=identity.process_start_time(supervisor.pid),
+                    child_pid=reported.get("child_pid"),
+                    child_start_time=reported.get("child_start_time"),
+                )
+        for claim, supervisor, reported in identities:
+            self._write_receipt(claim, supervisor, reported, boot, now)
+
+    def _start_supervisor(self, claim: ledger.Claim) -> subprocess.Popen[bytes]:
+        directory = Path(claim.attempt_dir)
+        workspace = directory / "workspace"
+        workspace.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        resolved, secret_names = resolve_env(claim.env, env)
+        env.update(resolved)
+        env.update(
+            {
+                "LANEWAY_IDEMPOTENCY_KEY": claim.idempotency_key,
+                "LANEWAY_JOB_ID": str(claim.job_id),
+                "LANEWAY_ATTEMPT_ID": str(claim.attempt_id),
+                "LANEWAY_ATTEMPT": str(claim.number),
+                "LANEWAY_RUN_ID": str(claim.run_id),
+                "LANEWAY_ITEM": claim.item,
+                "LANEWAY_STAGE": claim.stage,
+                "LANEWAY_LANE": claim.lane,
+                "LANEWAY_ATTEMPT_DIR": str(directory),
+                "LANEWAY_WORKSPACE": str(workspace),
+                "LANEWAY_RESULT_PATH": str(directory / "result.json"),
+            }
+        )
+        spec = {
+            "attempt_id": claim.attempt_id,
+            "attempt_dir": str(directory),
+            "argv": claim.argv,
+            "cwd": claim.cwd or str(workspace),
+            "timeout_seconds": claim.timeout_seconds,
+            "grace_seconds": claim.grace_seconds,
+            "secret_env": secret_names,
+        }
+        with open(directory / "supervisor.log", "ab") as supervisor_log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "workers.supervisor", json.dumps(spec)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=supervisor_log,
+                start_new_session=True,
+                env=env,
+                close_fds=True,
+            )
+
+    def _write_receipt(
+        self,
+        claim: ledger.Claim,
+        supervisor: subprocess.Popen[bytes],
+        reported: dict[str, Any],
+        boot: str,
+        now: datetime,
+    ) -> None:
+        receipt = {
+            "schema": 1,
+            "run_id": claim.run_id,
+            "job_id": claim.job_id,
+            "attempt_id": claim.attempt_id,
+            "attempt": claim.number,
+            "item": claim.item,
+            "stage": claim.stage,
+            "worker_id": self.worker_id,
+            "node": self.node,
+            "host": identity.host(),
+            "boot_id": boot,
+            "fence": claim.fence,
+            "idempotency_key": claim.idempotency_key,
+            "argv_hash": ledger.argv_hash(claim.argv, claim.cwd),
+            "supervisor_pid": supervisor.pid,
+            "supervisor_start_time": identity.process_start_time(supervisor.pid),
+            "child_pid": reported.get("child_pid"),
+            "child_start_time": reported.get("child_start_time"),
+            "spawn_error": reported.get("error"),
+            "recorded_at": iso(now),
+        }
+        try:
+            write_json(Path(claim.attempt_dir) / "receipt.json", receipt)
+        except OSError as exc:
+            # The ledger already holds the identity; a missing receipt is a diagnostic
+            # settled with the attempt, never a reason to lose its outcome.
+            self._receipt_errors[claim.attempt_id] = f"receipt.json: {exc.strerror or exc}"
+
+    def _settle_without_spawn(self, claim: ledger.Claim, reason: str) -> None:
+        """Nothing was started (e.g. a secret reference is unset): a harness failure."""
+        with db.transaction(self.factory) as session:
+            ledger.settle_attempt(
+                session,
+                claim.attempt_id,
+                fence=claim.fence,
+                outcome=Outcome.HARNESS_FAILURE,
+                actor=self.worker_id,
+                now=self.clock.now(),
+                reason=f"not started: {reason}",
+            )
+
+    # -- settle --------------------------------------------------------------
+
+    def _settle_finished(self) -> tuple[int, list[str]]:
+        settled = 0
+        outcomes: list[str] = []
+        for attempt_id, flight in list(self.in_flight.items()):
+            if flight.supervisor.poll() is None:
+                continue
+            verdict, exit_record, result = self._read_outcome(flight)
+            crash_point("worker_before_settle")
+            now = self.clock.now()
+            try:
+                with db.transaction(self.factory) as session:
+                    if verdict.outcome is None:
+                        ledger.mark_unknown(
+                            session,
+                            attempt_id,
+                            reason=verdict.reason,
+                            actor=self.worker_id,
+                            now=now,
+                            fence=flight.claim.fence,
+                        )
+                        outcomes.append("unknown")
+                    else:
+                        ledger.settle_attempt(
+                            session,
+                            attempt_id,
+                            fence=flight.claim.fence,
+                            outcome=verdict.outcome,
+                            actor=self.worker_id,
+                            now=now,
+                            reason=verdict.reason,
+                            exit_code=(exit_record or {}).get("exit_code"),
+                            exit_signal=(exit_record or {}).get("signal"),
+                            result=result,
+                            diagnostics=verdict.diagnostics,
+                        )
+                        outcomes.append(verdict.outcome.value)
+            except StaleLease:
+                # A zombie: our lease was revoked while we were away. The evidence files
+                # stay on disk; the ledger belongs to whoever revoked us.
+                outcomes.append("stale")
+            del self.in_flight[attempt_id]
+            settled += 1
+        return settled, outcomes
+
+    def _read_outcome(self, flight: InFlight) -> tuple[Any, dict[str, Any] | None, Any]:
+        directory = Path(flight.claim.attempt_dir)
+        exit_record: dict[str, Any] | None = None
+        exit_problem = None
+        try:
+            loaded = read_json(directory / "exit.json")
+            if isinstance(loaded, dict):
+                exit_record = loaded
+            else:
+                exit_problem = "exit.json is not a JSON object"
+        except FileNotFoundError:
+            exit_problem = (
+                f"supervisor exited with status {flight.supervisor.returncode} "
+                "and left no exit.json"
+            )
+        except (OSError, ValueError) as exc:
+            exit_problem = f"exit.json unreadable: {exc}"
+        result: Any = None
+        result_problem = None
+        try:
+            result = read_json(directory / "result.json")
+            result_problem = check_result(result, flight.claim.job_id)
+        except FileNotFoundError:
+            result = None
+        except (OSError, ValueError) as exc:
+            result_problem = f"result.json unreadable: {exc}"
+            result = None
+        verdict = classify(
+            exit_record,
+            exit_problem=exit_problem,
+            result=result if isinstance(result, dict) else None,
+            result_problem=result_problem,
+            exit_codes=flight.exit_codes,
+        )
+        receipt_error = self._receipt_errors.pop(flight.claim.attempt_id, None)
+        if receipt_error:
+            verdict.diagnostics.append(receipt_error)
+        return verdict, exit_record, result if isinstance(result, dict) else None
+
+    # -- the loop ------------------------------------------------------------
+
+    def serve(self, should_stop: Callable[[], bool], poll_seconds: float = 0.02) -> None:
+        """Tick until ``should_stop()``, then drain in-flight attempts."""
+        while not should_stop():
+            report = self.tick()
+            if not report.claimed and not report.settled:
+                time.sleep(poll_seconds)
+        self.drain()

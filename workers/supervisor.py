@@ -1,0 +1,282 @@
+"""The per-attempt supervisor: ``python -m workers.supervisor SPEC_JSON``.
+
+One supervisor per attempt, started by the worker in its own session, so it outlives a
+crash of the worker service (invariant 6). It:
+
+1. makes itself a child subreaper, so descendants that double-fork are re-parented to
+   it and can be reaped and waited for;
+2. starts the command in a new process group, stdin from /dev/null, stdout and stderr
+   into pipes;
+3. reports the child's pid and start time on its stdout (one JSON line) to the worker;
+4. streams both pipes through the redactor into ``stdout.log`` / ``stderr.log`` as
+   output arrives;
+5. enforces the timeout, and obeys TERM/INT/HUP (a controlled stop, invariant 7): TERM
+   to the child's group, a grace budget, then KILL to the group;
+6. after the child exits, stops any process of its group still alive the same way and
+   verifies the group is empty;
+7. writes ``exit.json`` atomically (temp, fsync, rename, fsync dir) and exits 0.
+
+It imports only the standard library and laneway's stdlib-only helpers: it starts once
+per attempt, so it must start fast. It never touches the ledger.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from controller.durable import write_json
+from workers.identity import boot_id, process_start_time
+from workers.redact import Redactor
+
+EXIT_RECORD = "exit.json"
+PR_SET_CHILD_SUBREAPER = 36
+READ_SIZE = 65536
+DRAIN_SECONDS = 2.0
+"""After the group is gone, how long to keep reading pipes held open by escapees."""
+
+CRASH_POINT_ENV = "LANEWAY_CRASH_POINT"
+
+
+def _utc() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _crash_point(name: str) -> None:
+    """Test hook: SIGKILL ourselves at a named point when LANEWAY_CRASH_POINT names it."""
+    if os.environ.get(CRASH_POINT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _become_subreaper() -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+
+
+class Supervision:
+    """The state of one supervised child; ``run`` drives it to an exit record."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.directory = spec["attempt_dir"]
+        self.timeout = float(spec["timeout_seconds"])
+        self.grace = float(spec["grace_seconds"])
+        self.record: dict[str, Any] = {
+            "schema": 1,
+            "attempt_id": spec["attempt_id"],
+            "supervisor_pid": os.getpid(),
+            "supervisor_start_time": process_start_time(os.getpid()),
+            "boot_id": boot_id(),
+            "child_pid": None,
+            "child_start_time": None,
+            "exit_code": None,
+            "signal": None,
+            "timed_out": False,
+            "stopped": False,
+            "spawn_error": None,
+            "leftovers_signalled": False,
+            "group_empty": None,
+            "log_errors": [],
+            "started_at": None,
+            "ended_at": None,
+        }
+        self.stop_requested = False
+
+    # -- signals -------------------------------------------------------------
+
+    def _on_stop_signal(self, signum: int, _frame: Any) -> None:
+        self.stop_requested = True
+
+    # -- main ----------------------------------------------------------------
+
+    def run(self) -> int:
+        self.record["subreaper"] = _become_subreaper()
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._on_stop_signal)
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+
+        logs = {
+            "stdout": os.open(
+                os.path.join(self.directory, "stdout.log"),
+                os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                0o644,
+            ),
+            "stderr": os.open(
+                os.path.join(self.directory, "stderr.log"),
+                os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                0o644,
+            ),
+        }
+        secrets = [os.environ.get(name, "") for name in self.spec.get("secret_env", [])]
+        try:
+            child = subprocess.Popen(
+                self.spec["argv"],
+                cwd=self.spec["cwd"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                process_group=0,
+                close_fds=True,
+            )
+        except OSError as exc:
+            self.record["spawn_error"] = f"{type(exc).__name__}: {exc}"
+            self._report({"error": self.record["spawn_error"]})
+            return self._finish(logs)
+        self.record["started_at"] = _utc()
+        self.record["child_pid"] = child.pid
+        self.record["child_start_time"] = process_start_time(child.pid)
+        self._report({"child_pid": child.pid, "child_start_time": self.record["child_start_time"]})
+        _crash_point("supervisor_after_spawn")
+        self._watch(child, logs, secrets, wake_r)
+        _crash_point("supervisor_before_exit_record")
+        return self._finish(logs)
+
+    def _report(self, message: dict[str, Any]) -> None:
+        """One JSON line to the worker. A dead worker (EPIPE) must not stop us."""
+        try:
+            sys.stdout.write(json.dumps(message) + "\n")
+            sys.stdout.flush()
+            sys.stdout.close()
+        except (BrokenPipeError, OSError, ValueError) as exc:
+            self.record["report_error"] = str(exc)
+
+    def _watch(
+        self, child: subprocess.Popen[bytes], logs: dict[str, int], secrets: list[str], wake: int
+    ) -> None:
+        pgid = child.pid
+        assert child.stdout is not None and child.stderr is not None
+        selector = selectors.DefaultSelector()
+        redactors = {}
+        for name, pipe in (("stdout", child.stdout), ("stderr", child.stderr)):
+            selector.register(pipe, selectors.EVENT_READ, name)
+            redactors[name] = Redactor(secrets)
+        selector.register(wake, selectors.EVENT_READ, None)
+
+        started = time.monotonic()
+        deadline = started + self.timeout
+        kill_at: float | None = None
+        child_done = False
+        group_gone_at: float | None = None
+        open_pipes = 2
+
+        while True:
+            now = time.monotonic()
+            # Why reap everything: as subreaper we inherit orphaned grandchildren.
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                if pid == child.pid:
+                    child_done = True
+                    child.returncode = os.waitstatus_to_exitcode(status)
+                    if os.WIFSIGNALED(status):
+                        self.record["signal"] = os.WTERMSIG(status)
+                    else:
+                        self.record["exit_code"] = os.WEXITSTATUS(status)
+            if not child_done and now >= deadline and kill_at is None:
+                self.record["timed_out"] = True
+                _signal_group(pgid, signal.SIGTERM)
+                kill_at = now + self.grace
+            if self.stop_requested and kill_at is None:
+                self.record["stopped"] = not self.record["timed_out"]
+                _signal_group(pgid, signal.SIGTERM)
+                kill_at = now + self.grace
+            if child_done and kill_at is None and _group_alive(pgid):
+                # Leftovers of the job in its group: the attempt owns them; stop them.
+                self.record["leftovers_signalled"] = True
+                _signal_group(pgid, signal.SIGTERM)
+                kill_at = now + self.grace
+            if kill_at is not None and now >= kill_at and _group_alive(pgid):
+                _signal_group(pgid, signal.SIGKILL)
+                kill_at = now + 3600  # KILL sent; wait for the kernel
+            if child_done and not _group_alive(pgid):
+                self.record["group_empty"] = True
+                if group_gone_at is None:
+                    group_gone_at = now
+                if open_pipes == 0 or now - group_gone_at > DRAIN_SECONDS:
+                    break
+
+            wait = 0.05 if child_done or kill_at is not None else max(0.0, deadline - now)
+            for key, _ in selector.select(timeout=min(wait, 0.25)):
+                if key.data is None:
+                    os.read(wake, 4096)
+                    continue
+                data = os.read(key.fd, READ_SIZE)
+                if not data:
+                    selector.unregister(key.fileobj)
+                    open_pipes -= 1
+                    tail = redactors[key.data].flush()
+                    if tail:
+                        self._write(logs[key.data], tail, key.data)
+                    continue
+                self._write(logs[key.data], redactors[key.data].feed(data), key.data)
+        selector.close()
+
+    def _write(self, fd: int, data: bytes, name: str) -> None:
+        if not data:
+            return
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError as exc:
+            # Keep draining the pipe (the job must not block), but never silently: a
+            # log write failure is a harness failure of its own.
+            if len(self.record["log_errors"]) < 10:
+                self.record["log_errors"].append(f"{name}: {exc.strerror or exc}")
+
+    def _finish(self, logs: dict[str, int]) -> int:
+        for name, fd in logs.items():
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                self.record["log_errors"].append(f"{name} fsync: {exc.strerror or exc}")
+            os.close(fd)
+        self.record["ended_at"] = _utc()
+        write_json(os.path.join(self.directory, EXIT_RECORD), self.record)
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m workers.supervisor SPEC_JSON (started by laneway)\n")
+        return 2
+    return Supervision(json.loads(args[0])).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
