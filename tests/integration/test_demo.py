@@ -1,0 +1,124 @@
+"""The demo pipeline, run by the real CLI in a temp dir, ends as designed."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LANEWAY = [sys.executable, "-m", "cli.main"]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    runtime = tmp_path_factory.mktemp("demo")
+    paid = runtime / "paid_calls.jsonl"
+    env = {**os.environ, "DEMO_API_KEY": "demo-key-for-tests-123", "DEMO_PAID_CALLS": str(paid)}
+    done = subprocess.run(
+        [
+            *LANEWAY,
+            "run",
+            str(ROOT / "configs/demo/pipeline.toml"),
+            "--runtime-dir",
+            str(runtime),
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    return runtime, paid, json.loads(done.stdout)
+
+
+def query(runtime: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(f"file:{runtime / 'ledger.sqlite3'}?mode=ro", uri=True) as db:
+        return db.execute(sql).fetchall()
+
+
+def test_every_job_terminal_with_expected_outcomes(demo):
+    runtime, _, status = demo
+    assert status["run"]["state"] == "finished"
+    assert status["totals"] == {"succeeded": 33, "failed": 2, "skipped": 1}
+    rows = query(
+        runtime,
+        "SELECT item, stage, state, outcome FROM v_job_current ORDER BY item, stage",
+    )
+    unusual = {
+        (item, stage): (state, outcome)
+        for item, stage, state, outcome in rows
+        if state != "succeeded"
+    }
+    assert unusual == {
+        ("i07", "solve"): ("failed", "infra_failure"),
+        ("i07", "judge"): ("skipped", None),
+        ("i11", "judge"): ("failed", "failed"),
+    }
+    assert len(rows) == 36
+
+
+def test_one_paid_call_line_per_succeeded_paid_attempt(demo):
+    runtime, paid, _ = demo
+    keys = [json.loads(line)["idempotency_key"] for line in paid.read_text().splitlines()]
+    succeeded = {
+        key
+        for (key,) in query(
+            runtime,
+            "SELECT a.idempotency_key FROM attempts a JOIN jobs j ON j.id = a.job_id "
+            "WHERE j.stage = 'solve' AND a.outcome = 'succeeded'",
+        )
+    }
+    assert len(keys) == len(set(keys)) == 11
+    assert set(keys) == succeeded
+
+
+def test_events_are_in_order_for_every_attempt(demo):
+    runtime, _, _ = demo
+    events = query(runtime, "SELECT id, kind, attempt_id FROM events ORDER BY id")
+    ids = [e[0] for e in events]
+    assert ids == sorted(set(ids))
+    per_attempt: dict[int, list[str]] = {}
+    for _, kind, attempt_id in events:
+        if attempt_id is not None:
+            per_attempt.setdefault(attempt_id, []).append(kind)
+    assert len(per_attempt) == 35
+    for kinds in per_attempt.values():
+        assert kinds == ["attempt_intent", "attempt_running", "attempt_settled"]
+    run_events = [
+        kind for (kind,) in query(runtime, "SELECT kind FROM events WHERE run_id = 1 ORDER BY id")
+    ]
+    assert run_events[0] == "run_created" and run_events[-1] == "run_finished"
+
+
+def test_evidence_files_for_every_attempt(demo):
+    runtime, _, _ = demo
+    for (directory,) in query(runtime, "SELECT attempt_dir FROM attempts"):
+        path = Path(directory)
+        for name in ("receipt.json", "exit.json", "stdout.log", "stderr.log", "result.json"):
+            assert (path / name).is_file(), path / name
+        assert (path / "workspace").is_dir()
+    infra = runtime / "runs/1/jobs/i07.solve/attempt-1"
+    assert json.loads((infra / "exit.json").read_text())["exit_code"] == 75
+    assert "503" in (infra / "stderr.log").read_text()
+
+
+def test_status_cli_reads_the_finished_run(demo):
+    runtime, _, _ = demo
+    done = subprocess.run(
+        [*LANEWAY, "status", "--runtime-dir", str(runtime)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "finished" in done.stdout and "lanes:" in done.stdout
+    assert "demo-key-for-tests-123" not in done.stdout

@@ -1,0 +1,151 @@
+"""The per-attempt supervisor with real processes: streaming, timeout of a whole process
+group (child and grandchild), controlled stop, spawn errors, redaction."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.support import wait_until
+from workers.identity import process_start_time
+
+GRANDCHILD = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open(sys.argv[1], "w") as f:
+        f.write(str(grandchild.pid))
+    print("child started", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def start(tmp_path: Path, argv: list[str], *, timeout=30.0, grace=5.0, secret_env=(), env=None):
+    attempt = tmp_path / "attempt"
+    attempt.mkdir(exist_ok=True)
+    spec = {
+        "attempt_id": 1,
+        "attempt_dir": str(attempt),
+        "argv": argv,
+        "cwd": str(tmp_path),
+        "timeout_seconds": timeout,
+        "grace_seconds": grace,
+        "secret_env": list(secret_env),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.supervisor", json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
+    report = json.loads(proc.stdout.readline())
+    proc.stdout.close()
+    return proc, attempt, report
+
+
+def exit_record(attempt: Path) -> dict:
+    return json.loads((attempt / "exit.json").read_text())
+
+
+def gone(pid: int) -> bool:
+    return process_start_time(pid) is None
+
+
+def test_streams_output_and_records_exit_code(tmp_path):
+    code = (
+        "import sys; print('out line', flush=True); print('err line', file=sys.stderr); sys.exit(3)"
+    )
+    proc, attempt, report = start(tmp_path, [sys.executable, "-c", code])
+    assert proc.wait(timeout=30) == 0
+    record = exit_record(attempt)
+    assert record["exit_code"] == 3 and record["signal"] is None
+    assert record["child_pid"] == report["child_pid"]
+    assert record["timed_out"] is False and record["group_empty"] is True
+    assert (attempt / "stdout.log").read_text() == "out line\n"
+    assert (attempt / "stderr.log").read_text() == "err line\n"
+    assert not list(attempt.glob("*.partial"))
+
+
+def test_timeout_kills_the_whole_group_including_grandchild(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    proc, attempt, report = start(
+        tmp_path, [sys.executable, "-c", GRANDCHILD, str(pid_file)], timeout=1.0, grace=0.5
+    )
+    grandchild = int(wait_until(lambda: pid_file.exists() and pid_file.read_text()))
+    assert proc.wait(timeout=30) == 0
+    record = exit_record(attempt)
+    assert record["timed_out"] is True
+    assert record["signal"] == signal.SIGTERM
+    assert record["group_empty"] is True
+    assert gone(report["child_pid"]) and gone(grandchild)
+
+
+def test_term_to_supervisor_stops_group_then_reports(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    proc, attempt, report = start(tmp_path, [sys.executable, "-c", GRANDCHILD, str(pid_file)])
+    grandchild = int(wait_until(lambda: pid_file.exists() and pid_file.read_text()))
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    record = exit_record(attempt)
+    assert record["stopped"] is True and record["timed_out"] is False
+    assert record["group_empty"] is True
+    assert gone(report["child_pid"]) and gone(grandchild)
+
+
+def test_term_ignoring_child_is_killed_after_grace(tmp_path):
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        " print('ready', flush=True); time.sleep(600)"
+    )
+    proc, attempt, report = start(tmp_path, [sys.executable, "-c", code], timeout=0.5, grace=0.5)
+    assert proc.wait(timeout=30) == 0
+    record = exit_record(attempt)
+    assert record["timed_out"] is True and record["signal"] == signal.SIGKILL
+    assert gone(report["child_pid"])
+
+
+def test_leftover_group_members_are_stopped_after_child_exits(tmp_path):
+    code = (
+        "import subprocess, sys; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+        "open(sys.argv[1], 'w').write(str(p.pid))"
+    )
+    pid_file = tmp_path / "left.pid"
+    proc, attempt, _ = start(tmp_path, [sys.executable, "-c", code, str(pid_file)], grace=0.5)
+    assert proc.wait(timeout=30) == 0
+    record = exit_record(attempt)
+    assert record["exit_code"] == 0
+    assert record["leftovers_signalled"] is True and record["group_empty"] is True
+    assert gone(int(pid_file.read_text()))
+
+
+def test_spawn_error_is_recorded_not_raised(tmp_path):
+    proc, attempt, report = start(tmp_path, [str(tmp_path / "does-not-exist")])
+    assert "error" in report
+    assert proc.wait(timeout=30) == 0
+    record = exit_record(attempt)
+    assert "does-not-exist" in record["spawn_error"] and record["exit_code"] is None
+
+
+def test_secret_values_are_redacted_from_logs(tmp_path):
+    secret = "canary-7f3a9c1e55"
+    code = (
+        "import os, sys; v = os.environ['API_TOKEN']; print(v[:5], end='', flush=True); "
+        "print(v[5:] + ' tail'); print(v, file=sys.stderr)"
+    )
+    proc, attempt, _ = start(
+        tmp_path,
+        [sys.executable, "-c", code],
+        secret_env=["API_TOKEN"],
+        env={"API_TOKEN": secret},
+    )
+    assert proc.wait(timeout=30) == 0
+    logs = (attempt / "stdout.log").read_text() + (attempt / "stderr.log").read_text()
+    assert secret not in logs
+    assert "[REDACTED] tail" in logs

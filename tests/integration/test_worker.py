@@ -1,0 +1,250 @@
+"""The worker kernel end to end, in-process worker and controller, real supervisors and
+real child processes: lease -> intent committed -> spawn -> exit record -> settle."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from controller import db
+from controller.daemon import Controller
+from controller.models import Attempt, Job, Run
+from tests.support import escape, make_config, py_stage, wait_until
+from workers.service import WorkerService
+
+PLENTY = (64_000.0, 128_000.0)
+
+
+def drive(engine, services, run_id, *, on_tick=None, timeout=60.0):
+    """Tick controller and workers until the run is finished."""
+    controller = Controller(engine)
+
+    def finished():
+        controller.tick()
+        for service in services:
+            service.tick()
+        if on_tick:
+            on_tick()
+        with db.session_factory(engine)() as session:
+            return session.get(Run, run_id).state == "finished"
+
+    wait_until(finished, timeout=timeout)
+
+
+def start_worker(engine, node="n1", slots=4):
+    service = WorkerService(engine, node=node, slots=slots, memory_probe=lambda: PLENTY)
+    service.start()
+    return service
+
+
+def attempts(engine, run_id):
+    with db.session_factory(engine)() as session:
+        return session.scalars(
+            select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.id)
+        ).all()
+
+
+INTENT_PROBE = textwrap.dedent(
+    """
+    import json, os, sqlite3, sys
+    ledger = os.path.join(sys.argv[2], "ledger.sqlite3")
+    with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as db:
+        row = db.execute(
+            "SELECT state, fence FROM attempts WHERE idempotency_key = ?",
+            (os.environ["LANEWAY_IDEMPOTENCY_KEY"],),
+        ).fetchone()
+    env = {k: v for k, v in os.environ.items() if k.startswith("LANEWAY_")}
+    result = {"job_id": os.environ["LANEWAY_JOB_ID"], "intent_row": row, "env": env,
+              "token_len": len(os.environ["API_TOKEN"]), "cwd": os.getcwd()}
+    with open(os.environ["LANEWAY_RESULT_PATH"], "w") as f:
+        json.dump(result, f)
+    """
+)
+
+
+def test_intent_is_committed_before_the_process_starts(engine, runtime, make_run, monkeypatch):
+    canary = "canary-token-value-991"
+    monkeypatch.setenv("CANARY_TOKEN", canary)
+    stage = {
+        "name": "probe",
+        "argv": [sys.executable, "-c", escape(INTENT_PROBE), "{item}", str(runtime)],
+        "env": {"API_TOKEN": "${CANARY_TOKEN}"},
+        "timeout_seconds": 30,
+    }
+    run_id = make_run(make_config([stage], items=3))
+    drive(engine, [start_worker(engine)], run_id)
+    rows = attempts(engine, run_id)
+    assert len(rows) == 3
+    for attempt in rows:
+        assert attempt.outcome == "succeeded", attempt.state_reason
+        result = attempt.result
+        # The child found its own intent row, with its key, already committed.
+        assert result["intent_row"] is not None and result["intent_row"][1] == attempt.fence
+        env = result["env"]
+        assert env["LANEWAY_IDEMPOTENCY_KEY"] == attempt.idempotency_key
+        assert env["LANEWAY_JOB_ID"] == str(attempt.job_id)
+        assert env["LANEWAY_RESULT_PATH"] == str(Path(attempt.attempt_dir) / "result.json")
+        assert env["LANEWAY_ATTEMPT_DIR"] == attempt.attempt_dir
+        assert result["cwd"] == str(Path(attempt.attempt_dir) / "workspace")
+        assert result["token_len"] == len(canary)  # resolved in the child's environment
+        receipt = json.loads((Path(attempt.attempt_dir) / "receipt.json").read_text())
+        assert receipt["idempotency_key"] == attempt.idempotency_key
+        assert receipt["child_pid"] == attempt.child_pid and attempt.child_start_time
+        assert attempt.boot_id and attempt.supervisor_pid and attempt.supervisor_start_time
+    # The secret's value is stored nowhere laneway writes.
+    for path in runtime.rglob("*"):
+        if path.is_file():
+            assert canary.encode() not in path.read_bytes(), path
+
+
+def test_outcome_classes_from_exit_codes_and_results(engine, make_run):
+    code = textwrap.dedent(
+        """
+        import json, os, sys
+        item = sys.argv[1]
+        result = {"job_id": os.environ["LANEWAY_JOB_ID"]}
+        if item == "infra":
+            result["infrastructure_failure"] = True
+        if item == "fatal":
+            result["fatal_failure"] = True
+        if item == "liar":
+            result["job_id"] = "someone-else"
+        with open(os.environ["LANEWAY_RESULT_PATH"], "w") as f:
+            json.dump(result, f)
+        sys.exit({"ok": 0, "no": 1, "infra": 0, "fatal": 0, "liar": 0, "mapped": 75}[item])
+        """
+    )
+    stage = py_stage("s", code, exit_codes={0: "succeeded", 75: "infra_failure"})
+    keys = ["ok", "no", "infra", "fatal", "liar", "mapped"]
+    run_id = make_run(make_config([stage], items=[{"key": k, "lane": "a"} for k in keys]))
+    drive(engine, [start_worker(engine)], run_id)
+    with db.session_factory(engine)() as session:
+        rows = session.execute(
+            select(Job.item_id, Attempt.outcome, Attempt.diagnostics, Job.state)
+            .join(Attempt, Attempt.job_id == Job.id)
+            .order_by(Job.item_id)
+        ).all()
+    outcomes = [row.outcome for row in rows]
+    assert outcomes == ["succeeded", "failed", "infra_failure", "fatal", "failed", "infra_failure"]
+    assert "not this job" in rows[4].diagnostics[0]
+    assert [row.state for row in rows] == ["succeeded"] + ["failed"] * 5
+
+
+def test_timeout_settles_timed_out(engine, make_run):
+    stage = py_stage("slow", "import time; time.sleep(600)", timeout_seconds=1, grace_seconds=0.2)
+    run_id = make_run(make_config([stage]))
+    drive(engine, [start_worker(engine)], run_id)
+    (attempt,) = attempts(engine, run_id)
+    assert attempt.outcome == "timed_out" and attempt.exit_signal is not None
+
+
+def test_missing_secret_settles_harness_failure_without_starting(engine, make_run):
+    stage = py_stage("s", "raise SystemExit(0)", env={"API_KEY": "${LANEWAY_TEST_UNSET_VAR}"})
+    run_id = make_run(make_config([stage]))
+    drive(engine, [start_worker(engine)], run_id)
+    (attempt,) = attempts(engine, run_id)
+    assert attempt.outcome == "harness_failure"
+    assert "LANEWAY_TEST_UNSET_VAR" in attempt.state_reason
+    assert attempt.supervisor_pid is None
+    assert not (Path(attempt.attempt_dir) / "exit.json").exists()
+
+
+def test_caps_and_max_jobs_are_never_exceeded(engine, make_run):
+    config = make_config(
+        [
+            py_stage("prep", "import time; time.sleep(0.2)"),
+            py_stage("work", "import time; time.sleep(0.2)", needs=["prep"], cap=2),
+        ],
+        items=[{"key": f"i{n}", "lane": "ab"[n % 2]} for n in range(8)],
+        lanes=[
+            {"name": "a", "node": "n1", "caps": {"prep": 1}},
+            {"name": "b", "node": "n1", "caps": {"prep": 1}},
+        ],
+        max_jobs=3,
+    )
+    run_id = make_run(config)
+    peaks = {"node": 0, "prep_a": 0, "prep_b": 0, "work": 0}
+
+    def observe():
+        with db.session_factory(engine)() as session:
+            running = session.execute(
+                select(Job.lane, Job.stage, func.count())
+                .where(Job.run_id == run_id, Job.state == "running")
+                .group_by(Job.lane, Job.stage)
+            ).all()
+        counts = {(lane, stage): n for lane, stage, n in running}
+        peaks["node"] = max(peaks["node"], sum(counts.values()))
+        peaks["prep_a"] = max(peaks["prep_a"], counts.get(("a", "prep"), 0))
+        peaks["prep_b"] = max(peaks["prep_b"], counts.get(("b", "prep"), 0))
+        peaks["work"] = max(peaks["work"], sum(n for (_, s), n in counts.items() if s == "work"))
+
+    drive(engine, [start_worker(engine, slots=8)], run_id, on_tick=observe)
+    assert peaks["node"] <= 3 and peaks["prep_a"] <= 1 and peaks["prep_b"] <= 1
+    assert peaks["work"] <= 2
+    assert peaks["node"] >= 2  # and the caps did not serialise everything
+    assert all(a.outcome == "succeeded" for a in attempts(engine, run_id))
+
+
+def test_controller_writes_status_and_summary_snapshots(engine, runtime, make_run):
+    run_id = make_run(make_config(items=2))
+    drive(engine, [start_worker(engine)], run_id)
+    directory = runtime / "runs" / str(run_id)
+    summary = json.loads((directory / "SUMMARY.json").read_text())
+    status = json.loads((directory / "status.json").read_text())
+    assert summary["run"]["state"] == "finished" and summary["totals"] == {"succeeded": 2}
+    assert status["run"]["state"] == "finished"
+    assert not list(directory.glob("*.partial"))
+
+
+RACER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from controller import db, ledger
+    from controller.clock import SystemClock
+    runtime, go = sys.argv[1], sys.argv[2]
+    engine = db.open_ledger(runtime)
+    factory = db.session_factory(engine)
+    clock = SystemClock()
+    with db.transaction(factory) as s:
+        worker = ledger.register_worker(s, node="n1", host="h", pid=os.getpid(), boot_id="b",
+                                        process_start_time=None, slots=1, now=clock.now())
+    print("ready", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.001)
+    with db.transaction(factory) as s:
+        claims = ledger.claim_jobs(s, worker_id=worker, node="n1", free_slots=1,
+                                   mem_available_mib=64000, now=clock.now())
+    print(json.dumps([c.job_id for c in claims]), flush=True)
+    """
+)
+
+
+def test_racing_workers_lease_a_job_exactly_once(engine, runtime, make_run, tmp_path):
+    for round_number in range(3):
+        run_id = make_run(make_config(items=1))
+        go = tmp_path / f"go-{round_number}"
+        racers = [
+            subprocess.Popen(
+                [sys.executable, "-c", RACER, str(runtime), str(go)],
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONPATH": os.getcwd()},
+            )
+            for _ in range(4)
+        ]
+        for racer in racers:
+            assert racer.stdout.readline().strip() == "ready"
+        go.touch()
+        claimed = []
+        for racer in racers:
+            out, _ = racer.communicate(timeout=60)
+            assert racer.returncode == 0
+            claimed += json.loads(out)
+        assert len(claimed) == 1
+        assert len(attempts(engine, run_id)) == 1

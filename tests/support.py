@@ -1,0 +1,79 @@
+"""Shared test helpers: bounded waiting (no fixed sleeps), configs, clocks."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from controller.config import PipelineConfig, parse_config
+
+T = TypeVar("T")
+PY = sys.executable
+
+
+def wait_until(predicate: Callable[[], T], timeout: float = 20.0, interval: float = 0.01) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s: {predicate}")
+        time.sleep(interval)
+
+
+class FixedClock:
+    """A clock tests move by hand."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.moment = start or datetime(2026, 1, 1, 12, 0, 0)
+
+    def now(self) -> datetime:
+        return self.moment
+
+    def advance(self, seconds: float) -> None:
+        self.moment += timedelta(seconds=seconds)
+
+
+def py_stage(name: str, code: str, **extra: Any) -> dict[str, Any]:
+    """A stage running ``python -c CODE {item}`` (braces in CODE are escaped, so they
+    reach Python as written)."""
+    return {
+        "name": name,
+        "argv": [PY, "-c", escape(code), "{item}"],
+        "timeout_seconds": 30,
+        **extra,
+    }
+
+
+def escape(code: str) -> str:
+    """Escape template braces in an argv element."""
+    return code.replace("{", "{{").replace("}", "}}")
+
+
+def make_config(
+    stages: list[dict[str, Any]] | None = None,
+    items: list[dict[str, Any]] | int = 1,
+    *,
+    base_dir: Path | None = None,
+    max_jobs: int = 4,
+    lanes: list[dict[str, Any]] | None = None,
+    **extra: Any,
+) -> PipelineConfig:
+    """A small valid config; override any part."""
+    if isinstance(items, int):
+        items = [{"key": f"item{i}", "lane": "a"} for i in range(items)]
+    raw: dict[str, Any] = {
+        "name": "t",
+        "nodes": [{"name": "n1", "memory_floor_mib": 0, "max_jobs": max_jobs}],
+        "lanes": lanes or [{"name": "a", "node": "n1"}],
+        "stages": stages or [py_stage("only", "pass")],
+        "items": items,
+        **extra,
+    }
+    return parse_config(raw, base_dir or Path.cwd())

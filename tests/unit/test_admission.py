@@ -1,0 +1,529 @@
+"""controller/admission.py: table tests over hand-built snapshots."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from controller.admission import (
+    Admission,
+    Candidate,
+    ControlView,
+    NodeView,
+    Refusal,
+    Snapshot,
+    admit,
+    describe,
+)
+
+RUN = 1
+
+ORDER = [
+    "halted",
+    "unknown_outcome",
+    "paused",
+    "stopped",
+    "max_jobs",
+    "slots_full",
+    "lane_cap",
+    "stage_cap",
+    "gpu_capacity",
+    "memory_floor",
+]
+
+
+def node(
+    *,
+    max_jobs: int = 4,
+    floor: int = 1024,
+    available: float | None = 64_000,
+    reserved: float = 0,
+    running: int = 0,
+    has_gpu: bool = False,
+) -> NodeView:
+    return NodeView(
+        name="n1",
+        max_jobs=max_jobs,
+        memory_floor_mib=floor,
+        mem_available_mib=available,
+        reserved_mib=reserved,
+        running=running,
+        has_gpu=has_gpu,
+    )
+
+
+def job(
+    job_id: int,
+    *,
+    run_id: int = RUN,
+    lane: str = "a",
+    stage: str = "solve",
+    memory_mib: int = 0,
+    gpu_mib: int = 0,
+) -> Candidate:
+    return Candidate(job_id, run_id, lane, stage, memory_mib, gpu_mib)
+
+
+def snapshot(*candidates: Candidate, free_slots: int = 4, **kwargs: Any) -> Snapshot:
+    node_view = kwargs.pop("node", None) or node()
+    return Snapshot(node=node_view, free_slots=free_slots, candidates=list(candidates), **kwargs)
+
+
+def control(kind: str, scope: str = "global", run_id: int | None = None, lane: str | None = None):
+    return ControlView(kind=kind, scope=scope, run_id=run_id, lane=lane, reason=f"{kind} by op")
+
+
+def codes(admission: Admission) -> list[str]:
+    return [r.code for r in admission.refusals]
+
+
+def started(admission: Admission) -> list[int]:
+    return [c.job_id for c in admission.starts]
+
+
+# -- one snapshot per reason ------------------------------------------------------
+
+
+def conditions_snapshot(active: set[str]) -> Snapshot:
+    """A single-candidate snapshot in which exactly the ``active`` reasons apply."""
+    controls = []
+    if "halted" in active:
+        controls.append(control("halt"))
+    if "paused" in active:
+        controls.append(control("pause"))
+    if "stopped" in active:
+        controls.append(control("stop"))
+    candidate = job(
+        10,
+        memory_mib=4096 if "memory_floor" in active else 0,
+        gpu_mib=512 if "gpu_capacity" in active else 0,
+    )
+    return Snapshot(
+        node=node(
+            max_jobs=2,
+            running=2 if "max_jobs" in active else 0,
+            has_gpu=False,
+            available=5000,
+            floor=1024,
+        ),
+        free_slots=0 if "slots_full" in active else 2,
+        candidates=[candidate],
+        lane_caps={(RUN, "a"): {"solve": 1}},
+        stage_caps={(RUN, "solve"): 3},
+        running_lane_stage=Counter({(RUN, "a", "solve"): 1 if "lane_cap" in active else 0}),
+        running_stage=Counter({(RUN, "solve"): 3 if "stage_cap" in active else 0}),
+        controls=controls,
+        unknown_runs={RUN: 2} if "unknown_outcome" in active else {},
+    )
+
+
+EXPECTED_DETAIL: dict[str, dict[str, Any]] = {
+    "halted": {"scope": "global", "reason": "halt by op"},
+    "unknown_outcome": {"unknown_attempts": 2},
+    "paused": {"scope": "global", "reason": "pause by op"},
+    "stopped": {"scope": "global", "reason": "stop by op"},
+    "max_jobs": {"running": 2, "max_jobs": 2},
+    "slots_full": {"slots": 0},
+    "lane_cap": {"running": 1, "cap": 1},
+    "stage_cap": {"running": 3, "cap": 3},
+    "gpu_capacity": {"why": "node has no GPU configured"},
+    "memory_floor": {
+        "available_mib": 5000,
+        "reserved_mib": 0,
+        "stage_mib": 4096,
+        "floor_mib": 1024,
+    },
+}
+
+
+def test_nothing_applies_admits() -> None:
+    result = admit(conditions_snapshot(set()))
+    assert started(result) == [10]
+    assert result.refusals == []
+
+
+@pytest.mark.parametrize("code", ORDER)
+def test_each_reason_alone(code: str) -> None:
+    result = admit(conditions_snapshot({code}))
+    assert result.starts == []
+    assert result.refusals == [Refusal(RUN, "a", "solve", code, EXPECTED_DETAIL[code], 10)]
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    list(itertools.combinations(ORDER, 2)),
+    ids=lambda code: code,
+)
+def test_priority_between_two_reasons(first: str, second: str) -> None:
+    assert codes(admit(conditions_snapshot({first, second}))) == [first]
+
+
+@pytest.mark.parametrize("skip", range(len(ORDER)))
+def test_priority_with_all_later_reasons(skip: int) -> None:
+    active = set(ORDER[skip:])
+    assert codes(admit(conditions_snapshot(active))) == [ORDER[skip]]
+
+
+def test_unknown_count_of_zero_does_not_refuse() -> None:
+    result = admit(snapshot(job(1), unknown_runs={RUN: 0}))
+    assert started(result) == [1]
+
+
+def test_unknown_outcome_in_another_run_does_not_refuse() -> None:
+    result = admit(snapshot(job(1, run_id=1), job(2, run_id=2), unknown_runs={2: 1}))
+    assert started(result) == [1]
+    assert [(r.run_id, r.code) for r in result.refusals] == [(2, "unknown_outcome")]
+
+
+# -- GPU -------------------------------------------------------------------------
+
+
+def test_gpu_stage_on_node_without_gpu() -> None:
+    result = admit(snapshot(job(1, gpu_mib=100), node=node(has_gpu=False)))
+    assert result.starts == []
+    assert result.refusals[0].code == "gpu_capacity"
+    assert result.refusals[0].detail == {"why": "node has no GPU configured"}
+
+
+def test_first_gpu_attempt_runs_alone() -> None:
+    result = admit(snapshot(job(1, gpu_mib=100), node=node(has_gpu=True)))
+    assert started(result) == [1]
+    assert result.refusals == []
+
+
+def test_second_gpu_attempt_refused_when_one_already_runs() -> None:
+    result = admit(
+        snapshot(
+            job(1, gpu_mib=100),
+            node=node(has_gpu=True),
+            running_stage=Counter({(RUN, "solve"): 1}),
+        )
+    )
+    assert result.starts == []
+    [refusal] = result.refusals
+    assert refusal.code == "gpu_capacity"
+    assert "no measured GPU peak" in refusal.detail["why"]
+
+
+def test_second_gpu_attempt_refused_within_the_same_call() -> None:
+    result = admit(
+        snapshot(job(1, gpu_mib=100), job(2, gpu_mib=100, lane="b"), node=node(has_gpu=True))
+    )
+    assert started(result) == [1]
+    assert [(r.job_id, r.code) for r in result.refusals] == [(2, "gpu_capacity")]
+    assert "no measured GPU peak" in result.refusals[0].detail["why"]
+
+
+def test_cpu_stage_ignores_gpu_rules() -> None:
+    result = admit(
+        snapshot(job(1), node=node(has_gpu=False), running_stage=Counter({(RUN, "solve"): 5}))
+    )
+    assert started(result) == [1]
+
+
+# -- memory floor ----------------------------------------------------------------
+
+
+def test_memory_floor_equality_admits() -> None:
+    # 4096 - 1024 - 2048 == 1024 == floor
+    snap = snapshot(job(1, memory_mib=2048), node=node(available=4096, reserved=1024, floor=1024))
+    result = admit(snap)
+    assert started(result) == [1]
+    assert result.refusals == []
+
+
+def test_memory_floor_one_mib_less_refuses() -> None:
+    snap = snapshot(job(1, memory_mib=2048), node=node(available=4095, reserved=1024, floor=1024))
+    result = admit(snap)
+    assert result.starts == []
+    assert result.refusals == [
+        Refusal(
+            RUN,
+            "a",
+            "solve",
+            "memory_floor",
+            {"available_mib": 4095, "reserved_mib": 1024, "stage_mib": 2048, "floor_mib": 1024},
+            1,
+        )
+    ]
+
+
+def test_memory_floor_fraction_below_refuses() -> None:
+    snap = snapshot(job(1, memory_mib=2048), node=node(available=4095.5, reserved=1024))
+    assert codes(admit(snap)) == ["memory_floor"]
+
+
+def test_memory_floor_without_sample_refuses() -> None:
+    result = admit(snapshot(job(1), node=node(available=None, floor=0)))
+    assert result.starts == []
+    [refusal] = result.refusals
+    assert refusal.code == "memory_floor"
+    assert refusal.detail == {"why": "no memory sample from this node yet"}
+    assert refusal.words() == "memory_floor — no memory sample from this node yet"
+
+
+def test_memory_reservations_of_this_call_count() -> None:
+    snap = snapshot(
+        job(1, memory_mib=2000),
+        job(2, memory_mib=2000, stage="judge"),
+        job(3, memory_mib=0, stage="post"),
+        node=node(available=5000, reserved=0, floor=1000),
+    )
+    result = admit(snap)
+    # job 2: 5000 - 2000 - 2000 = 1000 == floor admits; job 3: 5000 - 4000 - 0 = 1000 admits.
+    assert started(result) == [1, 2, 3]
+    snap = snapshot(
+        job(1, memory_mib=2000),
+        job(2, memory_mib=2001, stage="judge"),
+        node=node(available=5000, reserved=0, floor=1000),
+    )
+    result = admit(snap)
+    assert started(result) == [1]
+    assert result.refusals[0].detail["reserved_mib"] == 2000
+    assert result.refusals[0].detail["stage_mib"] == 2001
+
+
+# -- caps counted including this call's admissions ------------------------------
+
+
+def test_lane_cap_counts_jobs_admitted_in_this_call() -> None:
+    snap = snapshot(job(1), job(2), job(3, lane="b"), lane_caps={(RUN, "a"): {"solve": 1}})
+    result = admit(snap)
+    assert started(result) == [1, 3]
+    assert result.refusals == [Refusal(RUN, "a", "solve", "lane_cap", {"running": 1, "cap": 1}, 2)]
+
+
+def test_lane_cap_counts_already_running() -> None:
+    snap = snapshot(
+        job(1),
+        lane_caps={(RUN, "a"): {"solve": 2}},
+        running_lane_stage=Counter({(RUN, "a", "solve"): 2}),
+    )
+    assert codes(admit(snap)) == ["lane_cap"]
+
+
+def test_lane_cap_of_zero_refuses_everything() -> None:
+    snap = snapshot(job(1), lane_caps={(RUN, "a"): {"solve": 0}})
+    assert codes(admit(snap)) == ["lane_cap"]
+
+
+def test_lane_cap_is_per_stage_and_per_run() -> None:
+    snap = snapshot(
+        job(1),
+        job(2, stage="judge"),
+        job(3, run_id=2),
+        lane_caps={(RUN, "a"): {"solve": 0}},
+    )
+    result = admit(snap)
+    assert started(result) == [2, 3]
+
+
+def test_stage_cap_counts_across_lanes_in_this_call() -> None:
+    snap = snapshot(
+        job(1, lane="a"),
+        job(2, lane="b"),
+        job(3, lane="c"),
+        stage_caps={(RUN, "solve"): 2},
+    )
+    result = admit(snap)
+    assert started(result) == [1, 2]
+    assert result.refusals == [Refusal(RUN, "c", "solve", "stage_cap", {"running": 2, "cap": 2}, 3)]
+
+
+def test_stage_cap_none_means_unlimited() -> None:
+    snap = snapshot(*(job(i, lane=f"l{i}") for i in range(4)), stage_caps={(RUN, "solve"): None})
+    assert started(admit(snap)) == [0, 1, 2, 3]
+
+
+def test_max_jobs_counts_jobs_admitted_in_this_call() -> None:
+    snap = snapshot(
+        job(1, stage="s1"),
+        job(2, stage="s2"),
+        job(3, stage="s3"),
+        node=node(max_jobs=3, running=1),
+        free_slots=10,
+    )
+    result = admit(snap)
+    assert started(result) == [1, 2]
+    assert result.refusals == [
+        Refusal(RUN, "a", "s3", "max_jobs", {"running": 3, "max_jobs": 3}, 3)
+    ]
+
+
+def test_slots_count_jobs_admitted_in_this_call() -> None:
+    snap = snapshot(job(1, stage="s1"), job(2, stage="s2"), free_slots=1)
+    result = admit(snap)
+    assert started(result) == [1]
+    assert result.refusals == [Refusal(RUN, "a", "s2", "slots_full", {"slots": 1}, 2)]
+
+
+def test_starts_keep_candidate_order() -> None:
+    snap = snapshot(job(7, lane="b"), job(3, lane="a"), job(5, lane="c"))
+    assert started(admit(snap)) == [7, 3, 5]
+
+
+def test_admit_does_not_mutate_snapshot_counters() -> None:
+    running_lane_stage: Counter[tuple[int, str, str]] = Counter()
+    running_stage: Counter[tuple[int, str]] = Counter()
+    snap = snapshot(job(1), running_lane_stage=running_lane_stage, running_stage=running_stage)
+    admit(snap)
+    assert running_lane_stage == Counter()
+    assert running_stage == Counter()
+    assert snap.node.running == 0
+
+
+# -- control scopes --------------------------------------------------------------
+
+SCOPE_CASES = [
+    # control, (run, lane) -> covered
+    (control("halt"), {(1, "a"): True, (1, "b"): True, (2, "a"): True}),
+    (control("halt", "run", run_id=1), {(1, "a"): True, (1, "b"): True, (2, "a"): False}),
+    (
+        control("halt", "lane", run_id=1, lane="a"),
+        {(1, "a"): True, (1, "b"): False, (2, "a"): False},
+    ),
+]
+
+
+@pytest.mark.parametrize(("view", "expected"), SCOPE_CASES, ids=["global", "run", "lane"])
+def test_control_covers(view: ControlView, expected: dict[tuple[int, str], bool]) -> None:
+    assert {key: view.covers(*key) for key in expected} == expected
+
+
+@pytest.mark.parametrize("kind", ["halt", "pause", "stop"])
+@pytest.mark.parametrize(("scope_index"), range(len(SCOPE_CASES)))
+def test_control_scope_through_admit(kind: str, scope_index: int) -> None:
+    template, expected = SCOPE_CASES[scope_index]
+    view = control(kind, template.scope, template.run_id, template.lane)
+    candidates = [job(i, run_id=r, lane=lane) for i, (r, lane) in enumerate(expected)]
+    result = admit(snapshot(*candidates, controls=[view]))
+    code = {"halt": "halted", "pause": "paused", "stop": "stopped"}[kind]
+    refused = {(r.run_id, r.lane) for r in result.refusals if r.code == code}
+    assert refused == {key for key, covered in expected.items() if covered}
+    assert {(c.run_id, c.lane) for c in result.starts} == {
+        key for key, covered in expected.items() if not covered
+    }
+    for refusal in result.refusals:
+        assert refusal.detail == {"scope": template.scope, "reason": f"{kind} by op"}
+
+
+def test_narrow_halt_beats_wide_pause() -> None:
+    controls = [control("pause"), control("halt", "lane", run_id=RUN, lane="a")]
+    result = admit(snapshot(job(1, lane="a"), job(2, lane="b"), controls=controls))
+    assert [(r.lane, r.code) for r in result.refusals] == [("a", "halted"), ("b", "paused")]
+
+
+# -- deduplication ---------------------------------------------------------------
+
+
+def test_one_refusal_per_run_lane_stage() -> None:
+    snap = snapshot(
+        job(1),
+        job(2),
+        job(3),
+        job(4, stage="judge"),
+        job(5, lane="b"),
+        job(6, run_id=2),
+        job(7, run_id=2),
+        controls=[control("pause")],
+    )
+    result = admit(snap)
+    assert result.starts == []
+    assert [(r.run_id, r.lane, r.stage, r.job_id) for r in result.refusals] == [
+        (1, "a", "solve", 1),
+        (1, "a", "judge", 4),
+        (1, "b", "solve", 5),
+        (2, "a", "solve", 6),
+    ]
+
+
+def test_dedup_keeps_the_first_candidates_reason() -> None:
+    snap = snapshot(
+        job(1, memory_mib=10_000),
+        job(2, memory_mib=0),
+        job(3, memory_mib=10_000),
+        node=node(available=5000, floor=1000),
+        lane_caps={(RUN, "a"): {"solve": 1}},
+    )
+    result = admit(snap)
+    assert started(result) == [2]
+    assert [(r.job_id, r.code) for r in result.refusals] == [(1, "memory_floor")]
+
+
+# -- needs_pending ---------------------------------------------------------------
+
+
+def test_needs_pending_for_lane_without_candidates() -> None:
+    snap = snapshot(job(1, lane="a"), waiting_lanes={(RUN, "c"), (RUN, "a"), (RUN, "b")})
+    result = admit(snap)
+    assert started(result) == [1]
+    assert result.refusals == [
+        Refusal(RUN, "b", None, "needs_pending", {}),
+        Refusal(RUN, "c", None, "needs_pending", {}),
+    ]
+
+
+def test_needs_pending_not_reported_for_lane_with_refused_candidates() -> None:
+    snap = snapshot(job(1, lane="a"), free_slots=0, waiting_lanes={(RUN, "a")})
+    assert codes(admit(snap)) == ["slots_full"]
+
+
+def test_needs_pending_distinguishes_runs() -> None:
+    snap = snapshot(job(1, run_id=1, lane="a"), waiting_lanes={(1, "a"), (2, "a")})
+    result = admit(snap)
+    assert [(r.run_id, r.lane, r.code) for r in result.refusals] == [(2, "a", "needs_pending")]
+
+
+def test_empty_snapshot_has_no_decisions() -> None:
+    result = admit(snapshot())
+    assert result.starts == [] and result.refusals == []
+
+
+# -- describe ------------------------------------------------------------------
+
+
+def test_describe_memory_floor_names_the_numbers() -> None:
+    text = describe(
+        "memory_floor",
+        {"available_mib": 900, "reserved_mib": 300, "stage_mib": 2048, "floor_mib": 1024},
+    )
+    assert text == "memory_floor — free 900 MiB - reserved 300 - stage 2048 < floor 1024"
+
+
+def test_refusal_words_from_admit_carry_memory_numbers() -> None:
+    snap = snapshot(job(1, memory_mib=2048), node=node(available=900.4, reserved=300, floor=1024))
+    [refusal] = admit(snap).refusals
+    words = refusal.words()
+    for number in ("900", "300", "2048", "1024"):
+        assert number in words
+    assert words.startswith("memory_floor")
+
+
+@pytest.mark.parametrize(
+    ("code", "detail", "text"),
+    [
+        ("lane_cap", {"running": 1, "cap": 1}, "lane_cap — 1 running, cap 1"),
+        ("stage_cap", {"running": 2, "cap": 2}, "stage_cap — 2 running, cap 2"),
+        ("max_jobs", {"running": 4, "max_jobs": 4}, "max_jobs — 4 running, node max_jobs 4"),
+        ("halted", {"scope": "run", "reason": "bad data"}, "halted (run) — bad data"),
+        ("paused", {"scope": "lane", "reason": "breaker"}, "paused (lane) — breaker"),
+        ("stopped", {"scope": "global", "reason": "drain"}, "stopped (global) — drain"),
+        (
+            "unknown_outcome",
+            {"unknown_attempts": 2},
+            "unknown_outcome — 2 attempt(s) await `laneway reconcile`",
+        ),
+        ("needs_pending", {}, "needs_pending — waiting for earlier stages to finish"),
+        (
+            "gpu_capacity",
+            {"why": "node has no GPU configured"},
+            "gpu_capacity — node has no GPU configured",
+        ),
+        ("slots_full", {"slots": 0}, "slots_full"),
+    ],
+)
+def test_describe(code: str, detail: dict[str, Any], text: str) -> None:
+    assert describe(code, detail) == text

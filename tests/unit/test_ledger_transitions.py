@@ -1,0 +1,343 @@
+"""Every legal and illegal state transition of jobs and attempts, through the ledger."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+
+from controller import db, ledger
+from controller.errors import IllegalTransition, StaleLease
+from controller.models import Attempt, Decision, Event, Job, Lease, Reservation
+from controller.states import AttemptState, JobState, Outcome
+from tests.conftest import force_job_state
+from tests.support import FixedClock, make_config, py_stage
+
+ALL_JOB_PAIRS = list(itertools.product(JobState, JobState))
+ALL_ATTEMPT_PAIRS = list(itertools.product(AttemptState, AttemptState))
+
+
+def _job_id(factory, run_id):
+    with factory() as session:
+        return session.scalars(select(Job.id).where(Job.run_id == run_id)).first()
+
+
+@pytest.mark.parametrize(("start", "end"), ALL_JOB_PAIRS, ids=lambda s: s.value)
+def test_job_transition_table(factory, make_run, clock, start, end):
+    run_id = make_run()
+    job_id = _job_id(factory, run_id)
+    with db.transaction(factory) as session:
+        force_job_state(session, job_id, start.value)
+    legal = end in ledger.JOB_TRANSITIONS[start]
+    with factory() as session, session.begin():
+        if legal:
+            ledger.move_job(session, job_id, start, end, now=clock.now(), actor="t")
+        else:
+            with pytest.raises(IllegalTransition):
+                ledger.move_job(session, job_id, start, end, now=clock.now(), actor="t")
+    with factory() as session:
+        job = session.get(Job, job_id)
+        events = session.scalars(select(Event.kind).where(Event.job_id == job_id)).all()
+    assert job.state == (end if legal else start).value
+    assert (f"job_{end.value}" in events) == legal
+    if legal and end.value in ("succeeded", "failed", "skipped", "cancelled"):
+        assert job.finished_at is not None
+
+
+def test_move_job_from_wrong_state_names_the_actual_state(factory, make_run, clock):
+    job_id = _job_id(factory, make_run())  # ready
+    with factory() as session, session.begin():
+        with pytest.raises(IllegalTransition, match="is ready, not waiting"):
+            ledger.move_job(
+                session, job_id, JobState.WAITING, JobState.READY, now=clock.now(), actor="t"
+            )
+
+
+def _claimed_attempt(factory, make_run, register_worker, clock):
+    run_id = make_run()
+    worker = register_worker()
+    with db.transaction(factory) as session:
+        claims = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=1,
+            mem_available_mib=10_000,
+            now=clock.now(),
+        )
+    assert len(claims) == 1
+    return run_id, worker, claims[0]
+
+
+def _force_attempt_state(factory, attempt_id, state):
+    values = {"state": state.value, "outcome": None, "settled_at": None}
+    if state is AttemptState.SETTLED:
+        values.update(outcome="failed", settled_at=ledger_now())
+    if state is AttemptState.RUNNING:
+        values["started_at"] = ledger_now()
+    with db.transaction(factory) as session:
+        session.execute(update(Attempt).where(Attempt.id == attempt_id).values(**values))
+
+
+def ledger_now():
+    return FixedClock().now()
+
+
+@pytest.mark.parametrize(("start", "end"), ALL_ATTEMPT_PAIRS, ids=lambda s: s.value)
+def test_attempt_transition_table(factory, make_run, register_worker, clock, start, end):
+    _, worker, claim = _claimed_attempt(factory, make_run, register_worker, clock)
+    _force_attempt_state(factory, claim.attempt_id, start)
+    legal = end in ledger.ATTEMPT_TRANSITIONS[start]
+    values = {}
+    if end is AttemptState.SETTLED:
+        values = {"outcome": "succeeded", "settled_at": clock.now()}
+    if end is AttemptState.RUNNING:
+        values = {"started_at": clock.now()}
+    with factory() as session, session.begin():
+        if legal:
+            ledger.move_attempt(
+                session,
+                claim.attempt_id,
+                start,
+                end,
+                now=clock.now(),
+                actor=worker,
+                fence=claim.fence,
+                values=values,
+            )
+        else:
+            with pytest.raises(IllegalTransition):
+                ledger.move_attempt(
+                    session,
+                    claim.attempt_id,
+                    start,
+                    end,
+                    now=clock.now(),
+                    actor=worker,
+                    fence=claim.fence,
+                    values=values,
+                )
+    with factory() as session:
+        assert session.get(Attempt, claim.attempt_id).state == (end if legal else start).value
+
+
+def test_claim_writes_intent_lease_reservation_in_one_go(factory, make_run, register_worker, clock):
+    _run_id, _worker, claim = _claimed_attempt(factory, make_run, register_worker, clock)
+    with factory() as session:
+        attempt = session.get(Attempt, claim.attempt_id)
+        job = session.get(Job, claim.job_id)
+        kinds = session.scalars(select(Event.kind).order_by(Event.id)).all()
+    assert attempt.state == "intent"
+    assert attempt.idempotency_key == claim.idempotency_key
+    assert attempt.fence == job.fence == claim.fence == 1
+    assert job.state == "running" and job.attempt_count == 1
+    assert kinds[-2:] == ["job_running", "attempt_intent"]
+
+
+def test_stale_fence_is_rejected_and_changes_nothing(factory, make_run, register_worker, clock):
+    _, worker, claim = _claimed_attempt(factory, make_run, register_worker, clock)
+    with db.transaction(factory) as session:  # someone revoked the lease: fence moved on
+        session.execute(update(Job).where(Job.id == claim.job_id).values(fence=Job.fence + 1))
+    with factory() as session, session.begin():
+        with pytest.raises(StaleLease):
+            ledger.settle_attempt(
+                session,
+                claim.attempt_id,
+                fence=claim.fence,
+                outcome=Outcome.SUCCEEDED,
+                actor=worker,
+                now=clock.now(),
+            )
+    with factory() as session:
+        assert session.get(Attempt, claim.attempt_id).state == "intent"
+        assert session.get(Job, claim.job_id).state == "running"
+
+
+def test_settle_releases_lease_and_reservation_and_promotes(
+    factory, make_run, register_worker, clock
+):
+    config = make_config([py_stage("one", "pass"), py_stage("two", "pass", needs=["one"])])
+    run_id = make_run(config)
+    worker = register_worker()
+    with db.transaction(factory) as session:
+        (claim,) = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=4,
+            mem_available_mib=10_000,
+            now=clock.now(),
+        )
+    with db.transaction(factory) as session:
+        state = ledger.settle_attempt(
+            session,
+            claim.attempt_id,
+            fence=claim.fence,
+            outcome=Outcome.SUCCEEDED,
+            actor=worker,
+            now=clock.now(),
+            exit_code=0,
+        )
+    assert state is JobState.SUCCEEDED
+    with factory() as session:
+        states = dict(
+            session.execute(select(Job.stage, Job.state).where(Job.run_id == run_id)).all()
+        )
+        lease = session.scalars(select(Lease)).one()
+        reservation = session.scalars(select(Reservation)).one()
+    assert states == {"one": "succeeded", "two": "ready"}
+    assert lease.released_at is not None and reservation.released_at is not None
+
+
+@pytest.mark.parametrize(
+    ("outcome", "retry", "expected"),
+    [
+        (Outcome.FAILED, {}, JobState.FAILED),
+        (Outcome.INFRA_FAILURE, {"max_attempts": 2, "on": ["infra_failure"]}, JobState.READY),
+        (Outcome.INFRA_FAILURE, {"max_attempts": 1, "on": ["infra_failure"]}, JobState.FAILED),
+        (Outcome.HARNESS_FAILURE, {"max_attempts": 3, "on": ["failed"]}, JobState.FAILED),
+        (Outcome.CANCELLED, {"max_attempts": 3, "on": ["failed"]}, JobState.CANCELLED),
+        (Outcome.FATAL, {"max_attempts": 3, "on": ["failed", "infra_failure"]}, JobState.FAILED),
+    ],
+)
+def test_retry_only_by_policy(factory, make_run, register_worker, clock, outcome, retry, expected):
+    make_run(make_config([py_stage("s", "pass", retry=retry)]))
+    worker = register_worker()
+    with db.transaction(factory) as session:
+        (claim,) = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=1,
+            mem_available_mib=10_000,
+            now=clock.now(),
+        )
+    with db.transaction(factory) as session:
+        state = ledger.settle_attempt(
+            session,
+            claim.attempt_id,
+            fence=claim.fence,
+            outcome=outcome,
+            actor=worker,
+            now=clock.now(),
+        )
+    assert state is expected
+    if expected is JobState.READY:  # a retry is a new attempt with a new key
+        with db.transaction(factory) as session:
+            (again,) = ledger.claim_jobs(
+                session,
+                worker_id=worker,
+                node="n1",
+                free_slots=1,
+                mem_available_mib=10_000,
+                now=clock.now(),
+            )
+        assert again.number == 2 and again.idempotency_key != claim.idempotency_key
+        assert again.fence == claim.fence + 1
+
+
+def test_needed_stage_failure_skips_downstream_with_reason(
+    factory, make_run, register_worker, clock
+):
+    config = make_config([py_stage("one", "pass"), py_stage("two", "pass", needs=["one"])])
+    make_run(config)
+    worker = register_worker()
+    with db.transaction(factory) as session:
+        (claim,) = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=4,
+            mem_available_mib=10_000,
+            now=clock.now(),
+        )
+        ledger.settle_attempt(
+            session,
+            claim.attempt_id,
+            fence=claim.fence,
+            outcome=Outcome.INFRA_FAILURE,
+            actor=worker,
+            now=clock.now(),
+        )
+    with factory() as session:
+        two = session.scalars(select(Job).where(Job.stage == "two")).one()
+    assert two.state == "skipped"
+    assert two.state_reason == "needed stage did not succeed: one failed"
+
+
+def test_mark_unknown_revokes_fence_and_keeps_reservation(
+    factory, make_run, register_worker, clock
+):
+    _, worker, claim = _claimed_attempt(factory, make_run, register_worker, clock)
+    with db.transaction(factory) as session:
+        ledger.mark_unknown(
+            session,
+            claim.attempt_id,
+            reason="no exit record",
+            actor="t",
+            now=clock.now(),
+            fence=claim.fence,
+        )
+    with factory() as session:
+        job = session.get(Job, claim.job_id)
+        assert job.state == "unknown" and job.fence == claim.fence + 1
+        assert session.scalars(select(Reservation)).one().released_at is None
+    with factory() as session, session.begin():
+        with pytest.raises(StaleLease):  # the old holder can no longer settle it
+            ledger.settle_attempt(
+                session,
+                claim.attempt_id,
+                fence=claim.fence,
+                outcome=Outcome.SUCCEEDED,
+                actor=worker,
+                now=clock.now(),
+            )
+
+
+def test_unknown_attempt_halts_dispatch_for_the_run(factory, make_run, register_worker, clock):
+    run_id = make_run(make_config(items=2))
+    worker = register_worker()
+    with db.transaction(factory) as session:
+        (claim,) = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=1,
+            mem_available_mib=10_000,
+            now=clock.now(),
+        )
+        ledger.mark_unknown(session, claim.attempt_id, reason="lost", actor="t", now=clock.now())
+    with db.transaction(factory) as session:
+        claims = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=4,
+            mem_available_mib=10_000,
+            now=clock.now(),
+        )
+    assert claims == []
+    with factory() as session:
+        codes = session.scalars(select(Decision.reason_code).where(Decision.run_id == run_id)).all()
+    assert "unknown_outcome" in codes
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("state", "bogus"), ("finished_at", None)],
+)
+def test_check_constraints_refuse_impossible_rows(factory, make_run, column, value):
+    job_id = _job_id(factory, make_run())
+    with db.transaction(factory) as session:
+        force_job_state(session, job_id, "succeeded")
+    with pytest.raises(IntegrityError), db.transaction(factory) as session:
+        session.execute(update(Job).where(Job.id == job_id).values({column: value}))
+
+
+def test_events_are_append_only_in_increasing_order(factory, make_run, register_worker, clock):
+    _claimed_attempt(factory, make_run, register_worker, clock)
+    with factory() as session:
+        ids = session.scalars(select(Event.id).order_by(Event.at, Event.id)).all()
+    assert ids == sorted(ids) and len(set(ids)) == len(ids) >= 3
