@@ -14,10 +14,12 @@ Reason codes, in the order they are checked for a candidate job:
 - ``lane_cap`` — the lane's cap for the stage is reached.
 - ``stage_cap`` — the stage's global cap (across lanes) is reached.
 - ``gpu_capacity`` — a GPU stage on a node without a GPU, or a second concurrent GPU
-  attempt of a stage with no measured peak (the first runs alone; invariant 9).
+  attempt on the node: without measured peaks a GPU attempt runs alone (invariant 9;
+  the measured ``baseline + k * peak <= fraction * total`` rule comes with sampling).
 - ``memory_floor`` — ``available - reserved - stage.memory_mib < floor``, where
   ``reserved`` is the sum of the node's unreleased reservations. Equality admits.
-- ``needs_pending`` — (lane-level) nothing is ready, but jobs wait on earlier stages.
+- ``needs_pending`` — (lane-level) nothing is ready, but jobs wait on earlier stages
+  (unless a halt, unknown outcome, pause or stop covers the lane: that is the reason).
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ class NodeView:
     reserved_mib: float
     running: int
     has_gpu: bool = False
+    gpu_running: int = 0
+    """Attempts on this node that reserve GPU memory."""
 
 
 @dataclass
@@ -108,16 +112,20 @@ def admit(snapshot: Snapshot) -> Admission:
     running = snapshot.node.running
     free = snapshot.free_slots
     reserved = snapshot.node.reserved_mib
+    gpu_running = snapshot.node.gpu_running
     lane_stage = Counter(snapshot.running_lane_stage)
     stage = Counter(snapshot.running_stage)
     refused: set[tuple[int, str, str | None]] = set()
     blocked_lanes: set[tuple[int, str]] = set()
 
     for job in snapshot.candidates:
-        reason = _first_refusal(snapshot, job, running, free, reserved, lane_stage, stage)
+        reason = _first_refusal(
+            snapshot, job, running, free, reserved, gpu_running, lane_stage, stage
+        )
         if reason is None:
             result.starts.append(job)
             running += 1
+            gpu_running += 1 if job.gpu_mib > 0 else 0
             free -= 1
             reserved += job.memory_mib
             lane_stage[(job.run_id, job.lane, job.stage)] += 1
@@ -134,7 +142,10 @@ def admit(snapshot: Snapshot) -> Admission:
 
     has_candidates = {(job.run_id, job.lane) for job in snapshot.candidates}
     for run_id, lane in sorted(snapshot.waiting_lanes - has_candidates):
-        result.refusals.append(Refusal(run_id, lane, None, "needs_pending", {}))
+        # A halt, unknown outcome, pause or stop is the truer reason for an idle lane.
+        blocked = _control_refusal(snapshot, Candidate(0, run_id, lane, ""))
+        code, detail = blocked or ("needs_pending", {})
+        result.refusals.append(Refusal(run_id, lane, None, code, detail))
     return result
 
 
@@ -144,19 +155,13 @@ def _first_refusal(
     running: int,
     free: int,
     reserved: float,
+    gpu_running: int,
     lane_stage: Counter[tuple[int, str, str]],
     stage: Counter[tuple[int, str]],
 ) -> tuple[str, dict[str, Any]] | None:
-    for kind, code in (("halt", "halted"),):
-        control = _control(snap, job, kind)
-        if control is not None:
-            return code, {"scope": control.scope, "reason": control.reason}
-    if snap.unknown_runs.get(job.run_id):
-        return "unknown_outcome", {"unknown_attempts": snap.unknown_runs[job.run_id]}
-    for kind, code in (("pause", "paused"), ("stop", "stopped")):
-        control = _control(snap, job, kind)
-        if control is not None:
-            return code, {"scope": control.scope, "reason": control.reason}
+    blocked = _control_refusal(snap, job)
+    if blocked is not None:
+        return blocked
     node = snap.node
     if running >= node.max_jobs:
         return "max_jobs", {"running": running, "max_jobs": node.max_jobs}
@@ -173,8 +178,11 @@ def _first_refusal(
     if job.gpu_mib > 0:
         if not node.has_gpu:
             return "gpu_capacity", {"why": "node has no GPU configured"}
-        if in_stage >= 1:
-            return "gpu_capacity", {"why": "no measured GPU peak yet: GPU attempts run alone"}
+        if gpu_running >= 1:
+            return "gpu_capacity", {
+                "why": "no measured GPU peak yet: a GPU attempt runs alone on its node",
+                "gpu_running": gpu_running,
+            }
     if node.mem_available_mib is None:
         return "memory_floor", {"why": "no memory sample from this node yet"}
     headroom = node.mem_available_mib - reserved - job.memory_mib
@@ -185,6 +193,20 @@ def _first_refusal(
             "stage_mib": job.memory_mib,
             "floor_mib": node.memory_floor_mib,
         }
+    return None
+
+
+def _control_refusal(snap: Snapshot, job: Candidate) -> tuple[str, dict[str, Any]] | None:
+    """Halt, then unknown outcome, then pause, then stop: what an operator must lift."""
+    halt = _control(snap, job, "halt")
+    if halt is not None:
+        return "halted", {"scope": halt.scope, "reason": halt.reason}
+    if snap.unknown_runs.get(job.run_id):
+        return "unknown_outcome", {"unknown_attempts": snap.unknown_runs[job.run_id]}
+    for kind, code in (("pause", "paused"), ("stop", "stopped")):
+        control = _control(snap, job, kind)
+        if control is not None:
+            return code, {"scope": control.scope, "reason": control.reason}
     return None
 
 

@@ -4,9 +4,11 @@ A config is validated whole before anything is written. Every problem becomes on
 ``field.path: message`` so ``laneway dry-run`` can list them all at once.
 
 Secret rule (invariant 8): a config never holds a secret value. An env var whose *name*
-looks secret (contains KEY, TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL or AUTH) must
-have exactly ``${ENV_NAME}`` as its value, and no argv or env value may contain a
-literal that looks like a credential (``Bearer …``, ``sk-…``, ``ghp_…``, ``AKIA…``).
+looks secret (an ``_``-separated part of it is KEY, APIKEY, TOKEN, SECRET, PASS,
+PASSWORD, PASSWD, CREDENTIAL(S), AUTH or AUTHORIZATION: ``OPENAI_API_KEY`` and
+``GH_TOKEN`` do, ``MONKEY`` does not) must have exactly ``${ENV_NAME}`` as its value,
+and no argv or env value may contain a literal that looks like a credential
+(``Bearer …``, ``sk-…``, ``ghp_…``, ``AKIA…``).
 ``${ENV_NAME}`` references are resolved from the worker's environment at spawn time.
 """
 
@@ -31,7 +33,10 @@ KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,62}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
+SECRET_NAME = re.compile(
+    r"(^|_)(API_?KEY|KEY|TOKEN|SECRET|PASS|PASSWORD|PASSWD|CREDENTIALS?|AUTH|AUTHORIZATION)(_|$)",
+    re.IGNORECASE,
+)
 SECRET_LITERAL = re.compile(
     r"(?i:bearer\s+[A-Za-z0-9._~+/-]{8,})|\bsk-[A-Za-z0-9_-]{16,}|\bghp_[A-Za-z0-9]{20,}"
     r"|\bAKIA[0-9A-Z]{16}\b|\bxox[abp]-[A-Za-z0-9-]{10,}"
@@ -96,24 +101,29 @@ class StageConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> StageConfig:
+        problems = []
         for code, outcome in self.exit_codes.items():
             if outcome in (Outcome.NOT_RUN, Outcome.CANCELLED, Outcome.TIMED_OUT):
-                raise ValueError(
+                problems.append(
                     f"exit_codes.{code}: {outcome.value!r} is decided by laneway, not by an "
                     "exit code; use succeeded, failed, infra_failure, harness_failure or fatal"
                 )
         for name, value in self.env.items():
             if SECRET_NAME.search(name) and not re.fullmatch(ENV_REF, value):
-                raise ValueError(
+                problems.append(
                     f"env.{name}: looks like a secret, so its value must be a reference "
                     f"like ${{{name}}} resolved from the worker's environment, not a literal"
                 )
-        for where, value in [*(("argv", v) for v in self.argv), *self.env.items()]:
+        places = [(f"argv.{i}", v) for i, v in enumerate(self.argv)]
+        places += [(f"env.{name}", v) for name, v in self.env.items()]
+        for where, value in places:
             if SECRET_LITERAL.search(value):
-                raise ValueError(
+                problems.append(
                     f"{where}: holds a literal credential; put it in the worker's "
                     "environment and reference it as ${ENV_NAME}"
                 )
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
 

@@ -715,6 +715,18 @@ def _snapshot(
         )
         or 0
     )
+    gpu_running = (
+        session.scalar(
+            select(func.count())
+            .select_from(Reservation)
+            .where(
+                Reservation.node == node,
+                Reservation.released_at.is_(None),
+                Reservation.gpu_mib > 0,
+            )
+        )
+        or 0
+    )
     controls = [
         admission.ControlView(c.kind, c.scope, c.run_id, c.lane, c.reason)
         for c in session.scalars(select(Control).where(Control.cleared_at.is_(None)))
@@ -744,6 +756,7 @@ def _snapshot(
             reserved_mib=float(reserved),
             running=node_running,
             has_gpu=node_row.gpu_total_mib is not None,
+            gpu_running=gpu_running,
         ),
         free_slots=free_slots,
         candidates=candidates,

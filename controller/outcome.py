@@ -80,8 +80,8 @@ def classify(
     if signum is not None:
         return Verdict(Outcome.FAILED, f"killed by signal {signum}", diagnostics)
     code = exit_record.get("exit_code")
-    if not isinstance(code, int):
-        return Verdict(None, "exit record has neither an exit code nor a signal")
+    if not isinstance(code, int) or isinstance(code, bool):
+        return Verdict(None, "exit record has neither an exit code nor a signal", diagnostics)
     outcome = exit_codes.get(code, Outcome.SUCCEEDED if code == 0 and 0 not in exit_codes else None)
     if outcome is None:
         outcome = Outcome.FAILED

@@ -43,6 +43,7 @@ def node(
     reserved: float = 0,
     running: int = 0,
     has_gpu: bool = False,
+    gpu_running: int = 0,
 ) -> NodeView:
     return NodeView(
         name="n1",
@@ -52,6 +53,7 @@ def node(
         reserved_mib=reserved,
         running=running,
         has_gpu=has_gpu,
+        gpu_running=gpu_running,
     )
 
 
@@ -194,18 +196,29 @@ def test_first_gpu_attempt_runs_alone() -> None:
     assert result.refusals == []
 
 
-def test_second_gpu_attempt_refused_when_one_already_runs() -> None:
-    result = admit(
-        snapshot(
-            job(1, gpu_mib=100),
-            node=node(has_gpu=True),
-            running_stage=Counter({(RUN, "solve"): 1}),
-        )
-    )
+def test_second_gpu_attempt_refused_when_one_already_runs_on_the_node() -> None:
+    result = admit(snapshot(job(1, gpu_mib=100), node=node(has_gpu=True, gpu_running=1)))
     assert result.starts == []
     [refusal] = result.refusals
     assert refusal.code == "gpu_capacity"
     assert "no measured GPU peak" in refusal.detail["why"]
+
+
+def test_gpu_attempts_of_the_stage_elsewhere_do_not_block_this_node() -> None:
+    result = admit(
+        snapshot(
+            job(1, gpu_mib=100),
+            node=node(has_gpu=True, gpu_running=0),
+            running_stage=Counter({(RUN, "solve"): 1}),
+        )
+    )
+    assert started(result) == [1]
+
+
+def test_two_gpu_candidates_in_one_call_only_one_starts() -> None:
+    result = admit(snapshot(job(1, gpu_mib=100), job(2, gpu_mib=100), node=node(has_gpu=True)))
+    assert started(result) == [1]
+    assert result.refusals[0].code == "gpu_capacity"
 
 
 def test_second_gpu_attempt_refused_within_the_same_call() -> None:

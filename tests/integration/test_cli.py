@@ -1,0 +1,165 @@
+"""The command line: one-line errors with meaningful exit codes, never a traceback;
+refusals create nothing; read-only commands write nothing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from controller import db
+from tests.support import escape
+
+runner = CliRunner()
+
+GOOD = f"""
+name = "cli"
+[[nodes]]
+name = "n1"
+memory_floor_mib = 0
+max_jobs = 2
+[[lanes]]
+name = "a"
+node = "n1"
+[[stages]]
+name = "only"
+argv = ["{sys.executable}", "-c", "{escape("print('hi')")}", "{{item}}"]
+timeout_seconds = 30
+[[items]]
+key = "x1"
+lane = "a"
+[[items]]
+key = "x2"
+lane = "a"
+"""
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+@pytest.fixture
+def good_config(tmp_path: Path) -> Path:
+    path = tmp_path / "good.toml"
+    path.write_text(GOOD)
+    return path
+
+
+def assert_clean_error(result, code: int) -> None:
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line]
+    assert lines and all(line.startswith("laneway: ") for line in lines)
+
+
+def test_bad_config_lists_every_problem_and_exits_2(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        GOOD.replace('key = "x2"', 'key = "../x"').replace("max_jobs = 2", "max_jobs = 0")
+    )
+    result = invoke("dry-run", str(path))
+    assert_clean_error(result, 2)
+    assert "nodes.0.max_jobs" in result.stderr and "items.1.key" in result.stderr
+
+
+def test_bad_config_json_output(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    result = invoke("dry-run", str(path), "--json")
+    assert result.exit_code == 2
+    body = json.loads(result.stdout)
+    assert body["ok"] is False and "not valid JSON" in body["problems"][0]
+
+
+def test_dry_run_writes_nothing(good_config, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = set(tmp_path.rglob("*"))
+    result = invoke("dry-run", str(good_config), "--json")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["jobs_total"] == 2 and plan["preflight"]["ok"] is True
+    assert plan["first_decisions"][0]["verdict"] == "dispatch"
+    assert set(tmp_path.rglob("*")) == before
+
+
+def test_start_pipeline_refusal_creates_nothing(tmp_path):
+    path = tmp_path / "refused.toml"
+    path.write_text(GOOD.replace(sys.executable, "/no/such/python"))
+    runtime = tmp_path / "rt"
+    result = invoke("start-pipeline", str(path), "--runtime-dir", str(runtime))
+    assert_clean_error(result, 1)
+    assert "/no/such/python does not exist" in result.stderr
+    assert not runtime.exists()
+
+
+def test_start_pipeline_then_status_and_sql(good_config, tmp_path):
+    runtime = tmp_path / "rt"
+    result = invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--json")
+    assert result.exit_code == 0, result.output
+    run_id = json.loads(result.stdout)["run_id"]
+    status = json.loads(
+        invoke("status", str(run_id), "--runtime-dir", str(runtime), "--json").stdout
+    )
+    assert status["jobs"] == {"only": {"ready": 2}} and status["run"]["state"] == "active"
+    rows = json.loads(
+        invoke(
+            "sql",
+            "SELECT state, COUNT(*) AS n FROM jobs GROUP BY state",
+            "--runtime-dir",
+            str(runtime),
+            "--json",
+        ).stdout
+    )
+    assert rows == [{"state": "ready", "n": 2}]
+
+
+def test_sql_refuses_writes_and_changes_nothing(good_config, tmp_path):
+    runtime = tmp_path / "rt"
+    invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime))
+    result = invoke("sql", "UPDATE jobs SET state = 'succeeded'", "--runtime-dir", str(runtime))
+    assert_clean_error(result, 2)
+    assert "readonly" in result.stderr or "read-only" in result.stderr
+    engine = db.make_engine(db.ledger_url(runtime), readonly=True)
+    with engine.connect() as connection:
+        states = connection.exec_driver_sql("SELECT DISTINCT state FROM jobs").scalars().all()
+    assert states == ["ready"]
+
+
+def test_sql_bad_query_is_one_line(good_config, tmp_path):
+    runtime = tmp_path / "rt"
+    invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime))
+    assert_clean_error(invoke("sql", "SELEC nonsense", "--runtime-dir", str(runtime)), 2)
+
+
+@pytest.mark.parametrize("args", [["status"], ["status", "99"], ["sql", "SELECT 1"]])
+def test_missing_ledger_or_run_is_a_clean_error(tmp_path, good_config, args):
+    runtime = tmp_path / "rt"
+    if args[1:] == ["99"]:
+        invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime))
+    result = invoke(*args, "--runtime-dir", str(runtime))
+    assert_clean_error(result, 2)
+
+
+def test_run_in_foreground_finishes_and_exits_0(good_config, tmp_path):
+    runtime = tmp_path / "rt"
+    result = invoke("run", str(good_config), "--runtime-dir", str(runtime), "--json")
+    assert result.exit_code == 0, result.output
+    status = json.loads(result.stdout)
+    assert status["run"]["state"] == "finished" and status["totals"] == {"succeeded": 2}
+
+
+def test_schema_is_json_schema():
+    schema = json.loads(invoke("schema").stdout)
+    assert {"nodes", "lanes", "stages", "items"} <= set(schema["properties"])
+
+
+def test_worker_for_unknown_node_is_a_clean_error(tmp_path, good_config):
+    runtime = tmp_path / "rt"
+    invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime))
+    result = invoke("worker", "--node", "nope", "--runtime-dir", str(runtime))
+    assert_clean_error(result, 2)
+    assert "node 'nope'" in result.stderr
