@@ -52,11 +52,19 @@ def main() -> int:
             )
         }
     print()
-    print(f"paid calls: {len(lines)} lines, {len(set(keys))} distinct idempotency keys, "
-          f"{len(succeeded)} succeeded solve attempts")
+    print(
+        f"paid calls: {len(lines)} lines, {len(set(keys))} distinct idempotency keys, "
+        f"{len(succeeded)} succeeded solve attempts"
+    )
     ok = len(keys) == len(set(keys)) and set(keys) == succeeded
-    print("paid-call check: " + ("OK — every real call is one succeeded attempt, none twice"
-                                 if ok else "MISMATCH — see " + str(paid_calls)))
+    print(
+        "paid-call check: "
+        + (
+            "OK — every real call is one succeeded attempt, none twice"
+            if ok
+            else "MISMATCH — see " + str(paid_calls)
+        )
+    )
     print()
     print("Look around:")
     print(f"  {LANEWAY.name} status --runtime-dir {RUNTIME.relative_to(ROOT)}")
