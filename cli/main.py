@@ -287,21 +287,24 @@ def run_pipeline(
     stopper = _Stopper()
     progress = _Progress(run_id, quiet=quiet or as_json)
     blocked: str | None = None
+    last_look = float("-inf")
     while True:
         report = daemon.tick()
-        busy = False
+        busy = bool(report.promoted or report.closed)
         for service in services:
             tick = service.tick()
             busy = busy or bool(tick.claimed or tick.settled)
-        with db.session_factory(engine)() as session:
-            snapshot = build_status(
-                session, ledger.get_run(session, run_id), now=daemon.clock.now()
-            )
-        progress.show(snapshot)
         if run_id in report.closed:
             break
-        in_flight = sum(len(s.in_flight) for s in services)
-        blocked = _blocked_reason(snapshot) if in_flight == 0 else None
+        if busy or time.monotonic() - last_look > 1.0:
+            last_look = time.monotonic()
+            with db.reader(engine)() as session:
+                snapshot = build_status(
+                    session, ledger.get_run(session, run_id), now=daemon.clock.now()
+                )
+            progress.show(snapshot)
+            in_flight = sum(len(s.in_flight) for s in services)
+            blocked = _blocked_reason(snapshot) if in_flight == 0 else None
         if blocked or stopper.stop():
             break
         if not busy:

@@ -58,7 +58,7 @@ class Controller:
 
     def write_snapshots(self, run_id: int, *, now: datetime, final: bool = False) -> None:
         """Write status.json (and SUMMARY.json when ``final``) if the ledger changed."""
-        with self.factory() as session:
+        with db.reader(self.engine)() as session:
             latest = ledger.latest_event_id(session)
             seen, at = self._last_snapshot.get(run_id, (-1, float("-inf")))
             fresh = latest == seen or time.monotonic() - at < self.snapshot_seconds

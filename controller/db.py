@@ -83,6 +83,26 @@ def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
+_readers: dict[int, sessionmaker[Session]] = {}
+
+
+def reader(engine: Engine) -> sessionmaker[Session]:
+    """Sessions for reads that must not take SQLite's write lock (polling, snapshots).
+
+    On SQLite every transaction of ``engine`` begins IMMEDIATE; frequent polls through it
+    would queue behind, and block, real writers. This opens the same file read-only.
+    """
+    factory = _readers.get(id(engine))
+    if factory is None:
+        if is_sqlite(engine):
+            url = engine.url.render_as_string(hide_password=False)
+            factory = session_factory(make_engine(url, readonly=True))
+        else:
+            factory = session_factory(engine)
+        _readers[id(engine)] = factory
+    return factory
+
+
 @contextmanager
 def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """One write transaction: commit on success, roll back on any error."""

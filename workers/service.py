@@ -180,7 +180,7 @@ class WorkerService:
     def _worth_claiming(self) -> bool:
         """Claim when the ledger changed since the last claim, or every rescan period
         (free memory changes without an event)."""
-        with self.factory() as session:
+        with db.reader(self.engine)() as session:
             latest = ledger.latest_event_id(session)
         due = time.monotonic() - self._last_claim >= self.rescan_seconds
         return latest != self._seen_event or due

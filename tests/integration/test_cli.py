@@ -11,7 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from controller import db
+from controller import db, ledger
+from controller.clock import SystemClock
+from controller.states import ControlKind, ControlScope
 from tests.support import escape
 
 runner = CliRunner()
@@ -163,3 +165,26 @@ def test_worker_for_unknown_node_is_a_clean_error(tmp_path, good_config):
     result = invoke("worker", "--node", "nope", "--runtime-dir", str(runtime))
     assert_clean_error(result, 2)
     assert "node 'nope'" in result.stderr
+
+
+def test_run_never_clears_a_halt_and_exits_3_naming_it(good_config, tmp_path):
+    runtime = tmp_path / "rt"
+    engine = db.open_ledger(runtime)
+    with db.transaction(db.session_factory(engine)) as session:
+        ledger.set_control(
+            session,
+            ControlKind.HALT,
+            scope=ControlScope.GLOBAL,
+            reason="disk replaced, checking evidence",
+            actor="op",
+            now=SystemClock().now(),
+        )
+    result = invoke("run", str(good_config), "--runtime-dir", str(runtime))
+    assert result.exit_code == 3, result.output
+    assert "halted (global) — disk replaced, checking evidence" in result.stderr
+    with engine.connect() as connection:
+        active = connection.exec_driver_sql(
+            "SELECT COUNT(*) FROM controls WHERE cleared_at IS NULL"
+        ).scalar()
+        started = connection.exec_driver_sql("SELECT COUNT(*) FROM attempts").scalar()
+    assert active == 1 and started == 0

@@ -204,19 +204,18 @@ def test_controller_writes_status_and_summary_snapshots(engine, runtime, make_ru
 
 RACER = textwrap.dedent(
     """
-    import json, os, sys, time
+    import json, os, sys
     from controller import db, ledger
     from controller.clock import SystemClock
-    runtime, go = sys.argv[1], sys.argv[2]
-    engine = db.open_ledger(runtime)
+    runtime = sys.argv[1]
+    engine = db.make_engine(db.ledger_url(runtime))
     factory = db.session_factory(engine)
     clock = SystemClock()
     with db.transaction(factory) as s:
         worker = ledger.register_worker(s, node="n1", host="h", pid=os.getpid(), boot_id="b",
                                         process_start_time=None, slots=1, now=clock.now())
     print("ready", flush=True)
-    while not os.path.exists(go):
-        time.sleep(0.001)
+    sys.stdin.readline()  # the starting gun: every racer is blocked here until it fires
     with db.transaction(factory) as s:
         claims = ledger.claim_jobs(s, worker_id=worker, node="n1", free_slots=1,
                                    mem_available_mib=64000, now=clock.now())
@@ -225,13 +224,13 @@ RACER = textwrap.dedent(
 )
 
 
-def test_racing_workers_lease_a_job_exactly_once(engine, runtime, make_run, tmp_path):
-    for round_number in range(3):
+def test_racing_workers_lease_a_job_exactly_once(engine, runtime, make_run):
+    for _ in range(2):
         run_id = make_run(make_config(items=1))
-        go = tmp_path / f"go-{round_number}"
         racers = [
             subprocess.Popen(
-                [sys.executable, "-c", RACER, str(runtime), str(go)],
+                [sys.executable, "-c", RACER, str(runtime)],
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
                 env={**os.environ, "PYTHONPATH": os.getcwd()},
@@ -240,10 +239,12 @@ def test_racing_workers_lease_a_job_exactly_once(engine, runtime, make_run, tmp_
         ]
         for racer in racers:
             assert racer.stdout.readline().strip() == "ready"
-        go.touch()
+        for racer in racers:
+            racer.stdin.write("go\n")
+            racer.stdin.flush()
         claimed = []
         for racer in racers:
-            out, _ = racer.communicate(timeout=60)
+            out, _ = racer.communicate(timeout=120)
             assert racer.returncode == 0
             claimed += json.loads(out)
         assert len(claimed) == 1
