@@ -148,8 +148,12 @@ def move_job(
     fence: int | None = None,
     reason: str | None = None,
     bump_fence: bool = False,
+    run_id: int | None = None,
 ) -> None:
     """Compare-and-set a job from ``expected`` to ``new`` and log ``job_<new>``.
+
+    In-session Job objects are not refreshed (load with ``populate_existing`` to read
+    a job after moving it).
 
     Raises IllegalTransition if the move is not in JOB_TRANSITIONS or the row is not in
     ``expected``; StaleLease if ``fence`` is given and is no longer the job's fence.
@@ -166,7 +170,8 @@ def move_job(
         values["finished_at"] = None
     if bump_fence:
         values["fence"] = Job.fence + 1
-    changed = _rowcount(session.execute(update(Job).where(*conditions).values(**values)))
+    statement = update(Job).where(*conditions).values(**values)
+    changed = _rowcount(session.execute(statement.execution_options(synchronize_session=False)))
     if changed != 1:
         row = session.get(Job, job_id, populate_existing=True)
         if row is None:
@@ -179,8 +184,8 @@ def move_job(
         raise IllegalTransition(
             f"job {job_id} is {row.state}, not {expected.value}; cannot move it to {new.value}"
         )
-    session.expire_all()
-    run_id = session.scalar(select(Job.run_id).where(Job.id == job_id))
+    if run_id is None:
+        run_id = session.scalar(select(Job.run_id).where(Job.id == job_id))
     extra: dict[str, Any] = {"reason": reason} if reason else {}
     append_event(
         session,
@@ -342,6 +347,16 @@ def create_run(
 
 
 _config_cache: dict[str, PipelineConfig] = {}
+_item_index: dict[str, dict[str, Any]] = {}
+
+
+def _item_config(run: Run, key: str) -> Any:
+    """The frozen config's item ``key`` of ``run`` (indexed once per config hash)."""
+    index = _item_index.get(run.config_sha256)
+    if index is None:
+        items = run_config(run).items
+        index = _item_index[run.config_sha256] = {item.key: item for item in items}
+    return index[key]
 
 
 def run_config(run: Run) -> PipelineConfig:
@@ -520,18 +535,15 @@ def claim_jobs(
         session, node=node, free_slots=free_slots, mem=mem_available_mib, limit=candidate_limit
     )
     verdict = admission.admit(snapshot)
-    _record_refusals(session, verdict.refusals, node=node, worker_id=worker_id, now=now)
     claims = []
     for candidate in verdict.starts:
-        job, run, item = jobs_by_id[candidate.job_id]
-        config = run_config(run)
+        job, run = jobs_by_id[candidate.job_id]
         claims.append(
             _grant(
                 session,
                 job,
                 run,
-                item,
-                config,
+                run_config(run),
                 worker_id=worker_id,
                 node=node,
                 now=now,
@@ -546,14 +558,16 @@ def claim_jobs(
             worker_id=worker_id,
             now=now,
         )
+    # Refusals after dispatches: when a lane dispatched one job and must refuse the next
+    # (e.g. its cap is now reached), the refusal is the lane's state from now on.
+    _record_refusals(session, verdict.refusals, node=node, worker_id=worker_id, now=now)
     return claims
 
 
 def _grant(
     session: Session,
-    job: Job,
+    job: Any,
     run: Run,
-    item: Item,
     config: PipelineConfig,
     *,
     worker_id: str,
@@ -562,18 +576,29 @@ def _grant(
     lease_seconds: float,
 ) -> Claim:
     stage = config.stage(job.stage)
-    item_config = next(i for i in config.items if i.key == item.key)
+    item_config = _item_config(run, job.item_key)
     number = job.attempt_count + 1
+    fence = job.fence + 1  # read in this write transaction: nobody else can move it
     move_job(
-        session, job.id, JobState.READY, JobState.RUNNING, now=now, actor=worker_id, bump_fence=True
+        session,
+        job.id,
+        JobState.READY,
+        JobState.RUNNING,
+        now=now,
+        actor=worker_id,
+        bump_fence=True,
+        run_id=run.id,
     )
-    session.execute(update(Job).where(Job.id == job.id).values(attempt_count=number))
-    fence = session.scalar(select(Job.fence).where(Job.id == job.id))
-    assert fence is not None
+    session.execute(
+        update(Job)
+        .where(Job.id == job.id)
+        .values(attempt_count=number)
+        .execution_options(synchronize_session=False)
+    )
     argv = [render(part, item_config) for part in stage.argv]
     env = {name: render(value, item_config) for name, value in stage.env.items()}
     cwd = render(stage.cwd, item_config) if stage.cwd else None
-    directory = attempt_dir(run.runtime_dir, run.id, item.key, job.stage, number)
+    directory = attempt_dir(run.runtime_dir, run.id, job.item_key, job.stage, number)
     key = f"lw-{run.id}-{job.id}-{number}-{uuid.uuid4().hex[:12]}"
     attempt = Attempt(
         job_id=job.id,
@@ -629,7 +654,7 @@ def _grant(
         number=number,
         fence=fence,
         idempotency_key=key,
-        item=item.key,
+        item=job.item_key,
         stage=job.stage,
         lane=job.lane,
         argv=argv,
@@ -643,7 +668,7 @@ def _grant(
 
 def _snapshot(
     session: Session, *, node: str, free_slots: int, mem: float | None, limit: int
-) -> tuple[admission.Snapshot, dict[int, tuple[Job, Run, Item]]]:
+) -> tuple[admission.Snapshot, dict[int, tuple[Any, Run]]]:
     node_row = session.get(Node, node)
     if node_row is None:
         raise NotFound(f"node {node!r} is not in the ledger")
@@ -661,16 +686,25 @@ def _snapshot(
         for stage in run_config(run).stages:
             stage_caps[(run.id, stage.name)] = stage.cap
 
+    # Plain columns, not ORM entities: this runs on every claim over many ready rows.
     ready_rows = session.execute(
-        select(Job, Item)
+        select(
+            Job.id,
+            Job.run_id,
+            Job.lane,
+            Job.stage,
+            Job.fence,
+            Job.attempt_count,
+            Item.key.label("item_key"),
+        )
         .join(Item, Item.id == Job.item_id)
         .where(Job.run_id.in_(run_ids), Job.state == JobState.READY.value)
         .order_by(Job.run_id, Job.stage_position.desc(), Item.position)
         .limit(limit)
     ).all()
     candidates = []
-    jobs_by_id: dict[int, tuple[Job, Run, Item]] = {}
-    for job, item in ready_rows:
+    jobs_by_id: dict[int, tuple[Any, Run]] = {}
+    for job in ready_rows:
         if (job.run_id, job.lane) not in lane_keys:
             continue
         stage = run_config(runs[job.run_id]).stage(job.stage)
@@ -684,7 +718,7 @@ def _snapshot(
                 gpu_mib=stage.gpu_mib,
             )
         )
-        jobs_by_id[job.id] = (job, runs[job.run_id], item)
+        jobs_by_id[job.id] = (job, runs[job.run_id])
 
     running_lane_stage: Counter[tuple[int, str, str]] = Counter()
     running_stage: Counter[tuple[int, str]] = Counter()
@@ -997,38 +1031,39 @@ def promote_item(session: Session, item_id: int, *, now: datetime, actor: str) -
     ).all()
     if not any(job.state == JobState.WAITING.value for job in jobs):
         return 0
-    by_stage = {job.stage: job for job in jobs}
+    states = {job.stage: JobState(job.state) for job in jobs}
     run = session.get(Run, jobs[0].run_id)
     assert run is not None
     config = run_config(run)
     moved = 0
     for job in sorted(jobs, key=lambda j: j.stage_position):
-        if job.state != JobState.WAITING.value:
+        if states[job.stage] is not JobState.WAITING:
             continue
-        needs = config.stage(job.stage).needs
-        states = {need: JobState(by_stage[need].state) for need in needs}
+        needs = {need: states[need] for need in config.stage(job.stage).needs}
         blocked = [
             f"{need} {state.value}"
-            for need, state in states.items()
+            for need, state in needs.items()
             if state in TERMINAL_JOB_STATES and state is not JobState.SUCCEEDED
         ]
         if blocked:
-            reason = "needed stage did not succeed: " + ", ".join(blocked)
-            move_job(
-                session,
-                job.id,
-                JobState.WAITING,
-                JobState.SKIPPED,
-                now=now,
-                actor=actor,
-                reason=reason,
-            )
-            job.state = JobState.SKIPPED.value
-            moved += 1
-        elif all(state is JobState.SUCCEEDED for state in states.values()):
-            move_job(session, job.id, JobState.WAITING, JobState.READY, now=now, actor=actor)
-            job.state = JobState.READY.value
-            moved += 1
+            target = JobState.SKIPPED
+            reason: str | None = "needed stage did not succeed: " + ", ".join(blocked)
+        elif all(state is JobState.SUCCEEDED for state in needs.values()):
+            target, reason = JobState.READY, None
+        else:
+            continue
+        move_job(
+            session,
+            job.id,
+            JobState.WAITING,
+            target,
+            now=now,
+            actor=actor,
+            reason=reason,
+            run_id=run.id,
+        )
+        states[job.stage] = target  # a skip cascades to later stages in this pass
+        moved += 1
     return moved
 
 

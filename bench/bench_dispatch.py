@@ -1,0 +1,190 @@
+"""Dispatch throughput against the ledger's durable commit rate, side by side.
+
+    .venv/bin/python bench/bench_dispatch.py [--attempts N] [--slots S]
+
+Prints three numbers measured in one run on the same disk:
+
+1. raw durable commits/s: one-row INSERT transactions on a ledger (WAL, synchronous=FULL);
+2. kernel attempts/s without processes: claim+intent, record_spawn, settle through the
+   ledger (3 commits per attempt) — the ceiling the ledger allows;
+3. end-to-end attempts/s of no-op jobs (`true`) through WorkerService: real supervisors,
+   exit records and settles.
+
+No assertions: numbers to compare, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from sqlalchemy import select
+
+from controller import db, ledger
+from controller.clock import SystemClock
+from controller.config import parse_config
+from controller.daemon import Controller
+from controller.models import Event, Run
+from controller.states import Outcome
+from workers.service import WorkerService
+
+
+def config(attempts: int, slots: int):
+    return parse_config(
+        {
+            "name": "bench",
+            "nodes": [{"name": "n1", "memory_floor_mib": 0, "max_jobs": slots}],
+            "lanes": [{"name": "a", "node": "n1"}],
+            "stages": [{"name": "noop", "argv": ["true"], "timeout_seconds": 60}],
+            "items": [{"key": f"i{n}", "lane": "a"} for n in range(attempts)],
+        },
+        Path.cwd(),
+    )
+
+
+def fresh(root: Path, name: str):
+    directory = root / name
+    directory.mkdir()
+    return directory, db.open_ledger(directory)
+
+
+def raw_commits(root: Path, count: int) -> float:
+    _, engine = fresh(root, "raw")
+    factory = db.session_factory(engine)
+    clock = SystemClock()
+    started = time.perf_counter()
+    for _ in range(count):
+        with db.transaction(factory) as session:
+            ledger.append_event(session, "bench", actor="bench", now=clock.now())
+    elapsed = time.perf_counter() - started
+    with factory() as session:
+        assert len(session.scalars(select(Event.id)).all()) == count
+    return count / elapsed
+
+
+def kernel(root: Path, attempts: int, slots: int) -> float:
+    directory, engine = fresh(root, "kernel")
+    factory = db.session_factory(engine)
+    clock = SystemClock()
+    with db.transaction(factory) as session:
+        ledger.create_run(
+            session,
+            config(attempts, slots),
+            runtime_dir=str(directory),
+            source_hashes={},
+            actor="bench",
+            now=clock.now(),
+        )
+    with db.transaction(factory) as session:
+        worker = ledger.register_worker(
+            session,
+            node="n1",
+            host="h",
+            pid=1,
+            boot_id="b",
+            process_start_time=None,
+            slots=slots,
+            now=clock.now(),
+        )
+    done = 0
+    started = time.perf_counter()
+    while done < attempts:
+        with db.transaction(factory) as session:
+            claims = ledger.claim_jobs(
+                session,
+                worker_id=worker,
+                node="n1",
+                free_slots=slots,
+                mem_available_mib=64_000,
+                now=clock.now(),
+            )
+        with db.transaction(factory) as session:
+            for claim in claims:
+                ledger.record_spawn(
+                    session,
+                    claim.attempt_id,
+                    fence=claim.fence,
+                    actor=worker,
+                    now=clock.now(),
+                    boot_id="b",
+                    supervisor_pid=1,
+                    supervisor_start_time=1,
+                    child_pid=2,
+                    child_start_time=2,
+                )
+        for claim in claims:
+            with db.transaction(factory) as session:
+                ledger.settle_attempt(
+                    session,
+                    claim.attempt_id,
+                    fence=claim.fence,
+                    outcome=Outcome.SUCCEEDED,
+                    actor=worker,
+                    now=clock.now(),
+                    exit_code=0,
+                )
+        done += len(claims)
+    return attempts / (time.perf_counter() - started)
+
+
+def end_to_end(root: Path, attempts: int, slots: int) -> tuple[float, float]:
+    directory, engine = fresh(root, "e2e")
+    factory = db.session_factory(engine)
+    with db.transaction(factory) as session:
+        run = ledger.create_run(
+            session,
+            config(attempts, slots),
+            runtime_dir=str(directory),
+            source_hashes={},
+            actor="bench",
+            now=SystemClock().now(),
+        )
+        run_id = run.id
+    service = WorkerService(engine, node="n1", slots=slots, memory_probe=lambda: (64e3, 128e3))
+    service.start()
+    controller = Controller(engine, snapshot_seconds=3600)
+    first_start: float | None = None
+    started = time.perf_counter()
+    latencies = []
+    while True:
+        before = time.perf_counter()
+        report = service.tick()
+        if report.claimed and first_start is None:
+            first_start = time.perf_counter() - before
+        latencies.append(time.perf_counter() - before)
+        controller.tick()
+        with factory() as session:
+            if session.get(Run, run_id).state == "finished":
+                break
+        if not (report.claimed or report.settled):
+            time.sleep(0.005)
+    elapsed = time.perf_counter() - started
+    return attempts / elapsed, (first_start or 0.0) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--attempts", type=int, default=200)
+    parser.add_argument("--slots", type=int, default=4)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="laneway-bench-"))
+    try:
+        raw = raw_commits(root, args.attempts * 3)
+        ceiling = kernel(root, args.attempts, args.slots)
+        e2e, first_ms = end_to_end(root, args.attempts, args.slots)
+    finally:
+        shutil.rmtree(root)
+    print(f"{'measure':<44}{'value':>12}")
+    print(f"{'raw durable commits/s (1-row txn)':<44}{raw:>12.1f}")
+    print(f"{'  -> attempts/s if 3 commits per attempt':<44}{raw / 3:>12.1f}")
+    print(f"{'kernel attempts/s, no processes':<44}{ceiling:>12.1f}")
+    print(f"{'end-to-end attempts/s, no-op jobs':<44}{e2e:>12.1f}")
+    print(f"{'first claim+spawn tick, ms':<44}{first_ms:>12.1f}")
+    print(f"(attempts={args.attempts}, slots={args.slots})")
+
+
+if __name__ == "__main__":
+    main()
