@@ -8,6 +8,7 @@ Exit codes: 0 done; 1 refused or failed (preflight refused, a run could not fini
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import signal
 import sys
@@ -22,8 +23,9 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from cli import render
 from controller import config as config_module
+from controller import daemon as daemon_module
 from controller import db, ledger, pipeline
-from controller.clock import SystemClock
+from controller.clock import SystemClock, iso
 from controller.daemon import Controller
 from controller.errors import ConfigError, LanewayError, UsageError
 from controller.status import build_status
@@ -95,7 +97,9 @@ def _existing_ledger(runtime_dir: Path) -> Any:
 
 
 @app.command()
-def schema() -> None:
+def schema(
+    as_json: Annotated[bool, typer.Option("--json", help="Accepted; the schema is JSON.")] = True,
+) -> None:
     """Print the JSON Schema of a pipeline config."""
     typer.echo(render.as_json(config_module.json_schema()))
 
@@ -132,13 +136,22 @@ def dry_run(config: ConfigPath, as_json: JsonFlag = False) -> None:
 def start_pipeline(
     config: ConfigPath,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    controller: Annotated[
+        bool,
+        typer.Option(
+            "--controller/--no-controller",
+            help="Start `laneway controller` in the background if none runs for this "
+            "runtime dir (log: RUNTIME_DIR/controller.log).",
+        ),
+    ] = True,
     as_json: JsonFlag = False,
 ) -> None:
     """Preflight a config and freeze it into a new run.
 
     Checks the config, paths, executables, source files and secret references; on any
     refusal exits 1 with the reasons and creates nothing. Otherwise creates the run's
-    items and jobs (respecting batch_cap). Never clears a pause or halt.
+    items and jobs (respecting batch_cap) and makes sure a controller runs. Never clears
+    a pause or halt.
     """
     try:
         parsed = config_module.load_config(config)
@@ -146,16 +159,33 @@ def start_pipeline(
     except LanewayError as error:
         _fail(error, as_json)
         return
-    result = {"ok": True, "run_id": run_id, "runtime_dir": str(runtime_dir.resolve())}
-    _emit(
-        result,
-        as_json,
-        lambda r: (
-            f"run {r['run_id']} created in {r['runtime_dir']}\n"
-            f"next: laneway worker --node NODE --runtime-dir {r['runtime_dir']} "
-            "(one per node) and laneway controller"
-        ),
-    )
+    runtime = runtime_dir.resolve()
+    controller_pid = daemon_module.running_controller(runtime)
+    started = False
+    if controller and controller_pid is None:
+        controller_pid = daemon_module.start_background_controller(runtime)
+        started = True
+    result = {
+        "ok": True,
+        "run_id": run_id,
+        "runtime_dir": str(runtime),
+        "controller_pid": controller_pid,
+        "controller_started": started,
+    }
+
+    def text_form(r: dict[str, Any]) -> str:
+        lines = [f"run {r['run_id']} created in {r['runtime_dir']}"]
+        if r["controller_pid"] is None:
+            lines.append("no controller runs for it: start `laneway controller`")
+        else:
+            verb = "started" if r["controller_started"] else "already running"
+            lines.append(f"controller {verb} (pid {r['controller_pid']})")
+        lines.append(
+            f"next: laneway worker --node NODE --runtime-dir {r['runtime_dir']} (one per node)"
+        )
+        return "\n".join(lines)
+
+    _emit(result, as_json, text_form)
 
 
 @app.command()
@@ -189,21 +219,37 @@ def status(
         raise typer.Exit(130) from None
 
 
+class _Log:
+    """Lifecycle lines on stderr: words, or one JSON object per line with --json."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def __call__(self, event: str, words: str, **fields: Any) -> None:
+        if self.as_json:
+            payload = {"event": event, "at": iso(SystemClock().now()), **fields}
+            typer.echo(json.dumps(payload, default=str), err=True)
+        else:
+            typer.echo(words, err=True)
+
+
 class _Stopper:
     """SIGTERM/SIGINT set a flag; a second signal asks to leave at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: _Log | None = None) -> None:
         self.signals = 0
+        self.log = log or _Log(False)
         signal.signal(signal.SIGTERM, self._on)
         signal.signal(signal.SIGINT, self._on)
 
     def _on(self, signum: int, _frame: Any) -> None:
         self.signals += 1
         if self.signals == 1:
-            typer.echo(
+            self.log(
+                "stopping",
                 "laneway: stopping — no new dispatch; waiting for running attempts "
                 "(signal again to leave them running under their supervisors)",
-                err=True,
+                signal=signum,
             )
 
     def stop(self) -> bool:
@@ -218,6 +264,9 @@ def worker(
     node: Annotated[str, typer.Option("--node", help="The node this machine is.")],
     slots: Annotated[int, typer.Option("--slots", min=1, help="Attempts at once.")] = 2,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Log lifecycle lines as JSON on stderr.")
+    ] = False,
 ) -> None:
     """Run the worker service of one node: lease, supervise, settle, heartbeat.
 
@@ -231,18 +280,35 @@ def worker(
     except LanewayError as error:
         _fail(error)
         return
-    typer.echo(f"laneway worker {worker_id}: node {node}, {slots} slots", err=True)
-    stopper = _Stopper()
+    log = _Log(as_json)
+    log(
+        "worker_started",
+        f"laneway worker {worker_id}: node {node}, {slots} slots",
+        worker_id=worker_id,
+        node=node,
+        slots=slots,
+    )
+    stopper = _Stopper(log)
     service.serve(stopper.stop)
     service.drain(should_abort=stopper.abort)
-    if not service.in_flight:
+    if service.in_flight:
+        log(
+            "worker_left",
+            f"left {len(service.in_flight)} attempt(s) running under their supervisors",
+            in_flight=sorted(service.in_flight),
+        )
+    else:
         service.stop()
+        log("worker_stopped", f"laneway worker {worker_id}: stopped", worker_id=worker_id)
 
 
 @app.command()
 def controller(
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     interval: Annotated[float, typer.Option(help="Seconds between ticks.")] = 0.25,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Log lifecycle lines as JSON on stderr.")
+    ] = False,
 ) -> None:
     """Run the controller daemon: promote jobs, close finished runs, write snapshots.
 
@@ -254,8 +320,19 @@ def controller(
     except LanewayError as error:
         _fail(error)
         return
-    stopper = _Stopper()
-    Controller(engine).serve(stopper.stop, interval=interval)
+    log = _Log(as_json)
+    runtime = runtime_dir.resolve()
+    other = daemon_module.running_controller(runtime)
+    if other is not None:
+        log("controller_exists", f"another controller already runs here (pid {other})", pid=other)
+    daemon_module.claim_pidfile(runtime)
+    log("controller_started", f"laneway controller: {runtime}", runtime_dir=str(runtime))
+    stopper = _Stopper(log)
+    try:
+        Controller(engine).serve(stopper.stop, interval=interval)
+    finally:
+        daemon_module.release_pidfile(runtime)
+    log("controller_stopped", "laneway controller: stopped")
 
 
 @app.command("run")

@@ -42,6 +42,12 @@ SECRET_LITERAL = re.compile(
     r"|\bAKIA[0-9A-Z]{16}\b|\bxox[abp]-[A-Za-z0-9-]{10,}"
 )
 RESERVED_PLACEHOLDERS = ("item", "lane")
+PATTERN_HELP = {
+    KEY_PATTERN: "use letters, digits, '_', '.', '-' (at most 128), starting with a letter or "
+    "digit; no slashes",
+    NAME_PATTERN: "use lowercase letters, digits, '_', '-' (at most 63), starting with a letter",
+    ENV_NAME_PATTERN: "use letters, digits and '_', not starting with a digit",
+}
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Key = Annotated[str, Field(pattern=KEY_PATTERN)]
@@ -113,6 +119,12 @@ class StageConfig(_Strict):
                 problems.append(
                     f"env.{name}: looks like a secret, so its value must be a reference "
                     f"like ${{{name}}} resolved from the worker's environment, not a literal"
+                )
+        for i, value in enumerate(self.argv):
+            if ENV_REF.search(value):
+                problems.append(
+                    f"argv.{i}: ${{...}} references are resolved only in env (argv is visible "
+                    "to every user in the process list); pass the value through env"
                 )
         places = [(f"argv.{i}", v) for i, v in enumerate(self.argv)]
         places += [(f"env.{name}", v) for name, v in self.env.items()]
@@ -288,9 +300,8 @@ def _format_validation_error(exc: ValidationError) -> list[str]:
         loc = ".".join(str(part) for part in error["loc"])
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "string_pattern_mismatch":
-            message = (
-                f"{error['input']!r} is not allowed: use letters, digits, '_', '.', '-' "
-                f"(pattern {error['ctx']['pattern']}); no slashes or leading dots"
+            message = f"{error['input']!r} is not allowed: " + PATTERN_HELP.get(
+                error["ctx"]["pattern"], f"must match {error['ctx']['pattern']}"
             )
         for line in message.splitlines():
             lines.append(f"{loc}: {line}" if loc else line)

@@ -8,6 +8,8 @@ expiry, lost-worker detection and breakers join this tick in later issues.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,10 +20,12 @@ from sqlalchemy import Engine
 
 from controller import db, ledger
 from controller.clock import Clock, SystemClock
-from controller.durable import write_json
+from controller.durable import read_json, write_json
 from controller.status import build_status
+from workers import identity
 
 ACTOR = "controller"
+PIDFILE = "controller.pid"
 
 
 @dataclass
@@ -77,6 +81,60 @@ class Controller:
         while not should_stop():
             self.tick()
             time.sleep(interval)
+
+
+def running_controller(runtime_dir: Path) -> int | None:
+    """The pid of the live controller of this runtime dir, from its pidfile, if any.
+
+    The pidfile holds (boot id, pid, start time): a recycled pid is not mistaken for it.
+    """
+    try:
+        record = read_json(Path(runtime_dir) / PIDFILE)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("boot_id") != identity.boot_id():
+        return None
+    pid = record.get("pid")
+    if isinstance(pid, int) and identity.same_process(pid, record.get("start_time")):
+        return pid
+    return None
+
+
+def claim_pidfile(runtime_dir: Path) -> None:
+    """Record this process as the runtime dir's controller."""
+    pid, start_time = identity.current()
+    write_json(
+        Path(runtime_dir) / PIDFILE,
+        {"pid": pid, "start_time": start_time, "boot_id": identity.boot_id()},
+    )
+
+
+def release_pidfile(runtime_dir: Path) -> None:
+    """Remove the pidfile if it is still ours."""
+    if running_controller(runtime_dir) == os.getpid():
+        (Path(runtime_dir) / PIDFILE).unlink(missing_ok=True)
+
+
+def start_background_controller(runtime_dir: Path) -> int:
+    """Start ``laneway controller`` detached (own session), logging to controller.log.
+
+    posix_spawn, not Popen: nothing here waits for it, and it must outlive this process.
+    """
+    runtime_dir = Path(runtime_dir).resolve()
+    log = str(runtime_dir / "controller.log")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    argv = [sys.executable, "-m", "cli.main", "controller", "--runtime-dir", str(runtime_dir)]
+    return os.posix_spawn(
+        sys.executable,
+        argv,
+        dict(os.environ),
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, log, flags, 0o644),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ],
+        setsid=True,
+    )
 
 
 def _summary(status: dict[str, object]) -> dict[str, object]:

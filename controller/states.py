@@ -83,8 +83,8 @@ class ControlKind(StrEnum):
     STOP = "stop"
     """Drain: no new dispatch; running work finishes. An operator's resume clears it."""
     HALT = "halt"
-    """Fatal: only an explicit, reasoned clear-halt lifts it (or reconciling the last
-    unknown attempt lifts a halt that unknown caused)."""
+    """Fatal: only an explicit, reasoned clear-halt lifts it. (An unknown attempt stops
+    dispatch by itself, through admission's ``unknown_outcome`` check, not as a control.)"""
 
 
 class ControlScope(StrEnum):

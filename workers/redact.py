@@ -1,15 +1,33 @@
-"""Streaming redaction of secret values from a job's output (invariant 8).
+"""Streaming redaction of a job's output before it reaches a log file (invariant 8).
 
-A secret may be split across two reads, so the redactor holds back the last
-``len(longest secret) - 1`` bytes of each chunk until the next chunk (or the end)
-shows whether they start a secret. Stdlib only: the supervisor imports this.
+Two stages, each safe across read boundaries:
+
+1. secret values (those resolved from ``${NAME}`` references) are replaced wherever
+   they occur; a secret may be split across two reads, so this stage holds back the
+   last ``len(longest secret) - 1`` bytes until the next read (or the end) shows whether
+   they start a secret;
+2. ``Authorization:`` header values and ``Bearer`` tokens are masked line by line; a
+   partial line is held until its newline (or until it grows past ``MAX_LINE``).
+
+Stdlib only: the supervisor imports this.
 """
 
 from __future__ import annotations
 
+import re
+
 MASK = b"[REDACTED]"
 MIN_SECRET_LEN = 4
 """Shorter values are not redacted: masking "1" or "yes" everywhere would ruin logs."""
+MAX_LINE = 64 * 1024
+"""A line longer than this is written without waiting for its end."""
+
+TOKEN_PATTERNS = (
+    re.compile(
+        rb"(?i)(authorization[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic|token)\s+)?)[^\s\"',;]+"
+    ),
+    re.compile(rb"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=-]{8,}"),
+)
 
 
 class Redactor:
@@ -19,25 +37,44 @@ class Redactor:
         self._secrets = sorted(values, key=len, reverse=True)
         self._hold = max((len(s) for s in self._secrets), default=1) - 1
         self._carry = b""
+        self._line = b""
 
     def feed(self, chunk: bytes) -> bytes:
-        """Return the bytes of ``chunk`` (and earlier carry) that are safe to write now."""
+        """Return the bytes (of ``chunk`` and earlier held bytes) safe to write now."""
+        return self._lines(self._values(chunk))
+
+    def flush(self) -> bytes:
+        """Everything still held, at end of stream."""
+        tail, self._carry = self._mask_values(self._carry), b""
+        rest, self._line = self._line + tail, b""
+        return self._mask_tokens(rest)
+
+    def _values(self, chunk: bytes) -> bytes:
         if not self._secrets:
             return chunk
-        data = self._mask(self._carry + chunk)
-        if self._hold == 0:
-            self._carry = b""
-            return data
+        data = self._mask_values(self._carry + chunk)
         cut = max(0, len(data) - self._hold)
         self._carry = data[cut:]
         return data[:cut]
 
-    def flush(self) -> bytes:
-        """The held-back tail, at end of stream."""
-        data, self._carry = self._mask(self._carry), b""
-        return data
+    def _lines(self, data: bytes) -> bytes:
+        buffer = self._line + data
+        end = max(buffer.rfind(b"\n"), buffer.rfind(b"\r")) + 1
+        if end == 0 and len(buffer) <= MAX_LINE:
+            self._line = buffer
+            return b""
+        if end == 0:
+            end = len(buffer)
+        self._line = buffer[end:]
+        return self._mask_tokens(buffer[:end])
 
-    def _mask(self, data: bytes) -> bytes:
+    def _mask_values(self, data: bytes) -> bytes:
         for secret in self._secrets:
             data = data.replace(secret, MASK)
+        return data
+
+    @staticmethod
+    def _mask_tokens(data: bytes) -> bytes:
+        for pattern in TOKEN_PATTERNS:
+            data = pattern.sub(rb"\1" + MASK, data)
         return data

@@ -169,13 +169,18 @@ class WorkerService:
         report.settled, report.outcomes = self._settle_finished()
         self._heartbeat_if_due()
         free = self.slots - len(self.in_flight)
-        if free > 0 and self._worth_claiming():
+        if free > 0 and self.trusts_its_leases() and self._worth_claiming():
             claims = self._claim(free)
             report.claimed = len(claims)
             if claims:
                 self._spawn_all(claims)
         report.in_flight = len(self.in_flight)
         return report
+
+    def trusts_its_leases(self) -> bool:
+        """False once no heartbeat has succeeded for ``lease_seconds``: the leases may
+        have expired, so this worker must not take on new work until one succeeds."""
+        return time.monotonic() - self._last_heartbeat < self.lease_seconds
 
     def _worth_claiming(self) -> bool:
         """Claim when the ledger changed since the last claim, or every rescan period
@@ -448,9 +453,8 @@ class WorkerService:
     # -- the loop ------------------------------------------------------------
 
     def serve(self, should_stop: Callable[[], bool], poll_seconds: float = 0.02) -> None:
-        """Tick until ``should_stop()``, then drain in-flight attempts."""
+        """Tick until ``should_stop()``. The caller drains (``drain``) or leaves."""
         while not should_stop():
             report = self.tick()
             if not report.claimed and not report.settled:
                 time.sleep(poll_seconds)
-        self.drain()

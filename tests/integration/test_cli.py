@@ -4,6 +4,8 @@ refusals create nothing; read-only commands write nothing."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -11,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from controller import db, ledger
+from controller import daemon, db, ledger
 from controller.clock import SystemClock
 from controller.states import ControlKind, ControlScope
-from tests.support import escape
+from tests.support import escape, wait_until
 
 runner = CliRunner()
 
@@ -100,7 +102,14 @@ def test_start_pipeline_refusal_creates_nothing(tmp_path):
 
 def test_start_pipeline_then_status_and_sql(good_config, tmp_path):
     runtime = tmp_path / "rt"
-    result = invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--json")
+    result = invoke(
+        "start-pipeline",
+        str(good_config),
+        "--runtime-dir",
+        str(runtime),
+        "--json",
+        "--no-controller",
+    )
     assert result.exit_code == 0, result.output
     run_id = json.loads(result.stdout)["run_id"]
     status = json.loads(
@@ -121,7 +130,7 @@ def test_start_pipeline_then_status_and_sql(good_config, tmp_path):
 
 def test_sql_refuses_writes_and_changes_nothing(good_config, tmp_path):
     runtime = tmp_path / "rt"
-    invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime))
+    invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--no-controller")
     result = invoke("sql", "UPDATE jobs SET state = 'succeeded'", "--runtime-dir", str(runtime))
     assert_clean_error(result, 2)
     assert "readonly" in result.stderr or "read-only" in result.stderr
@@ -133,7 +142,7 @@ def test_sql_refuses_writes_and_changes_nothing(good_config, tmp_path):
 
 def test_sql_bad_query_is_one_line(good_config, tmp_path):
     runtime = tmp_path / "rt"
-    invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime))
+    invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--no-controller")
     assert_clean_error(invoke("sql", "SELEC nonsense", "--runtime-dir", str(runtime)), 2)
 
 
@@ -141,7 +150,7 @@ def test_sql_bad_query_is_one_line(good_config, tmp_path):
 def test_missing_ledger_or_run_is_a_clean_error(tmp_path, good_config, args):
     runtime = tmp_path / "rt"
     if args[1:] == ["99"]:
-        invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime))
+        invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--no-controller")
     result = invoke(*args, "--runtime-dir", str(runtime))
     assert_clean_error(result, 2)
 
@@ -161,7 +170,7 @@ def test_schema_is_json_schema():
 
 def test_worker_for_unknown_node_is_a_clean_error(tmp_path, good_config):
     runtime = tmp_path / "rt"
-    invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime))
+    invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--no-controller")
     result = invoke("worker", "--node", "nope", "--runtime-dir", str(runtime))
     assert_clean_error(result, 2)
     assert "node 'nope'" in result.stderr
@@ -188,3 +197,33 @@ def test_run_never_clears_a_halt_and_exits_3_naming_it(good_config, tmp_path):
         ).scalar()
         started = connection.exec_driver_sql("SELECT COUNT(*) FROM attempts").scalar()
     assert active == 1 and started == 0
+
+
+def test_start_pipeline_ensures_one_controller(good_config, tmp_path):
+    runtime = tmp_path / "rt"
+    first = json.loads(
+        invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--json").stdout
+    )
+    pid = first["controller_pid"]
+    assert first["controller_started"] is True and pid
+    try:
+        wait_until(lambda: daemon.running_controller(runtime.resolve()) == pid)
+        second = json.loads(
+            invoke(
+                "start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--json"
+            ).stdout
+        )
+        assert second["controller_pid"] == pid and second["controller_started"] is False
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        os.waitpid(pid, 0)  # it is our child here (posix_spawn); reap it
+    wait_until(lambda: not (runtime / daemon.PIDFILE).exists())
+    assert daemon.running_controller(runtime.resolve()) is None
+
+
+def test_config_rejects_secret_reference_in_argv(tmp_path):
+    path = tmp_path / "argv.toml"
+    path.write_text(GOOD.replace('"{item}"]', '"{item}", "--key=${API_KEY}"]'))
+    result = invoke("dry-run", str(path))
+    assert_clean_error(result, 2)
+    assert "stages.0: argv.4: ${...} references are resolved only in env" in result.stderr

@@ -249,3 +249,21 @@ def test_racing_workers_lease_a_job_exactly_once(engine, runtime, make_run):
             claimed += json.loads(out)
         assert len(claimed) == 1
         assert len(attempts(engine, run_id)) == 1
+
+
+def test_worker_that_cannot_heartbeat_takes_no_new_work(engine, make_run):
+    run_id = make_run(make_config(items=2))
+    service = WorkerService(
+        engine,
+        node="n1",
+        slots=2,
+        memory_probe=lambda: PLENTY,
+        lease_seconds=5,
+        heartbeat_seconds=3600,
+    )
+    service.start()
+    service._heartbeat_if_due()  # first heartbeat, no claim yet
+    service._last_heartbeat -= 10  # as if heartbeats had failed for longer than a lease
+    assert not service.trusts_its_leases()
+    report = service.tick()
+    assert report.claimed == 0 and attempts(engine, run_id) == []

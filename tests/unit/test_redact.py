@@ -30,3 +30,32 @@ def test_byte_at_a_time_and_several_secrets():
 def test_nothing_to_redact_passes_through_unchanged():
     assert run(Redactor([]), [b"abc", b"def"]) == b"abcdef"
     assert run(Redactor(["xy"]), [b"xy"]) == b"xy"  # too short to redact meaningfully
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (b"Authorization: Bearer abc.def-123456\n", b"Authorization: Bearer [REDACTED]\n"),
+        (b"authorization=Basic dXNlcjpwYXNz\n", b"authorization=Basic [REDACTED]\n"),
+        (b'{"Authorization": "tok_123456789"}\n', b'{"Authorization": "[REDACTED]"}\n'),
+        (b"curl -H 'bearer 0123456789abcdef'\n", b"curl -H 'bearer [REDACTED]'\n"),
+        (b"a bear here, nothing secret\n", b"a bear here, nothing secret\n"),
+    ],
+)
+def test_authorization_and_bearer_tokens_are_masked(line, expected):
+    assert run(Redactor([]), [line]) == expected
+
+
+def test_bearer_token_split_across_reads_is_caught():
+    line = b"GET / Authorization: Bearer s3cretTokenValue99\nnext line\n"
+    for cut in range(1, len(line)):
+        out = run(Redactor([]), [line[:cut], line[cut:]])
+        assert b"s3cretTokenValue99" not in out, cut
+        assert out.endswith(b"next line\n")
+
+
+def test_partial_line_is_held_until_its_end_but_not_forever():
+    redactor = Redactor([])
+    assert redactor.feed(b"no newline yet") == b""
+    assert redactor.feed(b" ... done\n") == b"no newline yet ... done\n"
+    assert redactor.feed(b"x" * (70 * 1024)) == b"x" * (70 * 1024)

@@ -1,0 +1,96 @@
+"""Admission decisions in the ledger: one row per change of reason, readable by view."""
+
+from __future__ import annotations
+
+from sqlalchemy import select, text
+
+from controller import db, ledger
+from controller.models import Decision
+from controller.states import Outcome
+from tests.support import make_config, py_stage
+
+
+def claim(factory, worker, clock, slots=4):
+    with db.transaction(factory) as session:
+        return ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=slots,
+            mem_available_mib=64_000,
+            now=clock.now(),
+        )
+
+
+def decisions(factory):
+    with factory() as session:
+        return [
+            (d.lane, d.stage, d.verdict, d.reason_code)
+            for d in session.scalars(select(Decision).order_by(Decision.id))
+        ]
+
+
+def test_refusals_are_recorded_once_per_change(factory, make_run, register_worker, clock):
+    config = make_config(
+        [py_stage("prep", "pass")],
+        items=3,
+        lanes=[{"name": "a", "node": "n1", "caps": {"prep": 1}}],
+    )
+    make_run(config)
+    worker = register_worker()
+    (first,) = claim(factory, worker, clock)
+    assert decisions(factory) == [
+        ("a", "prep", "dispatched", None),
+        ("a", "prep", "refused", "lane_cap"),
+    ]
+    for _ in range(3):  # nothing changed: no new rows
+        assert claim(factory, worker, clock) == []
+    assert len(decisions(factory)) == 2
+    with db.transaction(factory) as session:
+        ledger.settle_attempt(
+            session,
+            first.attempt_id,
+            fence=first.fence,
+            outcome=Outcome.SUCCEEDED,
+            actor=worker,
+            now=clock.now(),
+        )
+    assert len(claim(factory, worker, clock)) == 1
+    assert decisions(factory)[2:] == [
+        ("a", "prep", "dispatched", None),
+        ("a", "prep", "refused", "lane_cap"),
+    ]
+    with factory() as session:
+        why = session.execute(
+            text("SELECT lane, stage, verdict, reason_code, detail FROM v_why_idle")
+        ).one()
+    assert why[:4] == ("a", "prep", "refused", "lane_cap")
+    assert '"cap": 1' in why[4]
+
+
+def test_memory_floor_refusal_carries_the_arithmetic(factory, make_run, register_worker, clock):
+    config = make_config([py_stage("big", "pass", memory_mib=2048)])
+    run_id = make_run(config)
+    worker = register_worker()
+    with db.transaction(factory) as session:
+        ledger.upsert_node(
+            session, config.nodes[0].model_copy(update={"memory_floor_mib": 1024}), now=clock.now()
+        )
+        claims = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=1,
+            mem_available_mib=900,
+            now=clock.now(),
+        )
+    assert claims == []
+    with factory() as session:
+        decision = session.scalars(select(Decision).where(Decision.run_id == run_id)).one()
+    assert decision.reason_code == "memory_floor"
+    assert decision.detail == {
+        "available_mib": 900,
+        "reserved_mib": 0,
+        "stage_mib": 2048,
+        "floor_mib": 1024,
+    }
