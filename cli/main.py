@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -44,6 +45,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode="markdown",
 )
 
 RuntimeDir = Annotated[
@@ -428,6 +430,100 @@ class _Progress:
         if line != self.last:
             typer.echo(line, err=True)
             self.last = line
+
+
+class ReconcileAs(StrEnum):
+    succeeded = "succeeded"
+    failed = "failed"
+    not_run = "not-run"
+
+
+@app.command()
+def reconcile(
+    attempt: Annotated[int, typer.Argument(help="The unknown attempt's id (see `status`).")],
+    as_: Annotated[ReconcileAs, typer.Option("--as", help="What really happened to the attempt.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why you know (recorded).")],
+    result: Annotated[
+        Path | None, typer.Option("--result", help="A result JSON file to record with it.")
+    ] = None,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    as_json: JsonFlag = False,
+) -> None:
+    """Settle an unknown attempt as succeeded, failed or not-run, with a reason.
+
+    Recorded with who and when. not-run makes the job ready for a new attempt (a new
+    idempotency key). When a run has no unknown attempt left, its dispatch resumes;
+    halts set by operators stay.
+    """
+    try:
+        recorded = _read_result_file(result) if result else None
+        engine = db.make_engine(_existing_ledger(runtime_dir))
+        db.check_revision(engine)
+        with db.transaction(db.session_factory(engine)) as session:
+            job_state = ledger.reconcile_attempt(
+                session,
+                attempt,
+                verdict=as_.value,
+                reason=_reason(reason),
+                actor=_actor(),
+                now=SystemClock().now(),
+                result=recorded,
+            )
+    except LanewayError as error:
+        _fail(error, as_json)
+        return
+    body = {"ok": True, "attempt_id": attempt, "as": as_.value, "job_state": job_state.value}
+    _emit(
+        body,
+        as_json,
+        lambda b: f"attempt {attempt} reconciled as {b['as']}; job is now {b['job_state']}",
+    )
+
+
+@app.command()
+def retry(
+    job: Annotated[int, typer.Argument(help="The failed job's id (see `status`/`sql`).")],
+    reason: Annotated[str, typer.Option("--reason", help="Why it is safe to run again.")],
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    as_json: JsonFlag = False,
+) -> None:
+    """Make a failed job ready for a new attempt (new idempotency key), with a reason.
+
+    Jobs of the same item skipped because of it wait again; a finished run reopens.
+    """
+    try:
+        engine = db.make_engine(_existing_ledger(runtime_dir))
+        db.check_revision(engine)
+        with db.transaction(db.session_factory(engine)) as session:
+            moved = ledger.retry_job(
+                session, job, reason=_reason(reason), actor=_actor(), now=SystemClock().now()
+            )
+    except LanewayError as error:
+        _fail(error, as_json)
+        return
+    _emit(
+        {"ok": True, "job_id": job, "jobs_moved": moved},
+        as_json,
+        lambda b: f"job {job} is ready for a new attempt ({moved} job(s) moved)",
+    )
+
+
+def _reason(reason: str) -> str:
+    if not reason.strip():
+        raise UsageError("--reason must say why (it is recorded in the ledger)")
+    return reason.strip()
+
+
+def _read_result_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"--result: cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"--result: {path} is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--result: {path} must hold a JSON object")
+    return data
 
 
 @app.command()

@@ -17,10 +17,14 @@ from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import Engine
+from sqlalchemy.orm import Session
 
 from controller import db, ledger
 from controller.clock import Clock, SystemClock
+from controller.crashpoints import crash_point
 from controller.durable import read_json, write_json
+from controller.models import Attempt, Job
+from controller.outcome import read_outcome
 from controller.status import build_status
 from workers import identity
 
@@ -33,13 +37,21 @@ class ControllerReport:
     promoted: int = 0
     closed: list[int] = field(default_factory=list)
     active: list[int] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    expired: list[int] = field(default_factory=list)
 
 
 class Controller:
     def __init__(
-        self, engine: Engine, *, clock: Clock | None = None, snapshot_seconds: float = 1.0
+        self,
+        engine: Engine,
+        *,
+        clock: Clock | None = None,
+        snapshot_seconds: float = 1.0,
+        lost_after_seconds: float = 30.0,
     ) -> None:
         self.engine = engine
+        self.lost_after_seconds = lost_after_seconds
         self.factory = db.session_factory(engine)
         self.clock = clock or SystemClock()
         self.snapshot_seconds = snapshot_seconds
@@ -49,6 +61,12 @@ class Controller:
         now = now or self.clock.now()
         report = ControllerReport()
         with db.transaction(self.factory) as session:
+            report.lost = ledger.mark_lost_workers(
+                session, now=now, lost_after=self.lost_after_seconds, actor=ACTOR
+            )
+            report.expired = ledger.expire_leases(
+                session, now=now, actor=ACTOR, settle=_settle_from_exit_record
+            )
             run_ids = ledger.active_run_ids(session)
             for run_id in run_ids:
                 report.promoted += ledger.promote_run(session, run_id, now=now, actor=ACTOR)
@@ -56,6 +74,7 @@ class Controller:
                     report.closed.append(run_id)
                 else:
                     report.active.append(run_id)
+            crash_point("controller_mid_tick")  # inside the transaction: rolls back
         for run_id in run_ids:
             self.write_snapshots(run_id, now=now, final=run_id in report.closed)
         return report
@@ -81,6 +100,37 @@ class Controller:
         while not should_stop():
             self.tick()
             time.sleep(interval)
+
+
+def _settle_from_exit_record(session: Session, attempt: Attempt, now: datetime) -> bool:
+    """For an attempt whose lease expired: settle it if its exit record establishes the
+    outcome (the process finished; only the settle was lost). True if settled."""
+    run = ledger.get_run(session, attempt.run_id)
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    stage = ledger.run_config(run).stage(job.stage)
+    verdict, exit_record, result = read_outcome(
+        attempt.attempt_dir,
+        job_id=attempt.job_id,
+        exit_codes=dict(stage.exit_codes),
+        missing_exit="no exit.json",
+    )
+    if verdict.outcome is None:
+        return False
+    ledger.settle_attempt(
+        session,
+        attempt.id,
+        fence=attempt.fence,
+        outcome=verdict.outcome,
+        actor=ACTOR,
+        now=now,
+        reason=f"{verdict.reason} (settled by the controller after its lease expired)",
+        exit_code=(exit_record or {}).get("exit_code"),
+        exit_signal=(exit_record or {}).get("signal"),
+        result=result,
+        diagnostics=verdict.diagnostics,
+    )
+    return True
 
 
 def running_controller(runtime_dir: Path) -> int | None:

@@ -86,7 +86,7 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     ),
     JobState.FAILED: frozenset({JobState.READY}),  # only an operator's retry
     JobState.SUCCEEDED: frozenset(),
-    JobState.SKIPPED: frozenset(),
+    JobState.SKIPPED: frozenset({JobState.WAITING}),  # only an operator's retry upstream
     JobState.CANCELLED: frozenset(),
 }
 """Every legal job transition; ``move_job`` refuses anything else."""
@@ -1186,3 +1186,311 @@ def clear_controls(
                 reason=reason,
             )
     return len(rows)
+
+
+# ------------------------------------------------------------- crash recovery
+
+
+def expire_leases(session: Session, *, now: datetime, actor: str, settle: Any = None) -> list[int]:
+    """Leases past ``expires_at`` (on the ledger's clock): their holder stopped renewing
+    them. Each attempt is settled from its exit record when ``settle(session, attempt,
+    now)`` can
+    establish the outcome (returns True), else marked unknown: the process may still be
+    running. Returns the attempt ids handled."""
+    rows = session.execute(
+        select(Lease.id, Lease.attempt_id, Lease.worker_id, Lease.expires_at)
+        .join(Attempt, Attempt.id == Lease.attempt_id)
+        .where(
+            Lease.released_at.is_(None),
+            Lease.expires_at < now,
+            Attempt.state.in_([AttemptState.INTENT.value, AttemptState.RUNNING.value]),
+        )
+        .order_by(Lease.id)
+    ).all()
+    handled = []
+    for row in rows:
+        attempt = session.get(Attempt, row.attempt_id, populate_existing=True)
+        assert attempt is not None
+        if settle is not None and settle(session, attempt, now):
+            handled.append(row.attempt_id)
+            continue
+        mark_unknown(
+            session,
+            row.attempt_id,
+            reason=(
+                f"lease expired at {row.expires_at:%Y-%m-%d %H:%M:%S} UTC: worker "
+                f"{row.worker_id} stopped renewing it and no exit record settles the "
+                "attempt; the process may still be running"
+            ),
+            actor=actor,
+            now=now,
+        )
+        handled.append(row.attempt_id)
+    return handled
+
+
+def mark_lost_workers(
+    session: Session, *, now: datetime, lost_after: float, actor: str
+) -> list[str]:
+    """Active workers whose heartbeat is older than ``lost_after`` seconds become lost.
+    Their leases are left to expire (``expire_leases``) rather than revoked here."""
+    cutoff = now - timedelta(seconds=lost_after)
+    lost = list(
+        session.scalars(
+            select(Worker.id).where(
+                Worker.state == WorkerState.ACTIVE.value, Worker.heartbeat_at < cutoff
+            )
+        )
+    )
+    for worker_id in lost:
+        mark_worker_lost(session, worker_id, now=now, actor=actor, reason="heartbeat stopped")
+    return lost
+
+
+def mark_worker_lost(
+    session: Session, worker_id: str, *, now: datetime, actor: str, reason: str
+) -> bool:
+    """Active -> lost (compare-and-set). Returns False if it was no longer active."""
+    changed = _rowcount(
+        session.execute(
+            update(Worker)
+            .where(Worker.id == worker_id, Worker.state == WorkerState.ACTIVE.value)
+            .values(state=WorkerState.LOST.value, stopped_at=now)
+        )
+    )
+    if changed:
+        append_event(session, "worker_lost", actor=actor, now=now, worker=worker_id, reason=reason)
+    return bool(changed)
+
+
+def active_workers(session: Session, *, node: str) -> list[Worker]:
+    return list(
+        session.scalars(
+            select(Worker).where(Worker.node == node, Worker.state == WorkerState.ACTIVE.value)
+        )
+    )
+
+
+def orphaned_attempts(session: Session, *, node: str, worker_id: str) -> list[Attempt]:
+    """In-flight attempts on ``node`` held by another worker that is not active: what a
+    (re)starting worker must reconcile before it leases anything."""
+    return list(
+        session.scalars(
+            select(Attempt)
+            .join(Worker, Worker.id == Attempt.worker_id)
+            .where(
+                Attempt.node == node,
+                Attempt.worker_id != worker_id,
+                Attempt.state.in_([AttemptState.INTENT.value, AttemptState.RUNNING.value]),
+                Worker.state != WorkerState.ACTIVE.value,
+            )
+            .order_by(Attempt.id)
+        )
+    )
+
+
+def adopt_attempt(
+    session: Session,
+    attempt_id: int,
+    *,
+    old_fence: int,
+    worker_id: str,
+    now: datetime,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+) -> int:
+    """A restarted worker takes over an in-flight attempt whose supervisor still lives.
+
+    The job's fence is bumped (the old holder, should it return, is now stale), the old
+    lease released and a new one granted to ``worker_id``. Returns the new fence.
+    """
+    attempt = session.get(Attempt, attempt_id, populate_existing=True)
+    if attempt is None:
+        raise NotFound(f"attempt {attempt_id} does not exist")
+    new_fence = old_fence + 1
+    changed = _rowcount(
+        session.execute(
+            update(Job)
+            .where(
+                Job.id == attempt.job_id,
+                Job.fence == old_fence,
+                Job.state == JobState.RUNNING.value,
+            )
+            .values(fence=new_fence, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+    )
+    if changed != 1:
+        raise StaleLease(f"attempt {attempt_id}: fence {old_fence} is stale; cannot adopt it")
+    moved = _rowcount(
+        session.execute(
+            update(Attempt)
+            .where(
+                Attempt.id == attempt_id,
+                Attempt.fence == old_fence,
+                Attempt.state.in_([AttemptState.INTENT.value, AttemptState.RUNNING.value]),
+            )
+            .values(fence=new_fence, worker_id=worker_id)
+            .execution_options(synchronize_session=False)
+        )
+    )
+    if moved != 1:
+        raise StaleLease(f"attempt {attempt_id}: no longer in flight at fence {old_fence}")
+    session.execute(
+        update(Lease)
+        .where(Lease.attempt_id == attempt_id, Lease.released_at.is_(None))
+        .values(released_at=now)
+    )
+    session.add(
+        Lease(
+            job_id=attempt.job_id,
+            attempt_id=attempt_id,
+            worker_id=worker_id,
+            fence=new_fence,
+            granted_at=now,
+            expires_at=now + timedelta(seconds=lease_seconds),
+        )
+    )
+    append_event(
+        session,
+        "attempt_adopted",
+        actor=worker_id,
+        now=now,
+        run_id=attempt.run_id,
+        job_id=attempt.job_id,
+        attempt_id=attempt_id,
+        previous_worker=attempt.worker_id,
+        fence=new_fence,
+    )
+    return new_fence
+
+
+# ------------------------------------------------------------ operator commands
+
+RECONCILE_AS = {
+    "succeeded": (Outcome.SUCCEEDED, JobState.SUCCEEDED),
+    "failed": (Outcome.FAILED, JobState.FAILED),
+    "not-run": (Outcome.NOT_RUN, JobState.READY),
+}
+"""What an operator may say of an unknown attempt, and where its job goes: a job whose
+attempt did not run becomes ready for a new attempt (with a new idempotency key)."""
+
+
+def reconcile_attempt(
+    session: Session,
+    attempt_id: int,
+    *,
+    verdict: str,
+    reason: str,
+    actor: str,
+    now: datetime,
+    result: dict[str, Any] | None = None,
+) -> JobState:
+    """Settle an unknown attempt as the operator says (compare-and-set: of two concurrent
+    reconciles exactly one wins; the other gets IllegalTransition). Releases its
+    reservation. Once a run has no unknown attempt left, its dispatch resumes by itself;
+    halts set by operators stay. Returns the job's new state."""
+    if verdict not in RECONCILE_AS:
+        raise IllegalTransition(
+            f"cannot reconcile as {verdict!r}; use one of {', '.join(RECONCILE_AS)}"
+        )
+    outcome, job_state = RECONCILE_AS[verdict]
+    attempt = move_attempt(
+        session,
+        attempt_id,
+        AttemptState.UNKNOWN,
+        AttemptState.SETTLED,
+        now=now,
+        actor=actor,
+        values={
+            "outcome": outcome.value,
+            "settled_at": now,
+            "state_reason": f"reconciled by {actor}: {reason}",
+            **({"result": result} if result is not None else {}),
+        },
+        event_detail={"reconciled_as": verdict, "reason": reason, "outcome": outcome.value},
+    )
+    move_job(
+        session,
+        attempt.job_id,
+        JobState.UNKNOWN,
+        job_state,
+        now=now,
+        actor=actor,
+        reason=f"attempt {attempt.number} reconciled as {verdict}: {reason}",
+        run_id=attempt.run_id,
+    )
+    _release(session, attempt_id, now=now)
+    job = session.get(Job, attempt.job_id, populate_existing=True)
+    assert job is not None
+    promote_item(session, job.item_id, now=now, actor=actor)
+    return job_state
+
+
+def retry_job(session: Session, job_id: int, *, reason: str, actor: str, now: datetime) -> int:
+    """An operator's explicit retry of a failed job: it becomes ready for a new attempt
+    (new idempotency key). Downstream jobs of the item that were skipped because of it
+    wait again, and a finished run is reopened. Returns how many jobs moved."""
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        raise NotFound(f"job {job_id} is not in the ledger")
+    move_job(
+        session,
+        job_id,
+        JobState.FAILED,
+        JobState.READY,
+        now=now,
+        actor=actor,
+        reason=f"retry by {actor}: {reason}",
+        run_id=job.run_id,
+    )
+    moved = 1
+    run = session.get(Run, job.run_id)
+    assert run is not None
+    config = run_config(run)
+    retried = {job.stage}
+    for later in session.scalars(
+        select(Job)
+        .where(Job.item_id == job.item_id, Job.stage_position > job.stage_position)
+        .order_by(Job.stage_position)
+        .execution_options(populate_existing=True)
+    ):
+        if later.state == JobState.SKIPPED.value and retried & set(config.stage(later.stage).needs):
+            move_job(
+                session,
+                later.id,
+                JobState.SKIPPED,
+                JobState.WAITING,
+                now=now,
+                actor=actor,
+                reason=f"upstream {job.stage} retried",
+                run_id=job.run_id,
+            )
+            retried.add(later.stage)
+            moved += 1
+    reopened = _rowcount(
+        session.execute(
+            update(Run)
+            .where(Run.id == job.run_id, Run.state == RunState.FINISHED.value)
+            .values(state=RunState.ACTIVE.value, finished_at=None)
+        )
+    )
+    if reopened:
+        append_event(
+            session,
+            "run_reopened",
+            actor=actor,
+            now=now,
+            run_id=job.run_id,
+            reason=f"retry of job {job_id}",
+        )
+    append_event(
+        session, "job_retry", actor=actor, now=now, run_id=job.run_id, job_id=job_id, reason=reason
+    )
+    return moved
+
+
+def get_attempt(session: Session, attempt_id: int) -> Attempt:
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None:
+        raise NotFound(f"attempt {attempt_id} is not in the ledger; `laneway status` lists them")
+    return attempt

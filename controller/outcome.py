@@ -17,8 +17,10 @@ Pure policy over what the supervisor and the job left on disk. The rules, in ord
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from controller.durable import read_json
 from controller.states import Outcome
 
 
@@ -88,3 +90,49 @@ def classify(
     if outcome is Outcome.SUCCEEDED and result_problem:
         return Verdict(Outcome.FAILED, f"exit {code} but {result_problem}", diagnostics)
     return Verdict(outcome, f"exit code {code}", diagnostics)
+
+
+def read_outcome(
+    attempt_dir: str | Path,
+    *,
+    job_id: int,
+    exit_codes: dict[int, Outcome],
+    missing_exit: str,
+) -> tuple[Verdict, dict[str, Any] | None, dict[str, Any] | None]:
+    """Classify an attempt from what its supervisor and job left in ``attempt_dir``.
+
+    Returns (verdict, exit record, result). ``missing_exit`` is the reason used when
+    there is no exit.json. A torn or unreadable exit.json is never trusted: unknown.
+    """
+    directory = Path(attempt_dir)
+    exit_record: dict[str, Any] | None = None
+    exit_problem = None
+    try:
+        loaded = read_json(directory / "exit.json")
+        if isinstance(loaded, dict):
+            exit_record = loaded
+        else:
+            exit_problem = "exit.json is not a JSON object"
+    except FileNotFoundError:
+        exit_problem = missing_exit
+    except (OSError, ValueError) as exc:
+        exit_problem = f"exit.json unreadable: {exc}"
+    result: Any = None
+    result_problem = None
+    try:
+        result = read_json(directory / "result.json")
+        result_problem = check_result(result, job_id)
+    except FileNotFoundError:
+        result = None
+    except (OSError, ValueError) as exc:
+        result_problem = f"result.json unreadable: {exc}"
+        result = None
+    valid = result if isinstance(result, dict) else None
+    verdict = classify(
+        exit_record,
+        exit_problem=exit_problem,
+        result=valid,
+        result_problem=result_problem,
+        exit_codes=exit_codes,
+    )
+    return verdict, exit_record, valid

@@ -14,7 +14,7 @@ class RunState(StrEnum):
     ACTIVE = "active"
     """Jobs may still move. The controller moves it to finished when every job is terminal."""
     FINISHED = "finished"
-    """Terminal: every job is terminal. Nothing moves it."""
+    """Every job is terminal. Only an operator's retry of one of its jobs reopens it."""
 
 
 class JobState(StrEnum):
@@ -27,14 +27,16 @@ class JobState(StrEnum):
     terminal state or back to ready (retry policy); lease expiry or a lost worker moves
     it to unknown (crash-safety reconciler)."""
     UNKNOWN = "unknown"
-    """Its attempt's outcome could not be established. Only an operator's reconcile moves it."""
+    """Its attempt's outcome could not be established. Only an operator's reconcile moves
+    it (to succeeded, failed, or ready when the attempt did not run)."""
     SUCCEEDED = "succeeded"
     """Terminal. Nothing moves it."""
     FAILED = "failed"
     """Terminal unless an operator asks for a retry (then ready). The attempt's outcome
     column says which failure class."""
     SKIPPED = "skipped"
-    """Terminal: a needed stage did not succeed (reason on the job). Nothing moves it."""
+    """Terminal: a needed stage did not succeed (reason on the job). Only an operator's
+    retry of that stage moves it back to waiting."""
     CANCELLED = "cancelled"
     """Terminal: an operator cancelled it. Nothing moves it."""
 

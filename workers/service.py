@@ -10,8 +10,8 @@ One ``WorkerService`` per node. Each ``tick``:
 4. only then starts one supervisor per claimed attempt, reads back the child's identity,
    records every identity in one transaction and writes each ``receipt.json``.
 
-Crash windows are named by ``crash_point`` (a test hook, inert unless the
-``LANEWAY_CRASH_POINT`` environment variable names the point).
+Crash windows are named by ``crash_point`` (``controller.crashpoints``: a test hook,
+inert unless the ``LANEWAY_CRASH_POINT`` environment variable names the point).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -34,21 +33,16 @@ from sqlalchemy import Engine
 
 from controller import db, ledger
 from controller.clock import Clock, SystemClock, iso
-from controller.durable import read_json, write_json
+from controller.crashpoints import crash_point
+from controller.durable import write_json
 from controller.errors import StaleLease
-from controller.outcome import check_result, classify
+from controller.models import Job
+from controller.outcome import read_outcome
 from controller.states import Outcome
 from workers import identity
 
 MIB = 1024 * 1024
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-CRASH_POINT_ENV = "LANEWAY_CRASH_POINT"
-
-
-def crash_point(name: str) -> None:
-    """Test hook: SIGKILL this process at a named point when LANEWAY_CRASH_POINT names it."""
-    if os.environ.get(CRASH_POINT_ENV) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def psutil_memory() -> tuple[float, float]:
@@ -60,8 +54,43 @@ def psutil_memory() -> tuple[float, float]:
 @dataclass
 class InFlight:
     claim: ledger.Claim
-    supervisor: subprocess.Popen[bytes]
+    supervisor: subprocess.Popen[bytes] | AdoptedSupervisor
     exit_codes: dict[int, Outcome]
+
+
+class AdoptedSupervisor:
+    """A supervisor this worker did not start: it outlived the worker that did. It is
+    not our child, so it is watched by identity (pid + start time), not waited for."""
+
+    def __init__(self, pid: int, start_time: int | None) -> None:
+        self.pid = pid
+        self.start_time = start_time
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """None while the supervisor lives; afterwards 0 (its status is not ours to
+        know — exit.json is the record)."""
+        if identity.same_process(self.pid, self.start_time):
+            return None
+        self.returncode = 0
+        return 0
+
+
+def find_supervisor(attempt_id: int) -> tuple[int, int | None] | None:
+    """A live supervisor of ``attempt_id`` found by its environment marker — for an
+    attempt whose supervisor was started but whose identity never reached the ledger."""
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = process.info.get("cmdline") or []
+        if "workers.supervisor" not in cmdline:
+            continue
+        try:
+            marker = process.environ().get("LANEWAY_ATTEMPT_ID")
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        if marker == str(attempt_id):
+            pid = int(process.info["pid"])
+            return pid, identity.process_start_time(pid)
+    return None
 
 
 @dataclass
@@ -131,11 +160,14 @@ class WorkerService:
         self._seen_event = -1
         self._exit_codes: dict[int, dict[str, dict[int, Outcome]]] = {}
         self._receipt_errors: dict[int, str] = {}
+        self.recovered: list[str] = []
 
     # -- lifecycle -----------------------------------------------------------
 
     def start(self) -> str:
-        """Register this worker in the ledger; returns its id."""
+        """Register this worker in the ledger and reconcile what earlier workers of this
+        node left behind (``recover``; its lines land in ``self.recovered``). Returns the
+        worker's id."""
         pid, start_time = identity.current()
         with db.transaction(self.factory) as session:
             self.worker_id = ledger.register_worker(
@@ -148,7 +180,146 @@ class WorkerService:
                 slots=self.slots,
                 now=self.clock.now(),
             )
+        # Reconcile before admitting: nothing is leased until what was left is settled.
+        self.recovered = self.recover()
         return self.worker_id
+
+    def recover(self) -> list[str]:
+        """Reconcile what earlier workers of this node left behind, before leasing.
+
+        Dead workers of this node (another boot, or their pid is gone or recycled) are
+        marked lost. Each of their in-flight attempts is then, in order of preference:
+        adopted when its supervisor still lives (same boot, pid and start time — never a
+        second copy); settled from its exit record when the supervisor is gone; or marked
+        unknown with the reason. Returns one line per attempt for the log.
+        """
+        lines: list[str] = []
+        boot = identity.boot_id()
+        now = self.clock.now()
+        with db.transaction(self.factory) as session:
+            for worker in ledger.active_workers(session, node=self.node):
+                if worker.id == self.worker_id:
+                    continue
+                alive = worker.boot_id == boot and identity.same_process(
+                    worker.pid, worker.process_start_time
+                )
+                if not alive:
+                    ledger.mark_worker_lost(
+                        session,
+                        worker.id,
+                        now=now,
+                        actor=self.worker_id,
+                        reason="its process is gone (found by a restarted worker)",
+                    )
+            orphans = ledger.orphaned_attempts(session, node=self.node, worker_id=self.worker_id)
+        for attempt in orphans:
+            lines.append(self._recover_one(attempt, boot))
+        return lines
+
+    def _recover_one(self, attempt: Any, boot: str) -> str:
+        now = self.clock.now()
+        label = f"attempt {attempt.id}"
+        if attempt.boot_id is not None and attempt.boot_id != boot:
+            with db.transaction(self.factory) as session:
+                ledger.mark_unknown(
+                    session,
+                    attempt.id,
+                    actor=self.worker_id,
+                    now=now,
+                    reason=f"machine rebooted (boot {attempt.boot_id} -> {boot}) while it ran; "
+                    "its outcome is unknown",
+                )
+            return f"{label}: unknown (machine rebooted)"
+        found: tuple[int, int | None] | None = None
+        if attempt.supervisor_pid is not None:
+            if identity.same_process(attempt.supervisor_pid, attempt.supervisor_start_time):
+                found = (attempt.supervisor_pid, attempt.supervisor_start_time)
+        elif attempt.state == "intent":
+            found = find_supervisor(attempt.id)
+        with db.transaction(self.factory) as session:
+            fence = ledger.adopt_attempt(
+                session,
+                attempt.id,
+                old_fence=attempt.fence,
+                worker_id=self.worker_id,
+                now=now,
+                lease_seconds=self.lease_seconds,
+            )
+            run = ledger.get_run(session, attempt.run_id)
+            job = session.get(Job, attempt.job_id)
+            assert job is not None
+            stage = ledger.run_config(run).stage(job.stage)
+            if found is not None and attempt.state == "intent":
+                ledger.record_spawn(
+                    session,
+                    attempt.id,
+                    fence=fence,
+                    actor=self.worker_id,
+                    now=now,
+                    boot_id=boot,
+                    supervisor_pid=found[0],
+                    supervisor_start_time=found[1],
+                    child_pid=None,
+                    child_start_time=None,
+                )
+        claim = ledger.Claim(
+            run_id=attempt.run_id,
+            job_id=attempt.job_id,
+            attempt_id=attempt.id,
+            number=attempt.number,
+            fence=fence,
+            idempotency_key=attempt.idempotency_key,
+            item="",
+            stage=job.stage,
+            lane=job.lane,
+            argv=[],
+            env={},
+            cwd=None,
+            timeout_seconds=stage.timeout_seconds,
+            grace_seconds=stage.grace_seconds,
+            attempt_dir=attempt.attempt_dir,
+        )
+        if found is not None:
+            self.in_flight[attempt.id] = InFlight(
+                claim, AdoptedSupervisor(*found), dict(stage.exit_codes)
+            )
+            return f"{label}: adopted live supervisor pid {found[0]}"
+        verdict, exit_record, result = read_outcome(
+            attempt.attempt_dir,
+            job_id=attempt.job_id,
+            exit_codes=dict(stage.exit_codes),
+            missing_exit=(
+                "intent committed, but no supervisor is running and no exit.json exists: "
+                "the command may have started and died, or never started"
+                if attempt.state == "intent"
+                else "its worker and supervisor are gone and left no exit.json"
+            ),
+        )
+        with db.transaction(self.factory) as session:
+            if verdict.outcome is None:
+                ledger.mark_unknown(
+                    session,
+                    attempt.id,
+                    reason=verdict.reason,
+                    actor=self.worker_id,
+                    now=now,
+                    fence=fence,
+                )
+                return f"{label}: unknown ({verdict.reason})"
+            ledger.settle_attempt(
+                session,
+                attempt.id,
+                fence=fence,
+                outcome=verdict.outcome,
+                actor=self.worker_id,
+                now=now,
+                reason=verdict.reason,
+                exit_code=(exit_record or {}).get("exit_code"),
+                exit_signal=(exit_record or {}).get("signal"),
+                result=result,
+                diagnostics=verdict.diagnostics,
+            )
+        return f"{label}: settled {verdict.outcome.value} from its exit record"
 
     def stop(self) -> None:
         """Record a clean exit (call after ``drain``)."""
@@ -403,6 +574,7 @@ class WorkerService:
                             diagnostics=verdict.diagnostics,
                         )
                         outcomes.append(verdict.outcome.value)
+                    crash_point("worker_mid_settle")  # inside the transaction: rolls back
             except StaleLease:
                 # A zombie: our lease was revoked while we were away. The evidence files
                 # stay on disk; the ledger belongs to whoever revoked us.
@@ -412,43 +584,21 @@ class WorkerService:
         return settled, outcomes
 
     def _read_outcome(self, flight: InFlight) -> tuple[Any, dict[str, Any] | None, Any]:
-        directory = Path(flight.claim.attempt_dir)
-        exit_record: dict[str, Any] | None = None
-        exit_problem = None
-        try:
-            loaded = read_json(directory / "exit.json")
-            if isinstance(loaded, dict):
-                exit_record = loaded
-            else:
-                exit_problem = "exit.json is not a JSON object"
-        except FileNotFoundError:
-            exit_problem = (
-                f"supervisor exited with status {flight.supervisor.returncode} "
-                "and left no exit.json"
-            )
-        except (OSError, ValueError) as exc:
-            exit_problem = f"exit.json unreadable: {exc}"
-        result: Any = None
-        result_problem = None
-        try:
-            result = read_json(directory / "result.json")
-            result_problem = check_result(result, flight.claim.job_id)
-        except FileNotFoundError:
-            result = None
-        except (OSError, ValueError) as exc:
-            result_problem = f"result.json unreadable: {exc}"
-            result = None
-        verdict = classify(
-            exit_record,
-            exit_problem=exit_problem,
-            result=result if isinstance(result, dict) else None,
-            result_problem=result_problem,
+        returncode = flight.supervisor.returncode
+        verdict, exit_record, result = read_outcome(
+            flight.claim.attempt_dir,
+            job_id=flight.claim.job_id,
             exit_codes=flight.exit_codes,
+            missing_exit=(
+                f"supervisor (pid {flight.supervisor.pid}) exited"
+                + (f" with status {returncode}" if returncode is not None else "")
+                + " and left no exit.json"
+            ),
         )
         receipt_error = self._receipt_errors.pop(flight.claim.attempt_id, None)
         if receipt_error:
             verdict.diagnostics.append(receipt_error)
-        return verdict, exit_record, result if isinstance(result, dict) else None
+        return verdict, exit_record, result
 
     # -- the loop ------------------------------------------------------------
 

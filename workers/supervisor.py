@@ -33,6 +33,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from controller.crashpoints import crash_point
 from controller.durable import write_json
 from workers.identity import boot_id, process_start_time
 from workers.redact import Redactor
@@ -43,17 +44,9 @@ READ_SIZE = 65536
 DRAIN_SECONDS = 2.0
 """After the group is gone, how long to keep reading pipes held open by escapees."""
 
-CRASH_POINT_ENV = "LANEWAY_CRASH_POINT"
-
 
 def _utc() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _crash_point(name: str) -> None:
-    """Test hook: SIGKILL ourselves at a named point when LANEWAY_CRASH_POINT names it."""
-    if os.environ.get(CRASH_POINT_ENV) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _become_subreaper() -> bool:
@@ -156,9 +149,9 @@ class Supervision:
         self.record["child_pid"] = child.pid
         self.record["child_start_time"] = process_start_time(child.pid)
         self._report({"child_pid": child.pid, "child_start_time": self.record["child_start_time"]})
-        _crash_point("supervisor_after_spawn")
+        crash_point("supervisor_after_spawn")
         self._watch(child, logs, secrets, wake_r)
-        _crash_point("supervisor_before_exit_record")
+        crash_point("supervisor_before_exit_record")
         return self._finish(logs)
 
     def _report(self, message: dict[str, Any]) -> None:

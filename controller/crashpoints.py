@@ -1,0 +1,29 @@
+"""Named crash points: a test hook for proving crash safety with real SIGKILLs.
+
+``crash_point(name)`` kills the calling process with SIGKILL when the environment
+variable ``LANEWAY_CRASH_POINT`` equals ``name``, and does nothing otherwise. It is
+inert in production (the variable is unset). The points, in the order an attempt meets
+them:
+
+- ``worker_after_intent_commit`` — claim + intent committed, nothing spawned;
+- ``supervisor_after_spawn`` — the supervisor dies with its child running;
+- ``worker_after_spawn_before_identity`` — supervisor running, identity not recorded;
+- ``supervisor_before_exit_record`` — the child exited, exit.json not yet written;
+- ``worker_before_settle`` — exit.json written, settle not begun;
+- ``worker_mid_settle`` — inside the settle transaction, before its commit;
+- ``controller_mid_tick`` — inside the controller's tick transaction, before its commit.
+
+Stdlib only: the supervisor imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "LANEWAY_CRASH_POINT"
+
+
+def crash_point(name: str) -> None:
+    if os.environ.get(ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
