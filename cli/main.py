@@ -238,21 +238,23 @@ class _Log:
 class _Stopper:
     """SIGTERM/SIGINT set a flag; a second signal asks to leave at once."""
 
-    def __init__(self, log: _Log | None = None) -> None:
+    def __init__(self, log: _Log | None = None, *, drains: bool = True) -> None:
         self.signals = 0
         self.log = log or _Log(False)
+        self.drains = drains
         signal.signal(signal.SIGTERM, self._on)
         signal.signal(signal.SIGINT, self._on)
 
     def _on(self, signum: int, _frame: Any) -> None:
         self.signals += 1
         if self.signals == 1:
-            self.log(
-                "stopping",
+            words = (
                 "laneway: stopping — no new dispatch; waiting for running attempts "
-                "(signal again to leave them running under their supervisors)",
-                signal=signum,
+                "(signal again to leave them running under their supervisors)"
+                if self.drains
+                else "laneway: stopping"
             )
+            self.log("stopping", words, signal=signum)
 
     def stop(self) -> bool:
         return self.signals > 0
@@ -326,10 +328,10 @@ def controller(
     runtime = runtime_dir.resolve()
     other = daemon_module.running_controller(runtime)
     if other is not None:
-        log("controller_exists", f"another controller already runs here (pid {other})", pid=other)
+        _fail(UsageError(f"another controller already runs for {runtime} (pid {other})"))
     daemon_module.claim_pidfile(runtime)
     log("controller_started", f"laneway controller: {runtime}", runtime_dir=str(runtime))
-    stopper = _Stopper(log)
+    stopper = _Stopper(log, drains=False)
     try:
         Controller(engine).serve(stopper.stop, interval=interval)
     finally:

@@ -8,7 +8,7 @@ looks secret (an ``_``-separated part of it is KEY, APIKEY, TOKEN, SECRET, PASS,
 PASSWORD, PASSWD, CREDENTIAL(S), AUTH or AUTHORIZATION: ``OPENAI_API_KEY`` and
 ``GH_TOKEN`` do, ``MONKEY`` does not) must have exactly ``${ENV_NAME}`` as its value,
 and no argv or env value may contain a literal that looks like a credential
-(``Bearer …``, ``sk-…``, ``ghp_…``, ``AKIA…``).
+(``Bearer …``, ``sk-…``, ``ghp_…``, ``AKIA…``, ``xoxb-…``).
 ``${ENV_NAME}`` references are resolved from the worker's environment at spawn time.
 """
 
@@ -297,7 +297,7 @@ def render(template: str, item: ItemConfig) -> str:
 def _format_validation_error(exc: ValidationError) -> list[str]:
     lines = []
     for error in exc.errors():
-        loc = ".".join(str(part) for part in error["loc"])
+        loc = ".".join(str(part) for part in error["loc"] if part != "[key]")
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "string_pattern_mismatch":
             message = f"{error['input']!r} is not allowed: " + PATTERN_HELP.get(

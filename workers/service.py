@@ -30,6 +30,7 @@ from typing import Any
 
 import psutil
 from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
 
 from controller import db, ledger
 from controller.clock import Clock, SystemClock, iso
@@ -161,6 +162,7 @@ class WorkerService:
         self._exit_codes: dict[int, dict[str, dict[int, Outcome]]] = {}
         self._receipt_errors: dict[int, str] = {}
         self.recovered: list[str] = []
+        self.heartbeat_errors: list[str] = []
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -365,15 +367,21 @@ class WorkerService:
         if time.monotonic() - self._last_heartbeat < self.heartbeat_seconds:
             return
         available, total = self.memory_probe()
-        with db.transaction(self.factory) as session:
-            ledger.heartbeat(
-                session,
-                self.worker_id,
-                now=self.clock.now(),
-                lease_seconds=self.lease_seconds,
-                mem_available_mib=available,
-                mem_total_mib=total,
-            )
+        try:
+            with db.transaction(self.factory) as session:
+                ledger.heartbeat(
+                    session,
+                    self.worker_id,
+                    now=self.clock.now(),
+                    lease_seconds=self.lease_seconds,
+                    mem_available_mib=available,
+                    mem_total_mib=total,
+                )
+        except OperationalError as exc:
+            # The ledger is unreachable or locked for now: keep supervising, retry on the
+            # next tick; past lease_seconds, trusts_its_leases() stops new claims.
+            self.heartbeat_errors.append(str(exc.orig or exc).splitlines()[0])
+            return
         self._last_heartbeat = time.monotonic()
 
     # -- claim and spawn -----------------------------------------------------

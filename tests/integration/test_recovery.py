@@ -1,0 +1,236 @@
+"""Recovery paths in-process: lease expiry judged on the ledger's clock, zombie writes
+rejected, reboot detection, torn exit records, reconcile and retry."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from controller import db, ledger
+from controller.daemon import Controller
+from controller.errors import IllegalTransition, StaleLease
+from controller.models import Attempt, Job, Run
+from controller.outcome import read_outcome
+from controller.states import Outcome
+from tests.support import make_config, py_stage
+from workers.service import WorkerService
+
+PLENTY = (64_000.0, 128_000.0)
+
+
+def claim_one(factory, worker, clock, spawn=True):
+    with db.transaction(factory) as session:
+        (claim,) = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=1,
+            mem_available_mib=64_000,
+            now=clock.now(),
+            lease_seconds=60,
+        )
+        if spawn:
+            ledger.record_spawn(
+                session,
+                claim.attempt_id,
+                fence=claim.fence,
+                actor=worker,
+                now=clock.now(),
+                boot_id="old-boot",
+                supervisor_pid=999_999,
+                supervisor_start_time=1,
+                child_pid=None,
+                child_start_time=None,
+            )
+    Path(claim.attempt_dir).mkdir(parents=True, exist_ok=True)
+    return claim
+
+
+def attempt_row(factory, attempt_id) -> Attempt:
+    with factory() as session:
+        return session.get(Attempt, attempt_id)
+
+
+def test_expired_lease_makes_unknown_on_the_ledger_clock_and_rejects_the_zombie(
+    engine, factory, make_run, register_worker, clock
+):
+    make_run(make_config(items=2))
+    worker = register_worker()
+    claim = claim_one(factory, worker, clock)
+    controller = Controller(engine, clock=clock, lost_after_seconds=3600)
+    clock.advance(59)
+    controller.tick()
+    assert attempt_row(factory, claim.attempt_id).state == "running"  # not yet expired
+    clock.advance(2)
+    report = controller.tick()
+    assert report.expired == [claim.attempt_id]
+    attempt = attempt_row(factory, claim.attempt_id)
+    assert attempt.state == "unknown" and "lease expired" in attempt.state_reason
+    # The worker comes back late (a zombie): it can write nothing about the job.
+    with factory() as session, session.begin(), pytest.raises(StaleLease):
+        ledger.settle_attempt(
+            session,
+            claim.attempt_id,
+            fence=claim.fence,
+            outcome=Outcome.SUCCEEDED,
+            actor=worker,
+            now=clock.now(),
+        )
+    with factory() as session, session.begin():
+        claims = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=4,
+            mem_available_mib=64_000,
+            now=clock.now(),
+        )
+    assert claims == []  # the run is halted by its unknown attempt
+
+
+def test_expired_lease_with_exit_record_is_settled_not_unknown(
+    engine, factory, make_run, register_worker, clock
+):
+    make_run(make_config())
+    worker = register_worker()
+    claim = claim_one(factory, worker, clock)
+    (Path(claim.attempt_dir) / "exit.json").write_text(json.dumps({"exit_code": 0}))
+    clock.advance(120)
+    Controller(engine, clock=clock, lost_after_seconds=3600).tick()
+    attempt = attempt_row(factory, claim.attempt_id)
+    assert attempt.outcome == "succeeded" and "settled by the controller" in attempt.state_reason
+
+
+@pytest.mark.parametrize("content", ["", '{"exit_code": 0', "[1, 2]", "\x00\x01"])
+def test_torn_or_unreadable_exit_record_is_never_trusted(tmp_path, content):
+    (tmp_path / "exit.json").write_text(content)
+    verdict, record, _ = read_outcome(tmp_path, job_id=1, exit_codes={}, missing_exit="none")
+    assert verdict.outcome is None and record is None
+
+
+def test_restart_after_reboot_marks_unknown(engine, factory, make_run, register_worker, clock):
+    make_run(make_config())
+    dead = register_worker()  # boot "boot", pid 1: not this boot
+    claim = claim_one(factory, dead, clock)
+    service = WorkerService(engine, node="n1", slots=1, memory_probe=lambda: PLENTY)
+    service.start()
+    attempt = attempt_row(factory, claim.attempt_id)
+    assert attempt.state == "unknown" and "machine rebooted" in attempt.state_reason
+    assert service.recovered == [f"attempt {claim.attempt_id}: unknown (machine rebooted)"]
+
+
+def test_recorded_pid_owned_by_another_process_is_never_adopted(
+    engine, factory, make_run, register_worker, clock
+):
+    """Same boot, but the recorded start time differs: a recycled pid, not our supervisor."""
+    from workers import identity
+
+    make_run(make_config())
+    dead = register_worker()
+    with db.transaction(factory) as session:
+        (claim,) = ledger.claim_jobs(
+            session,
+            worker_id=dead,
+            node="n1",
+            free_slots=1,
+            mem_available_mib=64_000,
+            now=clock.now(),
+        )
+        ledger.record_spawn(
+            session,
+            claim.attempt_id,
+            fence=claim.fence,
+            actor=dead,
+            now=clock.now(),
+            boot_id=identity.boot_id(),
+            supervisor_pid=identity.current()[0],
+            supervisor_start_time=12345,
+            child_pid=None,
+            child_start_time=None,
+        )
+    service = WorkerService(engine, node="n1", slots=1, memory_probe=lambda: PLENTY)
+    service.start()
+    assert service.in_flight == {}
+    attempt = attempt_row(factory, claim.attempt_id)
+    assert attempt.state == "unknown" and "left no exit.json" in attempt.state_reason
+
+
+def test_reconcile_then_retry(factory, make_run, register_worker, clock):
+    config = make_config([py_stage("one", "pass"), py_stage("two", "pass", needs=["one"])])
+    run_id = make_run(config)
+    worker = register_worker()
+    claim = claim_one(factory, worker, clock)
+    with db.transaction(factory) as session:
+        ledger.mark_unknown(session, claim.attempt_id, reason="lost", actor="t", now=clock.now())
+    with db.transaction(factory) as session:
+        state = ledger.reconcile_attempt(
+            session,
+            claim.attempt_id,
+            verdict="failed",
+            reason="provider says it failed",
+            actor="op",
+            now=clock.now(),
+        )
+    assert state.value == "failed"
+    with factory() as session, session.begin(), pytest.raises(IllegalTransition):
+        ledger.reconcile_attempt(
+            session,
+            claim.attempt_id,
+            verdict="succeeded",
+            reason="again",
+            actor="op2",
+            now=clock.now(),
+        )
+    Controller(factory.kw["bind"], clock=clock, lost_after_seconds=3600).tick()
+    with factory() as session:
+        states = dict(session.execute(select(Job.stage, Job.state)).all())
+        assert states == {"one": "failed", "two": "skipped"}
+        assert session.get(Run, run_id).state == "finished"
+    with db.transaction(factory) as session:
+        moved = ledger.retry_job(
+            session, claim.job_id, reason="fixed the key", actor="op", now=clock.now()
+        )
+    assert moved == 2
+    with factory() as session:
+        states = dict(session.execute(select(Job.stage, Job.state)).all())
+        assert states == {"one": "ready", "two": "waiting"}
+        assert session.get(Run, run_id).state == "active"
+    again = claim_one(factory, worker, clock, spawn=False)
+    assert again.number == 2 and again.idempotency_key != claim.idempotency_key
+
+
+RECONCILER = (
+    "import sys; from cli.main import main; sys.argv = ['laneway', 'reconcile', sys.argv[1], "
+    "'--as', sys.argv[2], '--reason', 'race', '--runtime-dir', sys.argv[3]]; main()"
+)
+
+
+def test_two_concurrent_reconciles_exactly_one_wins(
+    runtime, factory, make_run, register_worker, clock
+):
+    make_run(make_config())
+    worker = register_worker()
+    claim = claim_one(factory, worker, clock)
+    with db.transaction(factory) as session:
+        ledger.mark_unknown(session, claim.attempt_id, reason="lost", actor="t", now=clock.now())
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RECONCILER, str(claim.attempt_id), verdict, str(runtime)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for verdict in ("succeeded", "failed")
+    ]
+    results = [(r.wait(timeout=120), r.communicate()) for r in racers]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 1], results
+    loser = next(err for code, (_, err) in results if code == 1)
+    assert loser.startswith("laneway: attempt") and "is settled, not unknown" in loser
+    attempt = attempt_row(factory, claim.attempt_id)
+    assert attempt.state == "settled" and attempt.outcome in ("succeeded", "failed")
