@@ -12,8 +12,9 @@ crash of the worker service (invariant 6). It:
    output arrives;
 5. enforces the timeout, and obeys TERM/INT/HUP (a controlled stop, invariant 7): TERM
    to the child's group, a grace budget, then KILL to the group;
-6. after the child exits, stops any process of its group still alive the same way and
-   verifies the group is empty;
+6. after the child exits, stops any process of the attempt still alive the same way —
+   in the job's group, or escaped from it (setsid) and re-parented to the subreaper —
+   and verifies none is left;
 7. writes ``exit.json`` atomically (temp, fsync, rename, fsync dir) and exits 0.
 
 It imports only the standard library and laneway's stdlib-only helpers: it starts once
@@ -74,6 +75,44 @@ def _signal_group(pgid: int, signum: int) -> None:
         pass
 
 
+def _children() -> list[int]:
+    """Our direct children. As a subreaper we inherit every orphaned descendant, so this
+    also finds processes that left the job's group (setsid) once their parent is gone."""
+    pids: list[int] = []
+    base = f"/proc/{os.getpid()}/task"
+    try:
+        tasks = os.listdir(base)
+    except OSError:
+        return pids
+    for task in tasks:
+        try:
+            with open(f"{base}/{task}/children", encoding="ascii") as handle:
+                pids += [int(pid) for pid in handle.read().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def _attempt_alive(pgid: int) -> bool:
+    """Any process of the attempt left: in the job's group, or re-parented to us."""
+    return _group_alive(pgid) or bool(_children())
+
+
+def _signal_attempt(pgid: int, signum: int) -> int:
+    """Signal the job's group and every child of ours; returns how many escapees (our
+    children outside the group) were signalled."""
+    _signal_group(pgid, signum)
+    escapees = 0
+    for pid in _children():
+        try:
+            if os.getpgid(pid) != pgid:
+                escapees += 1
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            continue
+    return escapees
+
+
 class Supervision:
     """The state of one supervised child; ``run`` drives it to an exit record."""
 
@@ -96,6 +135,7 @@ class Supervision:
             "stopped": False,
             "spawn_error": None,
             "leftovers_signalled": False,
+            "escapees_signalled": 0,
             "group_empty": None,
             "log_errors": [],
             "started_at": None,
@@ -201,21 +241,23 @@ class Supervision:
                         self.record["exit_code"] = os.WEXITSTATUS(status)
             if not child_done and now >= deadline and kill_at is None:
                 self.record["timed_out"] = True
-                _signal_group(pgid, signal.SIGTERM)
+                self._escapees(_signal_attempt(pgid, signal.SIGTERM))
                 kill_at = now + self.grace
-            if self.stop_requested and kill_at is None:
-                self.record["stopped"] = not self.record["timed_out"]
-                _signal_group(pgid, signal.SIGTERM)
+            if self.stop_requested and kill_at is None and not child_done:
+                # Only while the child runs: a stop after it exited must not turn its
+                # known exit code into "cancelled".
+                self.record["stopped"] = True
+                self._escapees(_signal_attempt(pgid, signal.SIGTERM))
                 kill_at = now + self.grace
-            if child_done and kill_at is None and _group_alive(pgid):
-                # Leftovers of the job in its group: the attempt owns them; stop them.
+            if child_done and kill_at is None and _attempt_alive(pgid):
+                # Leftovers of the job (in its group, or escaped from it and re-parented
+                # to us): the attempt owns them; stop them the same way.
                 self.record["leftovers_signalled"] = True
-                _signal_group(pgid, signal.SIGTERM)
+                self._escapees(_signal_attempt(pgid, signal.SIGTERM))
                 kill_at = now + self.grace
-            if kill_at is not None and now >= kill_at and _group_alive(pgid):
-                _signal_group(pgid, signal.SIGKILL)
-                kill_at = now + 3600  # KILL sent; wait for the kernel
-            if child_done and not _group_alive(pgid):
+            if kill_at is not None and now >= kill_at and _attempt_alive(pgid):
+                self._escapees(_signal_attempt(pgid, signal.SIGKILL))
+            if child_done and not _attempt_alive(pgid):
                 self.record["group_empty"] = True
                 if group_gone_at is None:
                     group_gone_at = now
@@ -237,6 +279,9 @@ class Supervision:
                     continue
                 self._write(logs[key.data], redactors[key.data].feed(data), key.data)
         selector.close()
+
+    def _escapees(self, count: int) -> None:
+        self.record["escapees_signalled"] = max(self.record["escapees_signalled"], count)
 
     def _write(self, fd: int, data: bytes, name: str) -> None:
         if not data:

@@ -149,3 +149,33 @@ def test_secret_values_are_redacted_from_logs(tmp_path):
     logs = (attempt / "stdout.log").read_text() + (attempt / "stderr.log").read_text()
     assert secret not in logs
     assert "[REDACTED] tail" in logs
+
+
+def test_descendant_that_escaped_the_group_is_stopped_too(tmp_path):
+    code = (
+        "import os, subprocess, sys; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+        "start_new_session=True); open(sys.argv[1], 'w').write(str(p.pid))"
+    )
+    pid_file = tmp_path / "escaped.pid"
+    proc, attempt, _ = start(tmp_path, [sys.executable, "-c", code, str(pid_file)], grace=0.5)
+    assert proc.wait(timeout=30) == 0
+    record = exit_record(attempt)
+    assert record["exit_code"] == 0 and record["group_empty"] is True
+    assert record["escapees_signalled"] >= 1
+    assert gone(int(pid_file.read_text()))
+
+
+def test_stop_after_the_child_exited_keeps_its_exit_code(tmp_path):
+    # The child exits at once but a grandchild keeps the pipes open, so the supervisor
+    # is still draining when the stop arrives.
+    code = (
+        "import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+        "'import time, sys; time.sleep(600)'], stdout=sys.stdout); print('bye', flush=True)"
+    )
+    proc, attempt, report = start(tmp_path, [sys.executable, "-c", code], grace=5)
+    wait_until(lambda: gone(report["child_pid"]))  # exited and reaped by the supervisor
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    record = exit_record(attempt)
+    assert record["exit_code"] == 0 and record["stopped"] is False
