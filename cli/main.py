@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 from sqlalchemy import text
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.exc import SQLAlchemyError
 
 from cli import render
 from controller import config as config_module
@@ -33,6 +33,7 @@ from controller.status import build_status
 from workers.service import WorkerService, psutil_memory
 
 EXIT_BLOCKED = 3
+MAX_ID = 2**63 - 1
 BLOCKING_REASONS = {"halted", "unknown_outcome", "paused", "stopped"}
 
 app = typer.Typer(
@@ -192,7 +193,9 @@ def start_pipeline(
 
 @app.command()
 def status(
-    run: Annotated[int | None, typer.Argument(help="Run id (default: the newest).")] = None,
+    run: Annotated[
+        int | None, typer.Argument(help="Run id (default: the newest).", min=1, max=MAX_ID)
+    ] = None,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     as_json: JsonFlag = False,
     watch: Annotated[bool, typer.Option("--watch", help="Refresh every 2 s.")] = False,
@@ -294,6 +297,14 @@ def worker(
     )
     stopper = _Stopper(log)
     service.serve(stopper.stop)
+    if service.revoked is not None:
+        log(
+            "worker_revoked",
+            f"laneway worker {worker_id}: {service.revoked}; exiting "
+            "without further ledger writes (evidence files stay)",
+            reason=service.revoked,
+        )
+        raise typer.Exit(1)
     service.drain(should_abort=stopper.abort)
     if service.in_flight:
         log(
@@ -442,7 +453,9 @@ class ReconcileAs(StrEnum):
 
 @app.command()
 def reconcile(
-    attempt: Annotated[int, typer.Argument(help="The unknown attempt's id (see `status`).")],
+    attempt: Annotated[
+        int, typer.Argument(help="The unknown attempt's id (see `status`).", min=1, max=MAX_ID)
+    ],
     as_: Annotated[ReconcileAs, typer.Option("--as", help="What really happened to the attempt.")],
     reason: Annotated[str, typer.Option("--reason", help="Why you know (recorded).")],
     result: Annotated[
@@ -484,7 +497,9 @@ def reconcile(
 
 @app.command()
 def retry(
-    job: Annotated[int, typer.Argument(help="The failed job's id (see `status`/`sql`).")],
+    job: Annotated[
+        int, typer.Argument(help="The failed job's id (see `status`/`sql`).", min=1, max=MAX_ID)
+    ],
     reason: Annotated[str, typer.Option("--reason", help="Why it is safe to run again.")],
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     as_json: JsonFlag = False,
@@ -540,10 +555,11 @@ def sql(
     """
     try:
         engine = db.make_engine(_existing_ledger(runtime_dir), readonly=True)
+        db.check_revision(engine)
         with engine.connect() as connection:
             if not db.is_sqlite(engine):
                 connection.execute(text("SET TRANSACTION READ ONLY"))
-            result = connection.execute(text(query))
+            result = connection.exec_driver_sql(query)
             if not result.returns_rows:
                 raise UsageError("the query returned no rows; `laneway sql` is for SELECTs")
             headers = list(result.keys())
@@ -551,8 +567,9 @@ def sql(
     except LanewayError as error:
         _fail(error, as_json)
         return
-    except (OperationalError, ProgrammingError) as error:
-        message = str(error.orig).splitlines()[0] if error.orig else str(error)
+    except SQLAlchemyError as error:
+        origin = getattr(error, "orig", None) or error
+        message = (str(origin).splitlines() or [type(origin).__name__])[0]
         _fail(UsageError(f"query refused: {message}"), as_json)
         return
     if as_json:

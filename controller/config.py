@@ -359,9 +359,17 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> PipelineConfig:
 
 
 def _absolute_cwd(stage: Any, base_dir: Path) -> Any:
-    if isinstance(stage, dict) and isinstance(stage.get("cwd"), str) and stage["cwd"]:
-        # A relative cwd is relative to the config file, never to wherever laneway runs.
+    """Relative paths in a stage are relative to the config file, never to wherever
+    laneway runs: ``cwd``, and an ``argv[0]`` such as ``./tool.sh`` or ``bin/tool``."""
+    if not isinstance(stage, dict):
+        return stage
+    if isinstance(stage.get("cwd"), str) and stage["cwd"]:
         stage = {**stage, "cwd": os.path.normpath(base_dir / stage["cwd"])}
+    argv = stage.get("argv")
+    if isinstance(argv, list) and argv and isinstance(argv[0], str):
+        program = argv[0]
+        if "/" in program and not program.startswith(("/", "{")):
+            stage = {**stage, "argv": [os.path.normpath(base_dir / program), *argv[1:]]}
     return stage
 
 

@@ -129,6 +129,7 @@ def _settle_from_exit_record(session: Session, attempt: Attempt, now: datetime) 
         exit_signal=(exit_record or {}).get("signal"),
         result=result,
         diagnostics=verdict.diagnostics,
+        revoke=True,
     )
     return True
 

@@ -20,9 +20,10 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import Session, sessionmaker
 
-from controller.errors import LedgerRevisionError
+from controller.errors import LedgerRevisionError, UsageError
 
 LEDGER_FILENAME = "ledger.sqlite3"
 BUSY_TIMEOUT_MS = 30_000
@@ -83,7 +84,7 @@ def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
-_readers: dict[int, sessionmaker[Session]] = {}
+_readers: dict[str, sessionmaker[Session]] = {}
 
 
 def reader(engine: Engine) -> sessionmaker[Session]:
@@ -92,14 +93,12 @@ def reader(engine: Engine) -> sessionmaker[Session]:
     On SQLite every transaction of ``engine`` begins IMMEDIATE; frequent polls through it
     would queue behind, and block, real writers. This opens the same file read-only.
     """
-    factory = _readers.get(id(engine))
+    if not is_sqlite(engine):
+        return session_factory(engine)
+    url = engine.url.render_as_string(hide_password=False)
+    factory = _readers.get(url)
     if factory is None:
-        if is_sqlite(engine):
-            url = engine.url.render_as_string(hide_password=False)
-            factory = session_factory(make_engine(url, readonly=True))
-        else:
-            factory = session_factory(engine)
-        _readers[id(engine)] = factory
+        factory = _readers[url] = session_factory(make_engine(url, readonly=True))
     return factory
 
 
@@ -123,8 +122,14 @@ def head_revision() -> str:
 
 
 def current_revision(engine: Engine) -> str | None:
-    with engine.connect() as connection:
-        return MigrationContext.configure(connection).get_current_revision()
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    except DatabaseError as exc:
+        raise LedgerRevisionError(
+            f"{engine.url.database or engine.url} is not a laneway ledger "
+            f"({str(exc.orig or exc).splitlines()[0]})"
+        ) from None
 
 
 def check_revision(engine: Engine) -> None:
@@ -153,7 +158,13 @@ def upgrade(engine: Engine) -> None:
 
 def open_ledger(runtime_dir: str | os.PathLike[str], *, migrate: bool = True) -> Engine:
     """The engine every laneway process uses: create the runtime dir, migrate to head."""
-    Path(runtime_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        Path(runtime_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"--runtime-dir {runtime_dir}: cannot create it ({exc.strerror or exc}); "
+            "pass a directory laneway can write"
+        ) from None
     engine = make_engine(ledger_url(runtime_dir))
     if migrate:
         upgrade(engine)

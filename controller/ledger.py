@@ -698,9 +698,13 @@ def _snapshot(
             Item.key.label("item_key"),
         )
         .join(Item, Item.id == Job.item_id)
-        .where(Job.run_id.in_(run_ids), Job.state == JobState.READY.value)
+        .join(Lane, (Lane.run_id == Job.run_id) & (Lane.name == Job.lane))
+        .where(Job.run_id.in_(run_ids), Job.state == JobState.READY.value, Lane.node == node)
         .order_by(Job.run_id, Job.stage_position.desc(), Item.position)
         .limit(limit)
+        # PostgreSQL: racing workers skip rows another claim holds (SQLite ignores this;
+        # its BEGIN IMMEDIATE already serialises claims).
+        .with_for_update(skip_locked=True, of=Job)
     ).all()
     candidates = []
     jobs_by_id: dict[int, tuple[Any, Run]] = {}
@@ -736,7 +740,14 @@ def _snapshot(
             .select_from(Attempt)
             .where(
                 Attempt.node == node,
-                Attempt.state.in_([AttemptState.INTENT.value, AttemptState.RUNNING.value]),
+                # Unknown attempts count: their processes may still be running.
+                Attempt.state.in_(
+                    [
+                        AttemptState.INTENT.value,
+                        AttemptState.RUNNING.value,
+                        AttemptState.UNKNOWN.value,
+                    ]
+                ),
             )
         )
         or 0
@@ -910,8 +921,12 @@ def settle_attempt(
     exit_signal: int | None = None,
     result: dict[str, Any] | None = None,
     diagnostics: list[str] | None = None,
+    revoke: bool = False,
 ) -> JobState:
     """Settle an attempt into ``outcome``, move its job on, release lease and reservation.
+
+    ``revoke``: settling on the lease holder's behalf (the controller, after the lease
+    expired) bumps the fence, so the holder, should it return, gets StaleLease.
 
     The job becomes ready again only if its stage's retry policy names the outcome and
     attempts remain; otherwise it becomes succeeded, failed or cancelled. Downstream jobs
@@ -958,6 +973,7 @@ def settle_attempt(
         now=now,
         actor=actor,
         fence=fence,
+        bump_fence=revoke,
         reason=None
         if new_state is JobState.SUCCEEDED
         else f"attempt {attempt.number}: {outcome.value}",
@@ -1198,7 +1214,7 @@ def expire_leases(session: Session, *, now: datetime, actor: str, settle: Any = 
     establish the outcome (returns True), else marked unknown: the process may still be
     running. Returns the attempt ids handled."""
     rows = session.execute(
-        select(Lease.id, Lease.attempt_id, Lease.worker_id, Lease.expires_at)
+        select(Lease.id, Lease.attempt_id, Lease.worker_id, Lease.expires_at, Lease.fence)
         .join(Attempt, Attempt.id == Lease.attempt_id)
         .where(
             Lease.released_at.is_(None),
@@ -1224,6 +1240,7 @@ def expire_leases(session: Session, *, now: datetime, actor: str, settle: Any = 
             ),
             actor=actor,
             now=now,
+            fence=row.fence,
         )
         handled.append(row.attempt_id)
     return handled

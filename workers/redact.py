@@ -30,6 +30,24 @@ TOKEN_PATTERNS = (
 )
 
 
+_KEYWORD_BEFORE = re.compile(rb"(?i)(bearer|basic|token|authorization[\"']?\s*[:=])[\"']?\s*$")
+HOLD_TAIL = 1024
+
+
+def _safe_cut(buffer: bytes) -> int:
+    """Where to cut a line too long to hold whole: at whitespace (tokens have none), not
+    right after a keyword whose token follows, keeping at least HOLD_TAIL bytes back."""
+    cut = len(buffer) - HOLD_TAIL
+    while cut > 0:
+        space = max(buffer.rfind(b" ", 0, cut), buffer.rfind(b"\t", 0, cut))
+        if space <= 0:
+            break
+        if not _KEYWORD_BEFORE.search(buffer[:space]):
+            return space + 1
+        cut = space
+    return len(buffer) - HOLD_TAIL
+
+
 class Redactor:
     def __init__(self, secrets: list[str]) -> None:
         values = {s.encode() for s in secrets if len(s) >= MIN_SECRET_LEN}
@@ -64,7 +82,7 @@ class Redactor:
             self._line = buffer
             return b""
         if end == 0:
-            end = len(buffer)
+            end = _safe_cut(buffer)
         self._line = buffer[end:]
         return self._mask_tokens(buffer[:end])
 

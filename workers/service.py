@@ -111,9 +111,9 @@ def resolve_env(
 ) -> tuple[dict[str, str], list[str]]:
     """Resolve ``${NAME}`` references from the worker's environment.
 
-    Returns the resolved env and the names whose values came from references (the
-    supervisor redacts those values from the logs). Raises SecretMissing naming the
-    variable when one is not set.
+    Returns the resolved env and the names of variables whose values are secret: each
+    resolved variable and each referenced one (the supervisor redacts their values).
+    Raises SecretMissing naming the variable when one is not set.
     """
     resolved: dict[str, str] = {}
     secret_names: list[str] = []
@@ -126,7 +126,10 @@ def resolve_env(
                 )
         resolved[name] = ENV_REF.sub(lambda m: environ[m.group(1)], template)
         if references:
+            # Redact both the resolved value and each referenced secret on its own (the
+            # child inherits the worker's environment, so it can print either).
             secret_names.append(name)
+            secret_names += [r for r in references if r not in secret_names]
     return resolved, secret_names
 
 
@@ -162,7 +165,10 @@ class WorkerService:
         self._exit_codes: dict[int, dict[str, dict[int, Outcome]]] = {}
         self._receipt_errors: dict[int, str] = {}
         self.recovered: list[str] = []
-        self.heartbeat_errors: list[str] = []
+        self.heartbeat_failures = 0
+        self.last_heartbeat_error: str | None = None
+        self.revoked: str | None = None
+        """Why the ledger no longer accepts this worker (it was declared lost), if so."""
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -353,6 +359,8 @@ class WorkerService:
     def trusts_its_leases(self) -> bool:
         """False once no heartbeat has succeeded for ``lease_seconds``: the leases may
         have expired, so this worker must not take on new work until one succeeds."""
+        if self.revoked is not None:
+            return False
         return time.monotonic() - self._last_heartbeat < self.lease_seconds
 
     def _worth_claiming(self) -> bool:
@@ -380,7 +388,12 @@ class WorkerService:
         except OperationalError as exc:
             # The ledger is unreachable or locked for now: keep supervising, retry on the
             # next tick; past lease_seconds, trusts_its_leases() stops new claims.
-            self.heartbeat_errors.append(str(exc.orig or exc).splitlines()[0])
+            self.heartbeat_failures += 1
+            self.last_heartbeat_error = str(exc.orig or exc).splitlines()[0]
+            return
+        except StaleLease as exc:
+            # The controller declared this worker lost: it may write nothing more.
+            self.revoked = str(exc)
             return
         self._last_heartbeat = time.monotonic()
 
@@ -417,6 +430,11 @@ class WorkerService:
                 supervisor = self._start_supervisor(claim)
             except SecretMissing as exc:
                 self._settle_without_spawn(claim, str(exc))
+                continue
+            except OSError as exc:
+                # Nothing started for this claim (workspace, log or fork failed): a harness
+                # failure of its own; supervisors already started are still recorded below.
+                self._settle_without_spawn(claim, f"could not start the supervisor: {exc}")
                 continue
             started.append((claim, supervisor))
         identities = []
@@ -612,7 +630,7 @@ class WorkerService:
 
     def serve(self, should_stop: Callable[[], bool], poll_seconds: float = 0.02) -> None:
         """Tick until ``should_stop()``. The caller drains (``drain``) or leaves."""
-        while not should_stop():
+        while not should_stop() and self.revoked is None:
             report = self.tick()
             if not report.claimed and not report.settled:
                 time.sleep(poll_seconds)

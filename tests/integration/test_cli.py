@@ -227,3 +227,29 @@ def test_config_rejects_secret_reference_in_argv(tmp_path):
     result = invoke("dry-run", str(path))
     assert_clean_error(result, 2)
     assert "stages.0: argv.4: ${...} references are resolved only in env" in result.stderr
+
+
+def test_a_file_that_is_not_a_ledger_is_a_clean_error(tmp_path):
+    (tmp_path / "ledger.sqlite3").write_text("not a database at all")
+    for args in (["status"], ["sql", "SELECT 1"]):
+        result = invoke(*args, "--runtime-dir", str(tmp_path))
+        assert_clean_error(result, 1)
+        assert "is not a laneway ledger" in result.stderr
+
+
+def test_runtime_dir_that_cannot_be_created_is_a_clean_error(good_config, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = invoke("start-pipeline", str(good_config), "--runtime-dir", str(blocker / "rt"))
+    assert_clean_error(result, 2)
+    assert "--runtime-dir" in result.stderr
+
+
+def test_sql_with_a_bind_marker_and_huge_ids_are_clean_errors(good_config, tmp_path):
+    runtime = tmp_path / "rt"
+    invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--no-controller")
+    assert_clean_error(invoke("sql", "SELECT :x", "--runtime-dir", str(runtime)), 2)
+    literal = invoke("sql", "SELECT 'a :b' AS v", "--runtime-dir", str(runtime), "--json")
+    assert json.loads(literal.stdout) == [{"v": "a :b"}]
+    huge = invoke("status", "99999999999999999999", "--runtime-dir", str(runtime))
+    assert huge.exit_code == 2 and "Traceback" not in huge.output

@@ -58,4 +58,13 @@ def test_partial_line_is_held_until_its_end_but_not_forever():
     redactor = Redactor([])
     assert redactor.feed(b"no newline yet") == b""
     assert redactor.feed(b" ... done\n") == b"no newline yet ... done\n"
-    assert redactor.feed(b"x" * (70 * 1024)) == b"x" * (70 * 1024)
+    assert redactor.feed(b"x" * (70 * 1024)) == b"x" * (69 * 1024)  # 1 KiB held back
+    assert redactor.flush() == b"x" * 1024
+
+
+def test_token_at_a_forced_long_line_cut_is_still_caught():
+    padding = b"x" * (64 * 1024) + b" "
+    first = padding + b"Authorization: Bearer abcd"
+    out = run(Redactor([]), [first, b"efghijklmnop123 more text\n"])
+    assert b"efghijklmnop123" not in out and b"abcd" not in out
+    assert out.endswith(b"Authorization: Bearer [REDACTED] more text\n")
