@@ -29,6 +29,7 @@ from controller import db, ledger, pipeline
 from controller.clock import SystemClock, iso
 from controller.daemon import Controller
 from controller.errors import ConfigError, LanewayError, UsageError
+from controller.states import ControlKind, ControlScope
 from controller.status import build_status
 from workers.service import WorkerService, psutil_memory
 
@@ -443,6 +444,151 @@ class _Progress:
         if line != self.last:
             typer.echo(line, err=True)
             self.last = line
+
+
+RunArg = Annotated[
+    int | None,
+    typer.Argument(help="Run id (omit with --all).", min=1, max=MAX_ID, show_default=False),
+]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded with who and when).")]
+AllOpt = Annotated[bool, typer.Option("--all", help="Every run (a global control).")]
+LaneOpt = Annotated[str | None, typer.Option("--lane", help="Only this lane of the run.")]
+
+
+def _control(
+    kind: ControlKind,
+    run: int | None,
+    everything: bool,
+    reason: str,
+    runtime_dir: Path,
+    as_json: bool,
+    *,
+    lane: str | None = None,
+    clear: tuple[ControlKind, ...] = (),
+) -> None:
+    try:
+        if (run is None) == (not everything):
+            raise UsageError("name a RUN, or pass --all for every run (not both)")
+        if lane is not None and run is None:
+            raise UsageError("--lane needs a RUN")
+        engine = db.make_engine(_existing_ledger(runtime_dir))
+        db.check_revision(engine)
+        now = SystemClock().now()
+        with db.transaction(db.session_factory(engine)) as session:
+            if run is not None:
+                run_row = ledger.get_run(session, run)
+                if lane is not None and lane not in {
+                    lane_config.name for lane_config in ledger.run_config(run_row).lanes
+                }:
+                    raise UsageError(f"run {run} has no lane {lane!r}")
+            if clear:
+                count = ledger.clear_controls(
+                    session, clear, reason=_reason(reason), actor=_actor(), now=now, run_id=run
+                )
+                body = {"ok": True, "cleared": count, "kinds": [k.value for k in clear]}
+            else:
+                scope = (
+                    ControlScope.GLOBAL
+                    if run is None
+                    else ControlScope.LANE
+                    if lane
+                    else ControlScope.RUN
+                )
+                control_id = ledger.set_control(
+                    session,
+                    kind,
+                    scope=scope,
+                    run_id=run,
+                    lane=lane,
+                    reason=_reason(reason),
+                    actor=_actor(),
+                    now=now,
+                )
+                body = {
+                    "ok": True,
+                    "control_id": control_id,
+                    "kind": kind.value,
+                    "scope": scope.value,
+                }
+    except LanewayError as error:
+        _fail(error, as_json)
+        return
+    target = "every run" if run is None else f"run {run}" + (f" lane {lane}" if lane else "")
+    if clear:
+        _emit(body, as_json, lambda b: f"cleared {b['cleared']} control(s) on {target}")
+    else:
+        _emit(body, as_json, lambda b: f"{kind.value} set on {target} (control {b['control_id']})")
+
+
+@app.command()
+def pause(
+    run: RunArg = None,
+    reason: ReasonOpt = "",
+    lane: LaneOpt = None,
+    everything: AllOpt = False,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    as_json: JsonFlag = False,
+) -> None:
+    """Pause dispatch (resumable): running attempts go on; nothing new starts."""
+    _control(ControlKind.PAUSE, run, everything, reason, runtime_dir, as_json, lane=lane)
+
+
+@app.command()
+def stop(
+    run: RunArg = None,
+    reason: ReasonOpt = "",
+    everything: AllOpt = False,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    as_json: JsonFlag = False,
+) -> None:
+    """Drain: no new dispatch; running attempts finish and settle. `resume` lifts it."""
+    _control(ControlKind.STOP, run, everything, reason, runtime_dir, as_json)
+
+
+@app.command()
+def resume(
+    run: RunArg = None,
+    reason: ReasonOpt = "",
+    everything: AllOpt = False,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    as_json: JsonFlag = False,
+) -> None:
+    """Lift pauses and stops (not halts: those need `clear-halt`)."""
+    _control(
+        ControlKind.PAUSE,
+        run,
+        everything,
+        reason,
+        runtime_dir,
+        as_json,
+        clear=(ControlKind.PAUSE, ControlKind.STOP),
+    )
+
+
+@app.command()
+def halt(
+    run: RunArg = None,
+    reason: ReasonOpt = "",
+    everything: AllOpt = False,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    as_json: JsonFlag = False,
+) -> None:
+    """Halt dispatch (fatal): only `clear-halt` with a reason lifts it."""
+    _control(ControlKind.HALT, run, everything, reason, runtime_dir, as_json)
+
+
+@app.command("clear-halt")
+def clear_halt(
+    run: RunArg = None,
+    reason: ReasonOpt = "",
+    everything: AllOpt = False,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    as_json: JsonFlag = False,
+) -> None:
+    """Lift halts, with a recorded reason."""
+    _control(
+        ControlKind.HALT, run, everything, reason, runtime_dir, as_json, clear=(ControlKind.HALT,)
+    )
 
 
 class ReconcileAs(StrEnum):

@@ -56,6 +56,7 @@ class Controller:
         self.clock = clock or SystemClock()
         self.snapshot_seconds = snapshot_seconds
         self._last_snapshot: dict[int, tuple[int, float]] = {}
+        self._snapshot_errors: dict[int, str] = {}
 
     def tick(self, now: datetime | None = None) -> ControllerReport:
         now = now or self.clock.now()
@@ -90,10 +91,29 @@ class Controller:
             run = ledger.get_run(session, run_id)
             status = build_status(session, run, now=now)
         directory = Path(run.runtime_dir) / "runs" / str(run_id)
-        directory.mkdir(parents=True, exist_ok=True)
-        write_json(directory / "status.json", status)
-        if final:
-            write_json(directory / "SUMMARY.json", _summary(status))
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            write_json(directory / "status.json", status)
+            if final:
+                write_json(directory / "SUMMARY.json", _summary(status))
+        except OSError as exc:
+            # A derived snapshot failing is its own diagnostic: it never stops the tick
+            # and never touches an outcome. Recorded once per distinct error.
+            message = f"{exc.strerror or exc}"
+            if self._snapshot_errors.get(run_id) != message:
+                self._snapshot_errors[run_id] = message
+                with db.transaction(self.factory) as session:
+                    ledger.append_event(
+                        session,
+                        "snapshot_failed",
+                        actor=ACTOR,
+                        now=now,
+                        run_id=run_id,
+                        error=message,
+                        final=final,
+                    )
+            return
+        self._snapshot_errors.pop(run_id, None)
         self._last_snapshot[run_id] = (latest, time.monotonic())
 
     def serve(self, should_stop: Callable[[], bool], interval: float = 0.25) -> None:

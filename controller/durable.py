@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from controller import faults
+
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
     """fsync a directory so a rename inside it survives a power cut."""
@@ -30,6 +32,7 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """
     target = Path(path)
     partial = target.with_name(target.name + ".partial")
+    site = faults.site_of(target)
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         try:
@@ -37,6 +40,8 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
+            if site:
+                faults.check(site)  # test hook: the write or its fsync failing
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -980,7 +980,35 @@ def settle_attempt(
     )
     _release(session, attempt_id, now=now)
     promote_item(session, job.item_id, now=now, actor=actor)
+    _trip_breaker(session, attempt, outcome, reason, now=now, actor=actor)
     return new_state
+
+
+def _trip_breaker(
+    session: Session,
+    attempt: Attempt,
+    outcome: Outcome,
+    reason: str | None,
+    *,
+    now: datetime,
+    actor: str,
+) -> None:
+    """Invariant 11, in the settle's own transaction: a fatal outcome halts the run, a
+    harness failure (laneway's own side broke) pauses it. Ordinary failures never trip."""
+    kind = {Outcome.FATAL: ControlKind.HALT, Outcome.HARNESS_FAILURE: ControlKind.PAUSE}.get(
+        outcome
+    )
+    if kind is None:
+        return
+    set_control(
+        session,
+        kind,
+        scope=ControlScope.RUN,
+        run_id=attempt.run_id,
+        reason=f"attempt {attempt.id} settled {outcome.value}: {reason or 'no reason given'}",
+        actor=actor,
+        now=now,
+    )
 
 
 def mark_unknown(

@@ -5,7 +5,8 @@ Pure policy over what the supervisor and the job left on disk. The rules, in ord
 1. No readable exit record → the outcome cannot be established: ``None`` (unknown).
 2. The command could not be started → ``harness_failure``.
 3. Stopped by an operator → ``cancelled``; killed by its timeout → ``timed_out``.
-4. The supervisor could not write the logs → ``harness_failure`` (the exit code is kept).
+4. The supervisor could not write the logs, or laneway could not read result.json (an
+   I/O error, not bad content) → ``harness_failure`` (the exit code is kept).
 5. A valid result JSON with ``fatal_failure: true`` → ``fatal``; with
    ``infrastructure_failure: true`` → ``infra_failure``.
 6. Killed by a signal nobody sent on purpose → ``failed``.
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controller import faults
 from controller.durable import read_json
 from controller.states import Outcome
 
@@ -51,6 +53,7 @@ def classify(
     result: dict[str, Any] | None,
     result_problem: str | None,
     exit_codes: dict[int, Outcome],
+    result_unreadable: bool = False,
 ) -> Verdict:
     """The outcome of one attempt; see the module docstring for the rules."""
     if exit_record is None:
@@ -70,6 +73,12 @@ def classify(
             Outcome.HARNESS_FAILURE,
             "log write failed: " + "; ".join(log_errors),
             diagnostics + [f"log: {e}" for e in log_errors],
+        )
+    if result_unreadable:
+        return Verdict(
+            Outcome.HARNESS_FAILURE,
+            f"{result_problem} (exit code {exit_record.get('exit_code')} kept)",
+            diagnostics,
         )
     if result is not None and result_problem is None:
         if result.get("fatal_failure") is True:
@@ -119,13 +128,20 @@ def read_outcome(
         exit_problem = f"exit.json unreadable: {exc}"
     result: Any = None
     result_problem = None
+    result_unreadable = False
     try:
+        faults.check("result_read")  # test hook
         result = read_json(directory / "result.json")
         result_problem = check_result(result, job_id)
     except FileNotFoundError:
         result = None
-    except (OSError, ValueError) as exc:
-        result_problem = f"result.json unreadable: {exc}"
+    except ValueError as exc:
+        result_problem = f"result.json is not valid JSON: {exc}"
+        result = None
+    except OSError as exc:
+        # Our own I/O failed: the job's report is unavailable, not negative.
+        result_problem = f"result.json could not be read: {exc.strerror or exc}"
+        result_unreadable = True
         result = None
     valid = result if isinstance(result, dict) else None
     verdict = classify(
@@ -134,5 +150,6 @@ def read_outcome(
         result=valid,
         result_problem=result_problem,
         exit_codes=exit_codes,
+        result_unreadable=result_unreadable,
     )
     return verdict, exit_record, valid

@@ -57,6 +57,9 @@ class InFlight:
     claim: ledger.Claim
     supervisor: subprocess.Popen[bytes] | AdoptedSupervisor
     exit_codes: dict[int, Outcome]
+    marked_unknown: bool = False
+    """Already unknown in the ledger (e.g. its receipt could not be saved): watched only
+    to reap its supervisor; an operator reconciles it from the evidence."""
 
 
 class AdoptedSupervisor:
@@ -163,7 +166,6 @@ class WorkerService:
         self._last_claim = float("-inf")
         self._seen_event = -1
         self._exit_codes: dict[int, dict[str, dict[int, Outcome]]] = {}
-        self._receipt_errors: dict[int, str] = {}
         self.recovered: list[str] = []
         self.heartbeat_failures = 0
         self.last_heartbeat_error: str | None = None
@@ -545,9 +547,23 @@ class WorkerService:
         try:
             write_json(Path(claim.attempt_dir) / "receipt.json", receipt)
         except OSError as exc:
-            # The ledger already holds the identity; a missing receipt is a diagnostic
-            # settled with the attempt, never a reason to lose its outcome.
-            self._receipt_errors[claim.attempt_id] = f"receipt.json: {exc.strerror or exc}"
+            # Fail closed: without its claim evidence on disk the attempt is unknown and the
+            # run stops dispatching until an operator reconciles it. The supervisor runs on
+            # and its exit.json will be there to reconcile from.
+            reason = (
+                f"receipt.json could not be saved ({exc.strerror or exc}); the command runs "
+                "on under its supervisor: reconcile it from exit.json when it ends"
+            )
+            with db.transaction(self.factory) as session:
+                ledger.mark_unknown(
+                    session,
+                    claim.attempt_id,
+                    reason=reason,
+                    actor=self.worker_id,
+                    now=now,
+                    fence=claim.fence,
+                )
+            self.in_flight[claim.attempt_id].marked_unknown = True
 
     def _settle_without_spawn(self, claim: ledger.Claim, reason: str) -> None:
         """Nothing was started (e.g. a secret reference is unset): a harness failure."""
@@ -569,6 +585,9 @@ class WorkerService:
         outcomes: list[str] = []
         for attempt_id, flight in list(self.in_flight.items()):
             if flight.supervisor.poll() is None:
+                continue
+            if flight.marked_unknown:
+                del self.in_flight[attempt_id]
                 continue
             verdict, exit_record, result = self._read_outcome(flight)
             crash_point("worker_before_settle")
@@ -621,9 +640,6 @@ class WorkerService:
                 + " and left no exit.json"
             ),
         )
-        receipt_error = self._receipt_errors.pop(flight.claim.attempt_id, None)
-        if receipt_error:
-            verdict.diagnostics.append(receipt_error)
         return verdict, exit_record, result
 
     # -- the loop ------------------------------------------------------------

@@ -34,12 +34,14 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from controller import faults
 from controller.crashpoints import crash_point
 from controller.durable import write_json
 from workers.identity import boot_id, process_start_time
 from workers.redact import Redactor
 
 EXIT_RECORD = "exit.json"
+EXIT_RECORD_FAILED = 3
 PR_SET_CHILD_SUBREAPER = 36
 READ_SIZE = 65536
 DRAIN_SECONDS = 2.0
@@ -287,6 +289,7 @@ class Supervision:
         if not data:
             return
         try:
+            faults.check("log_write")  # test hook
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
@@ -304,7 +307,16 @@ class Supervision:
                 self.record["log_errors"].append(f"{name} fsync: {exc.strerror or exc}")
             os.close(fd)
         self.record["ended_at"] = _utc()
-        write_json(os.path.join(self.directory, EXIT_RECORD), self.record)
+        try:
+            write_json(os.path.join(self.directory, EXIT_RECORD), self.record)
+        except OSError as exc:
+            # No exit record means unknown, never a guess: say why and exit non-zero. The
+            # exit code is kept in supervisor.log for the operator who reconciles.
+            sys.stderr.write(
+                f"laneway supervisor: could not save exit.json ({exc}); "
+                f"exit_code={self.record['exit_code']} signal={self.record['signal']}\n"
+            )
+            return EXIT_RECORD_FAILED
         return 0
 
 

@@ -10,11 +10,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 
 from controller import db
 from controller.daemon import Controller
-from controller.models import Attempt, Job, Run
+from controller.models import Attempt, Control, Decision, Job, Run
 from tests.support import escape, make_config, py_stage, wait_until
 from workers.service import WorkerService
 
@@ -121,7 +122,7 @@ def test_outcome_classes_from_exit_codes_and_results(engine, make_run):
         """
     )
     stage = py_stage("s", code, exit_codes={0: "succeeded", 75: "infra_failure"})
-    keys = ["ok", "no", "infra", "fatal", "liar", "mapped"]
+    keys = ["ok", "no", "infra", "liar", "mapped"]
     run_id = make_run(make_config([stage], items=[{"key": k, "lane": "a"} for k in keys]))
     drive(engine, [start_worker(engine)], run_id)
     with db.session_factory(engine)() as session:
@@ -131,9 +132,48 @@ def test_outcome_classes_from_exit_codes_and_results(engine, make_run):
             .order_by(Job.item_id)
         ).all()
     outcomes = [row.outcome for row in rows]
-    assert outcomes == ["succeeded", "failed", "infra_failure", "fatal", "failed", "infra_failure"]
-    assert "not this job" in rows[4].diagnostics[0]
-    assert [row.state for row in rows] == ["succeeded"] + ["failed"] * 5
+    assert outcomes == ["succeeded", "failed", "infra_failure", "failed", "infra_failure"]
+    assert "not this job" in rows[3].diagnostics[0]
+    assert [row.state for row in rows] == ["succeeded"] + ["failed"] * 4
+
+
+@pytest.mark.parametrize(
+    ("code", "outcome", "control"),
+    [
+        (
+            "import json, os; json.dump({'job_id': os.environ['LANEWAY_JOB_ID'], "
+            "'fatal_failure': True}, open(os.environ['LANEWAY_RESULT_PATH'], 'w'))",
+            "fatal",
+            "halt",
+        ),
+        ("raise SystemExit(0)", "harness_failure", "pause"),
+    ],
+)
+def test_fatal_halts_and_harness_failure_pauses_the_run(engine, make_run, code, outcome, control):
+    extra = (
+        {"env": {"API_KEY": "${LANEWAY_TEST_UNSET_VAR}"}} if outcome == "harness_failure" else {}
+    )
+    run_id = make_run(make_config([py_stage("s", code, **extra)], items=3, max_jobs=1))
+    service = start_worker(engine, slots=1)
+    controller = Controller(engine)
+
+    def first_settled():
+        controller.tick()
+        service.tick()
+        return any(a.state == "settled" for a in attempts(engine, run_id))
+
+    wait_until(first_settled)
+    for _ in range(5):  # and nothing more is dispatched
+        controller.tick()
+        service.tick()
+    (attempt,) = attempts(engine, run_id)
+    assert attempt.outcome == outcome
+    with db.session_factory(engine)() as session:
+        controls = session.scalars(select(Control).where(Control.run_id == run_id)).all()
+        codes = set(session.scalars(select(Decision.reason_code).where(Decision.run_id == run_id)))
+    assert [(c.kind, c.scope) for c in controls] == [(control, "run")]
+    assert f"attempt {attempt.id} settled {outcome}" in controls[0].reason
+    assert ("halted" if control == "halt" else "paused") in codes
 
 
 def test_timeout_settles_timed_out(engine, make_run):
