@@ -8,6 +8,7 @@ else in laneway speaks dialect-neutral SQLAlchemy.
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -103,10 +104,37 @@ def reader(engine: Engine) -> sessionmaker[Session]:
 
 
 @contextmanager
-def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
-    """One write transaction: commit on success, roll back on any error."""
-    with factory() as session, session.begin():
-        yield session
+def transaction(factory: sessionmaker[Session], *, fair: bool = True) -> Iterator[Session]:
+    """One write transaction: commit on success, roll back on any error.
+
+    On SQLite, writers first queue on an flock of ``<ledger>.writelock`` (``fair``):
+    SQLite's own busy handler sleeps and retries, so under contention a writer can lose
+    the race again and again and wait for seconds; blocked in flock, waiters are woken
+    the moment the lock is free (bench/bench_contention.py measures both).
+    """
+    with _write_lock(factory.kw.get("bind") if fair else None):
+        with factory() as session, session.begin():
+            yield session
+
+
+_lock_fds: dict[tuple[int, str], int] = {}
+
+
+@contextmanager
+def _write_lock(engine: Engine | None) -> Iterator[None]:
+    if engine is None or not is_sqlite(engine) or not engine.url.database:
+        yield
+        return
+    path = engine.url.database + ".writelock"
+    key = (os.getpid(), path)  # flock belongs to an open file: never share one across fork
+    fd = _lock_fds.get(key)
+    if fd is None:
+        fd = _lock_fds[key] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def alembic_config() -> Config:
