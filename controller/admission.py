@@ -80,6 +80,9 @@ class Snapshot:
     controls: list[ControlView] = field(default_factory=list)
     unknown_runs: dict[int, int] = field(default_factory=dict)
     """run id -> number of attempts awaiting reconciliation."""
+    unknown_everywhere: int = 0
+    """Unknown attempts of runs whose ``unknown_scope`` is "everything": they stop every
+    run's dispatch, not only their own."""
     waiting_lanes: set[tuple[int, str]] = field(default_factory=set)
     """(run, lane) pairs with jobs waiting on `needs`."""
 
@@ -203,6 +206,11 @@ def _control_refusal(snap: Snapshot, job: Candidate) -> tuple[str, dict[str, Any
         return "halted", {"scope": halt.scope, "reason": halt.reason}
     if snap.unknown_runs.get(job.run_id):
         return "unknown_outcome", {"unknown_attempts": snap.unknown_runs[job.run_id]}
+    if snap.unknown_everywhere:
+        return "unknown_outcome", {
+            "unknown_attempts": snap.unknown_everywhere,
+            "scope": "everything",
+        }
     for kind, code in (("pause", "paused"), ("stop", "stopped")):
         control = _control(snap, job, kind)
         if control is not None:

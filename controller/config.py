@@ -159,6 +159,11 @@ class PipelineConfig(_Strict):
     items: list[ItemConfig] = Field(default_factory=list)
     items_file: str | None = Field(None, description="JSONL file of items, one per line.")
     batch_cap: int | None = Field(None, ge=1, description="Most items a run takes on.")
+    unknown_scope: Literal["run", "everything"] = Field(
+        "run",
+        description="What an attempt with an unknown outcome stops until it is reconciled: "
+        "its own run's dispatch, or every run's.",
+    )
     sources: list[str] = Field(default_factory=list, description="Files hashed and frozen.")
 
     @model_validator(mode="after")

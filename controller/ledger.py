@@ -776,13 +776,19 @@ def _snapshot(
         admission.ControlView(c.kind, c.scope, c.run_id, c.lane, c.reason)
         for c in session.scalars(select(Control).where(Control.cleared_at.is_(None)))
     ]
-    unknown_runs = dict(
-        session.execute(
-            select(Attempt.run_id, func.count())
-            .where(Attempt.run_id.in_(run_ids), Attempt.state == AttemptState.UNKNOWN.value)
-            .group_by(Attempt.run_id)
-        ).all()
-    )
+    unknown_runs: dict[int, int] = {}
+    unknown_everywhere = 0
+    for run_id, count in session.execute(
+        select(Attempt.run_id, func.count())
+        .where(Attempt.state == AttemptState.UNKNOWN.value)
+        .group_by(Attempt.run_id)
+    ).all():
+        if run_id in runs:
+            unknown_runs[run_id] = count
+        # A run configured with unknown_scope = "everything" halts every run's dispatch.
+        owner = runs.get(run_id) or session.get(Run, run_id)
+        if owner is not None and run_config(owner).unknown_scope == "everything":
+            unknown_everywhere += count
     waiting_lanes = {
         (run_id, lane)
         for run_id, lane in session.execute(
@@ -811,6 +817,7 @@ def _snapshot(
         running_stage=running_stage,
         controls=controls,
         unknown_runs=unknown_runs,
+        unknown_everywhere=unknown_everywhere,
         waiting_lanes=waiting_lanes,
     )
     return snapshot, jobs_by_id

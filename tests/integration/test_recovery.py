@@ -14,9 +14,9 @@ from sqlalchemy import select
 from controller import db, ledger
 from controller.daemon import Controller
 from controller.errors import IllegalTransition, StaleLease
-from controller.models import Attempt, Job, Run
+from controller.models import Attempt, Decision, Job, Run
 from controller.outcome import read_outcome
-from controller.states import Outcome
+from controller.states import ControlKind, ControlScope, Outcome
 from tests.support import make_config, py_stage
 from workers.service import WorkerService
 
@@ -234,3 +234,88 @@ def test_two_concurrent_reconciles_exactly_one_wins(
     assert loser.startswith("laneway: attempt") and "is settled, not unknown" in loser
     attempt = attempt_row(factory, claim.attempt_id)
     assert attempt.state == "settled" and attempt.outcome in ("succeeded", "failed")
+
+
+def _unknown_in_new_run(factory, make_run, register_worker, clock, **config):
+    make_run(make_config(items=1, **config))
+    worker = register_worker()
+    with db.transaction(factory) as session:
+        (claim,) = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=1,
+            mem_available_mib=64_000,
+            now=clock.now(),
+        )
+        ledger.mark_unknown(session, claim.attempt_id, reason="lost", actor="t", now=clock.now())
+    return claim, worker
+
+
+def _claims(factory, worker, clock):
+    with db.transaction(factory) as session:
+        return ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=4,
+            mem_available_mib=64_000,
+            now=clock.now(),
+        )
+
+
+@pytest.mark.parametrize(("scope", "other_run_blocked"), [("run", False), ("everything", True)])
+def test_unknown_scope_run_or_everything(
+    factory, make_run, register_worker, clock, scope, other_run_blocked
+):
+    _, worker = _unknown_in_new_run(factory, make_run, register_worker, clock, unknown_scope=scope)
+    other = make_run(make_config(items=1))
+    claims = _claims(factory, worker, clock)
+    assert (claims == []) is other_run_blocked
+    if other_run_blocked:
+        with factory() as session:
+            decision = session.scalars(select(Decision).where(Decision.run_id == other)).one()
+        assert decision.reason_code == "unknown_outcome"
+        assert decision.detail["scope"] == "everything"
+
+
+def test_reconciling_the_last_unknown_resumes_but_never_lifts_an_operator_halt(
+    factory, make_run, register_worker, clock
+):
+    claim, worker = _unknown_in_new_run(factory, make_run, register_worker, clock)
+    run_id = claim.run_id
+    with db.transaction(factory) as session:
+        ledger.set_control(
+            session,
+            ControlKind.HALT,
+            scope=ControlScope.RUN,
+            run_id=run_id,
+            reason="operator checks the provider",
+            actor="op",
+            now=clock.now(),
+        )
+        ledger.reconcile_attempt(
+            session,
+            claim.attempt_id,
+            verdict="not-run",
+            reason="no process found",
+            actor="op",
+            now=clock.now(),
+        )
+    assert _claims(factory, worker, clock) == []  # the operator's halt still holds
+    with factory() as session:
+        last = session.scalars(
+            select(Decision).where(Decision.run_id == run_id).order_by(Decision.id.desc())
+        ).first()
+    assert last.reason_code == "halted"
+    with db.transaction(factory) as session:
+        ledger.clear_controls(
+            session,
+            (ControlKind.HALT,),
+            reason="provider ok",
+            actor="op",
+            now=clock.now(),
+            run_id=run_id,
+        )
+    (again,) = _claims(factory, worker, clock)  # without the halt, dispatch resumes
+    assert again.job_id == claim.job_id and again.number == 2
