@@ -122,3 +122,14 @@ def test_status_cli_reads_the_finished_run(demo):
     assert done.returncode == 0, done.stderr
     assert "finished" in done.stdout and "lanes:" in done.stdout
     assert "demo-key-for-tests-123" not in done.stdout
+
+
+def test_the_api_key_the_jobs_print_is_stored_nowhere(demo):
+    runtime, _, status = demo
+    key = b"demo-key-for-tests-123"
+    solve_logs = list(runtime.glob("runs/1/jobs/*.solve/attempt-1/stderr.log"))
+    assert any(b"Authorization: Bearer [REDACTED]" in p.read_bytes() for p in solve_logs)
+    for path in runtime.rglob("*"):
+        if path.is_file():
+            assert key not in path.read_bytes(), path
+    assert key.decode() not in json.dumps(status)

@@ -16,6 +16,46 @@ from tests.conftest import force_job_state
 from tests.support import FixedClock, make_config, py_stage
 
 ALL_JOB_PAIRS = list(itertools.product(JobState, JobState))
+
+# Written out by hand (not read from ledger.JOB_TRANSITIONS) so that an edge added to the
+# table by mistake fails here.
+EXPECTED_JOB_EDGES = {
+    ("waiting", "ready"),
+    ("waiting", "skipped"),
+    ("waiting", "cancelled"),
+    ("ready", "running"),
+    ("ready", "cancelled"),
+    ("running", "succeeded"),
+    ("running", "failed"),
+    ("running", "cancelled"),
+    ("running", "ready"),
+    ("running", "unknown"),
+    ("unknown", "succeeded"),
+    ("unknown", "failed"),
+    ("unknown", "ready"),
+    ("unknown", "cancelled"),
+    ("failed", "ready"),
+    ("skipped", "waiting"),
+}
+EXPECTED_ATTEMPT_EDGES = {
+    ("intent", "running"),
+    ("intent", "settled"),
+    ("intent", "unknown"),
+    ("running", "settled"),
+    ("running", "unknown"),
+    ("unknown", "settled"),
+}
+
+
+def test_transition_tables_are_exactly_the_designed_ones():
+    jobs = {(a.value, b.value) for a, targets in ledger.JOB_TRANSITIONS.items() for b in targets}
+    attempts = {
+        (a.value, b.value) for a, targets in ledger.ATTEMPT_TRANSITIONS.items() for b in targets
+    }
+    assert jobs == EXPECTED_JOB_EDGES
+    assert attempts == EXPECTED_ATTEMPT_EDGES
+
+
 ALL_ATTEMPT_PAIRS = list(itertools.product(AttemptState, AttemptState))
 
 
