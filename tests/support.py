@@ -15,7 +15,7 @@ T = TypeVar("T")
 PY = sys.executable
 
 
-def wait_until(predicate: Callable[[], T], timeout: float = 20.0, interval: float = 0.01) -> T:
+def wait_until(predicate: Callable[[], T], timeout: float = 60.0, interval: float = 0.01) -> T:
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
