@@ -296,6 +296,8 @@ def worker(
         node=node,
         slots=slots,
     )
+    for line in service.recovered:
+        log("recovered", f"laneway worker {worker_id}: recovered {line}", line=line)
     stopper = _Stopper(log)
     service.serve(stopper.stop)
     if service.revoked is not None:
@@ -326,10 +328,12 @@ def controller(
         bool, typer.Option("--json", help="Log lifecycle lines as JSON on stderr.")
     ] = False,
 ) -> None:
-    """Run the controller daemon: promote jobs, close finished runs, write snapshots.
+    """Run the controller daemon: leases, lost workers, promotion, closing, snapshots.
 
-    Promotes jobs whose needs succeeded (skips those whose needs did not), closes runs
-    whose jobs are all terminal, writes runs/<run>/status.json and SUMMARY.json.
+    Each tick marks workers whose heartbeat stopped as lost, settles or marks unknown the
+    attempts whose leases expired, promotes jobs whose needs succeeded (skips those whose
+    needs did not), closes runs whose jobs are all terminal, and writes
+    runs/RUN/status.json and SUMMARY.json. One controller per runtime dir.
     """
     try:
         engine = db.open_ledger(runtime_dir)
@@ -338,8 +342,8 @@ def controller(
         return
     log = _Log(as_json)
     runtime = runtime_dir.resolve()
-    other = daemon_module.running_controller(runtime)
-    if other is not None:
+    if not daemon_module.hold_controller_lock(runtime):
+        other = daemon_module.running_controller(runtime)
         _fail(UsageError(f"another controller already runs for {runtime} (pid {other})"))
     daemon_module.claim_pidfile(runtime)
     log("controller_started", f"laneway controller: {runtime}", runtime_dir=str(runtime))
@@ -522,8 +526,8 @@ def _control(
 
 @app.command()
 def pause(
+    reason: ReasonOpt,
     run: RunArg = None,
-    reason: ReasonOpt = "",
     lane: LaneOpt = None,
     everything: AllOpt = False,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
@@ -535,8 +539,8 @@ def pause(
 
 @app.command()
 def stop(
+    reason: ReasonOpt,
     run: RunArg = None,
-    reason: ReasonOpt = "",
     everything: AllOpt = False,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     as_json: JsonFlag = False,
@@ -547,8 +551,8 @@ def stop(
 
 @app.command()
 def resume(
+    reason: ReasonOpt,
     run: RunArg = None,
-    reason: ReasonOpt = "",
     everything: AllOpt = False,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     as_json: JsonFlag = False,
@@ -567,8 +571,8 @@ def resume(
 
 @app.command()
 def halt(
+    reason: ReasonOpt,
     run: RunArg = None,
-    reason: ReasonOpt = "",
     everything: AllOpt = False,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     as_json: JsonFlag = False,
@@ -579,8 +583,8 @@ def halt(
 
 @app.command("clear-halt")
 def clear_halt(
+    reason: ReasonOpt,
     run: RunArg = None,
-    reason: ReasonOpt = "",
     everything: AllOpt = False,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     as_json: JsonFlag = False,

@@ -1,13 +1,15 @@
 """The controller daemon. ``Controller.tick(now)`` is the loop body; ``serve`` the loop.
 
-Each tick, for every active run: promote waiting jobs whose needs succeeded (or skip
-them when a need did not), close the run when every job is terminal, and write the
-derived ``runs/<run>/status.json`` snapshot (and ``SUMMARY.json`` at close). Lease
-expiry, lost-worker detection and breakers join this tick in later issues.
+Each tick, in one transaction: mark workers whose heartbeat stopped as lost; handle
+expired leases (settle the attempt from its exit record, or mark it unknown); for every
+active run, promote waiting jobs whose needs succeeded (or skip them when a need did
+not) and close the run when every job is terminal. Then write the derived
+``runs/<run>/status.json`` snapshot (and ``SUMMARY.json`` at close).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 import time
@@ -169,6 +171,23 @@ def running_controller(runtime_dir: Path) -> int | None:
     if isinstance(pid, int) and identity.same_process(pid, record.get("start_time")):
         return pid
     return None
+
+
+_controller_lock: list[int] = []
+
+
+def hold_controller_lock(runtime_dir: Path) -> bool:
+    """Take the runtime dir's controller lock for the rest of this process's life.
+    False if another process holds it (flock: atomic, and freed by the kernel when the
+    holder dies, even by SIGKILL)."""
+    fd = os.open(Path(runtime_dir) / "controller.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    _controller_lock.append(fd)
+    return True
 
 
 def claim_pidfile(runtime_dir: Path) -> None:

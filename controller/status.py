@@ -83,6 +83,7 @@ def build_status(session: Session, run: Run, *, now: datetime) -> dict[str, Any]
             "evidence": attempt.attempt_dir,
             "reconcile": (
                 f"laneway reconcile {attempt.id} --as succeeded|failed|not-run --reason '...'"
+                f" --runtime-dir {run.runtime_dir}"
             ),
         }
         for attempt, job, item in session.execute(

@@ -72,26 +72,29 @@ class AdoptedSupervisor:
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        """None while the supervisor lives; afterwards 0 (its status is not ours to
-        know — exit.json is the record)."""
+        """None while the supervisor lives; afterwards 0. Its exit status is not ours to
+        know (``returncode`` stays None): exit.json is the record."""
         if identity.same_process(self.pid, self.start_time):
             return None
-        self.returncode = 0
         return 0
 
 
-def find_supervisor(attempt_id: int) -> tuple[int, int | None] | None:
-    """A live supervisor of ``attempt_id`` found by its environment marker — for an
-    attempt whose supervisor was started but whose identity never reached the ledger."""
+def find_supervisor(attempt_id: int, attempt_dir: str) -> tuple[int, int | None] | None:
+    """A live supervisor of ``attempt_id`` found by its environment markers — for an
+    attempt whose supervisor was started but whose identity never reached the ledger.
+    Both the attempt id and its directory must match: ids repeat across ledgers."""
     for process in psutil.process_iter(["pid", "cmdline"]):
         cmdline = process.info.get("cmdline") or []
         if "workers.supervisor" not in cmdline:
             continue
         try:
-            marker = process.environ().get("LANEWAY_ATTEMPT_ID")
+            environ = process.environ()
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
-        if marker == str(attempt_id):
+        if (
+            environ.get("LANEWAY_ATTEMPT_ID") == str(attempt_id)
+            and environ.get("LANEWAY_ATTEMPT_DIR") == attempt_dir
+        ):
             pid = int(process.info["pid"])
             return pid, identity.process_start_time(pid)
     return None
@@ -245,7 +248,7 @@ class WorkerService:
             if identity.same_process(attempt.supervisor_pid, attempt.supervisor_start_time):
                 found = (attempt.supervisor_pid, attempt.supervisor_start_time)
         elif attempt.state == "intent":
-            found = find_supervisor(attempt.id)
+            found = find_supervisor(attempt.id, attempt.attempt_dir)
         with db.transaction(self.factory) as session:
             fence = ledger.adopt_attempt(
                 session,

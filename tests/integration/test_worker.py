@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from controller import db
+from controller import db, ledger
 from controller.daemon import Controller
 from controller.models import Attempt, Control, Decision, Job, Run
 from tests.support import escape, make_config, py_stage, wait_until
@@ -307,3 +307,20 @@ def test_worker_that_cannot_heartbeat_takes_no_new_work(engine, make_run):
     assert not service.trusts_its_leases()
     report = service.tick()
     assert report.claimed == 0 and attempts(engine, run_id) == []
+
+
+def test_worker_declared_lost_stops_writing(engine, make_run):
+    run_id = make_run(make_config(items=2))
+    service = start_worker(engine, slots=1)
+    with db.transaction(db.session_factory(engine)) as session:
+        ledger.mark_worker_lost(
+            session,
+            service.worker_id,
+            now=service.clock.now(),
+            actor="controller",
+            reason="heartbeat stopped",
+        )
+    service.serve(lambda: False)  # returns at once: its first heartbeat is refused
+    assert service.revoked is not None and "no longer active" in service.revoked
+    assert not service.trusts_its_leases()
+    assert attempts(engine, run_id) == []
