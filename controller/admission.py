@@ -13,11 +13,16 @@ Reason codes, in the order they are checked for a candidate job:
 - ``slots_full`` — this worker has no free slot.
 - ``lane_cap`` — the lane's cap for the stage is reached.
 - ``stage_cap`` — the stage's global cap (across lanes) is reached.
-- ``gpu_capacity`` — a GPU stage on a node without a GPU, or a second concurrent GPU
-  attempt on the node: without measured peaks a GPU attempt runs alone (invariant 9;
-  the measured ``baseline + k * peak <= fraction * total`` rule comes with sampling).
-- ``memory_floor`` — ``available - reserved - stage.memory_mib < floor``, where
-  ``reserved`` is the sum of the node's unreleased reservations. Equality admits.
+- ``gpu_capacity`` — a GPU stage on a node without a GPU; or another GPU attempt runs
+  on the node and a measured peak is missing (the first runs alone) or
+  ``baseline + k * peak > fraction * total`` (invariant 9; see ``_gpu_refusal``).
+- ``memory_floor`` — ``available - unreleased - stage reservation < floor``. Equality
+  admits. ``available`` is the node's live free memory (psutil), which already includes
+  what running attempts use; ``unreleased`` is, summed over the node's running (and
+  unknown) attempts, ``max(0, reservation - current measured RSS of its tree)``: the
+  part of each reservation the attempt may still grow into. An attempt not yet sampled
+  holds its whole reservation. The stage reservation is the configured ``memory_mib``,
+  or, with ``learn_memory``, ``max(memory_mib, measured peak x memory_margin)``.
 - ``needs_pending`` — (lane-level) nothing is ready, but jobs wait on earlier stages
   (unless a halt, unknown outcome, pause or stop covers the lane: that is the reason).
 """
@@ -25,6 +30,7 @@ Reason codes, in the order they are checked for a candidate job:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,8 +41,11 @@ class Candidate:
     run_id: int
     lane: str
     stage: str
-    memory_mib: int = 0
+    memory_mib: float = 0
+    """The reservation admission uses: configured, or learned from measured peaks."""
     gpu_mib: int = 0
+    gpu_peak_mib: float | None = None
+    """The stage's measured GPU peak (settled attempts), if any."""
 
 
 @dataclass(frozen=True)
@@ -64,8 +73,12 @@ class NodeView:
     reserved_mib: float
     running: int
     has_gpu: bool = False
-    gpu_running: int = 0
-    """Attempts on this node that reserve GPU memory."""
+    gpu_running_peaks: tuple[float | None, ...] = ()
+    """One entry per GPU attempt running on this node: its stage's measured GPU peak."""
+    gpu_total_mib: float = 0
+    gpu_fraction: float = 1.0
+    gpu_baseline_mib: float = 0
+    """GPU memory used by processes that are not ours (measured, else configured)."""
 
 
 @dataclass
@@ -115,7 +128,7 @@ def admit(snapshot: Snapshot) -> Admission:
     running = snapshot.node.running
     free = snapshot.free_slots
     reserved = snapshot.node.reserved_mib
-    gpu_running = snapshot.node.gpu_running
+    gpu_peaks = list(snapshot.node.gpu_running_peaks)
     lane_stage = Counter(snapshot.running_lane_stage)
     stage = Counter(snapshot.running_stage)
     refused: set[tuple[int, str, str | None]] = set()
@@ -123,12 +136,13 @@ def admit(snapshot: Snapshot) -> Admission:
 
     for job in snapshot.candidates:
         reason = _first_refusal(
-            snapshot, job, running, free, reserved, gpu_running, lane_stage, stage
+            snapshot, job, running, free, reserved, gpu_peaks, lane_stage, stage
         )
         if reason is None:
             result.starts.append(job)
             running += 1
-            gpu_running += 1 if job.gpu_mib > 0 else 0
+            if job.gpu_mib > 0:
+                gpu_peaks.append(job.gpu_peak_mib)
             free -= 1
             reserved += job.memory_mib
             lane_stage[(job.run_id, job.lane, job.stage)] += 1
@@ -158,43 +172,103 @@ def _first_refusal(
     running: int,
     free: int,
     reserved: float,
-    gpu_running: int,
+    gpu_peaks: list[float | None],
     lane_stage: Counter[tuple[int, str, str]],
     stage: Counter[tuple[int, str]],
 ) -> tuple[str, dict[str, Any]] | None:
+    reasons = _refusals(snap, job, running, free, reserved, gpu_peaks, lane_stage, stage)
+    return next(reasons, None)
+
+
+def explain(snap: Snapshot, job: Candidate) -> list[tuple[str, dict[str, Any]]]:
+    """Every reason that blocks ``job`` now (not only the first), with its numbers."""
+    node = snap.node
+    return list(
+        _refusals(
+            snap,
+            job,
+            node.running,
+            snap.free_slots,
+            node.reserved_mib,
+            list(node.gpu_running_peaks),
+            Counter(snap.running_lane_stage),
+            Counter(snap.running_stage),
+        )
+    )
+
+
+def _refusals(
+    snap: Snapshot,
+    job: Candidate,
+    running: int,
+    free: int,
+    reserved: float,
+    gpu_peaks: list[float | None],
+    lane_stage: Counter[tuple[int, str, str]],
+    stage: Counter[tuple[int, str]],
+) -> Iterator[tuple[str, dict[str, Any]]]:
     blocked = _control_refusal(snap, job)
     if blocked is not None:
-        return blocked
+        yield blocked
     node = snap.node
     if running >= node.max_jobs:
-        return "max_jobs", {"running": running, "max_jobs": node.max_jobs}
+        yield "max_jobs", {"running": running, "max_jobs": node.max_jobs}
     if free <= 0:
-        return "slots_full", {"slots": snap.free_slots}
+        yield "slots_full", {"slots": snap.free_slots}
     cap = snap.lane_caps.get((job.run_id, job.lane), {}).get(job.stage)
     in_lane = lane_stage[(job.run_id, job.lane, job.stage)]
     if cap is not None and in_lane >= cap:
-        return "lane_cap", {"running": in_lane, "cap": cap}
+        yield "lane_cap", {"running": in_lane, "cap": cap}
     global_cap = snap.stage_caps.get((job.run_id, job.stage))
     in_stage = stage[(job.run_id, job.stage)]
     if global_cap is not None and in_stage >= global_cap:
-        return "stage_cap", {"running": in_stage, "cap": global_cap}
+        yield "stage_cap", {"running": in_stage, "cap": global_cap}
     if job.gpu_mib > 0:
-        if not node.has_gpu:
-            return "gpu_capacity", {"why": "node has no GPU configured"}
-        if gpu_running >= 1:
-            return "gpu_capacity", {
-                "why": "no measured GPU peak yet: a GPU attempt runs alone on its node",
-                "gpu_running": gpu_running,
-            }
+        gpu = _gpu_refusal(node, job, gpu_peaks)
+        if gpu is not None:
+            yield gpu
     if node.mem_available_mib is None:
-        return "memory_floor", {"why": "no memory sample from this node yet"}
-    headroom = node.mem_available_mib - reserved - job.memory_mib
-    if headroom < node.memory_floor_mib:
-        return "memory_floor", {
-            "available_mib": round(node.mem_available_mib),
-            "reserved_mib": round(reserved),
-            "stage_mib": job.memory_mib,
-            "floor_mib": node.memory_floor_mib,
+        yield "memory_floor", {"why": "no memory sample from this node yet"}
+    elif node.mem_available_mib - reserved - job.memory_mib < node.memory_floor_mib:
+        yield (
+            "memory_floor",
+            {
+                "available_mib": round(node.mem_available_mib),
+                "reserved_mib": round(reserved),
+                "stage_mib": job.memory_mib,
+                "floor_mib": node.memory_floor_mib,
+            },
+        )
+
+
+def _gpu_refusal(
+    node: NodeView, job: Candidate, gpu_peaks: list[float | None]
+) -> tuple[str, dict[str, Any]] | None:
+    """The GPU rule (invariant 9). The first GPU attempt on a node runs alone. Another is
+    admitted only when every running GPU attempt's stage and this job's stage have a
+    measured peak and ``baseline + sum(peaks) + peak <= fraction * total`` — for k
+    attempts of one stage, ``baseline + k * peak <= fraction * total``. Never inferred
+    from success rates."""
+    if not node.has_gpu:
+        return "gpu_capacity", {"why": "node has no GPU configured"}
+    if not gpu_peaks:
+        return None
+    if job.gpu_peak_mib is None or any(peak is None for peak in gpu_peaks):
+        return "gpu_capacity", {
+            "why": "no measured GPU peak yet: a GPU attempt runs alone on its node",
+            "gpu_running": len(gpu_peaks),
+        }
+    need = node.gpu_baseline_mib + sum(p for p in gpu_peaks if p is not None) + job.gpu_peak_mib
+    limit = node.gpu_fraction * node.gpu_total_mib
+    if need > limit:
+        return "gpu_capacity", {
+            "why": (
+                f"baseline {node.gpu_baseline_mib:.0f} + running peaks "
+                f"{sum(p for p in gpu_peaks if p is not None):.0f} + peak "
+                f"{job.gpu_peak_mib:.0f} = {need:.0f} MiB > {node.gpu_fraction:g} x "
+                f"{node.gpu_total_mib:.0f} = {limit:.0f} MiB"
+            ),
+            "gpu_running": len(gpu_peaks),
         }
     return None
 

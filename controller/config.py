@@ -99,6 +99,12 @@ class StageConfig(_Strict):
     timeout_seconds: int = Field(3600, ge=1, le=172800)
     grace_seconds: float = Field(10.0, ge=0, le=3600)
     memory_mib: int = Field(0, ge=0, description="Memory reserved while an attempt runs.")
+    learn_memory: bool = Field(
+        False,
+        description="Reserve max(memory_mib, measured peak x memory_margin) once attempts "
+        "of this stage have settled with a measured peak.",
+    )
+    memory_margin: float = Field(1.25, ge=1, le=10)
     gpu_mib: int = Field(0, ge=0, description="GPU memory reserved while an attempt runs.")
     needs: list[Name] = Field(default_factory=list)
     cap: int | None = Field(None, ge=0, description="Most running at once across all lanes.")

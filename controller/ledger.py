@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -424,6 +425,8 @@ def heartbeat(
     lease_seconds: float,
     mem_available_mib: float | None,
     mem_total_mib: float | None,
+    gpus: list[dict[str, float]] | None = None,
+    gpu_note: str | None = None,
 ) -> int:
     """Renew the worker's heartbeat, its live leases, and its node's memory sample.
 
@@ -457,6 +460,8 @@ def heartbeat(
         .values(
             mem_available_mib=mem_available_mib,
             mem_total_mib=mem_total_mib,
+            gpus=gpus,
+            gpu_note=gpu_note,
             sampled_at=now,
             updated_at=now,
         )
@@ -544,6 +549,7 @@ def claim_jobs(
                 job,
                 run,
                 run_config(run),
+                memory_mib=candidate.memory_mib,
                 worker_id=worker_id,
                 node=node,
                 now=now,
@@ -570,6 +576,7 @@ def _grant(
     run: Run,
     config: PipelineConfig,
     *,
+    memory_mib: float,
     worker_id: str,
     node: str,
     now: datetime,
@@ -630,7 +637,7 @@ def _grant(
         Reservation(
             attempt_id=attempt.id,
             node=node,
-            memory_mib=stage.memory_mib,
+            memory_mib=math.ceil(memory_mib),
             gpu_mib=stage.gpu_mib,
             created_at=now,
         )
@@ -706,20 +713,23 @@ def _snapshot(
         # its BEGIN IMMEDIATE already serialises claims).
         .with_for_update(skip_locked=True, of=Job)
     ).all()
+    peaks = stage_peaks(session, run_ids)
     candidates = []
     jobs_by_id: dict[int, tuple[Any, Run]] = {}
     for job in ready_rows:
         if (job.run_id, job.lane) not in lane_keys:
             continue
         stage = run_config(runs[job.run_id]).stage(job.stage)
+        rss_peak, gpu_peak = peaks.get((job.run_id, job.stage), (None, None))
         candidates.append(
             admission.Candidate(
                 job_id=job.id,
                 run_id=job.run_id,
                 lane=job.lane,
                 stage=job.stage,
-                memory_mib=stage.memory_mib,
+                memory_mib=reservation_mib(stage, rss_peak),
                 gpu_mib=stage.gpu_mib,
+                gpu_peak_mib=gpu_peak,
             )
         )
         jobs_by_id[job.id] = (job, runs[job.run_id])
@@ -752,26 +762,27 @@ def _snapshot(
         )
         or 0
     )
-    reserved = (
-        session.scalar(
-            select(func.coalesce(func.sum(Reservation.memory_mib), 0)).where(
-                Reservation.node == node, Reservation.released_at.is_(None)
-            )
+    # "Unreleased": the part of each live reservation its attempt has not yet grown into
+    # (free memory already shows what it uses). Never sampled: the whole reservation.
+    reserved = 0.0
+    gpu_running_peaks: list[float | None] = []
+    for memory_mib, gpu_mib, current_rss, run_id, stage_name in session.execute(
+        select(
+            Reservation.memory_mib,
+            Reservation.gpu_mib,
+            Attempt.current_rss_mib,
+            Attempt.run_id,
+            Job.stage,
         )
-        or 0
-    )
-    gpu_running = (
-        session.scalar(
-            select(func.count())
-            .select_from(Reservation)
-            .where(
-                Reservation.node == node,
-                Reservation.released_at.is_(None),
-                Reservation.gpu_mib > 0,
-            )
-        )
-        or 0
-    )
+        .join(Attempt, Attempt.id == Reservation.attempt_id)
+        .join(Job, Job.id == Attempt.job_id)
+        .where(Reservation.node == node, Reservation.released_at.is_(None))
+    ).all():
+        reserved += max(0.0, memory_mib - (current_rss or 0.0))
+        if gpu_mib > 0:
+            if (run_id, stage_name) not in peaks:
+                peaks.update(stage_peaks(session, [run_id]))
+            gpu_running_peaks.append(peaks.get((run_id, stage_name), (None, None))[1])
     controls = [
         admission.ControlView(c.kind, c.scope, c.run_id, c.lane, c.reason)
         for c in session.scalars(select(Control).where(Control.cleared_at.is_(None)))
@@ -804,10 +815,11 @@ def _snapshot(
             max_jobs=node_row.max_jobs,
             memory_floor_mib=node_row.memory_floor_mib,
             mem_available_mib=mem,
-            reserved_mib=float(reserved),
+            reserved_mib=reserved,
             running=node_running,
-            has_gpu=node_row.gpu_total_mib is not None,
-            gpu_running=gpu_running,
+            has_gpu=node_row.gpu_total_mib is not None or bool(node_row.gpus),
+            gpu_running_peaks=tuple(gpu_running_peaks),
+            **_gpu_capacity(node_row),
         ),
         free_slots=free_slots,
         candidates=candidates,
@@ -821,6 +833,48 @@ def _snapshot(
         waiting_lanes=waiting_lanes,
     )
     return snapshot, jobs_by_id
+
+
+def stage_peaks(
+    session: Session, run_ids: list[int]
+) -> dict[tuple[int, str], tuple[float | None, float | None]]:
+    """(run, stage) -> (peak RSS MiB, peak GPU MiB) over the stage's settled attempts."""
+    rows = session.execute(
+        select(
+            Attempt.run_id,
+            Job.stage,
+            func.max(Attempt.peak_rss_mib),
+            func.max(Attempt.peak_gpu_mib),
+        )
+        .join(Job, Job.id == Attempt.job_id)
+        .where(Attempt.run_id.in_(run_ids), Attempt.state == AttemptState.SETTLED.value)
+        .group_by(Attempt.run_id, Job.stage)
+    ).all()
+    return {(run_id, stage): (rss, gpu) for run_id, stage, rss, gpu in rows}
+
+
+def reservation_mib(stage: Any, peak_rss_mib: float | None) -> float:
+    """The memory a stage reserves: configured, or with ``learn_memory`` the larger of
+    that minimum and the measured peak times the margin."""
+    if stage.learn_memory and peak_rss_mib is not None:
+        return float(max(stage.memory_mib, peak_rss_mib * stage.memory_margin))
+    return float(stage.memory_mib)
+
+
+def _gpu_capacity(node: Node) -> dict[str, float]:
+    """Total and baseline GPU memory: measured by the node's worker when it can, else as
+    configured; the usable fraction is always configured."""
+    if node.gpus:
+        total = sum(float(d["total_mib"]) for d in node.gpus)
+        baseline = sum(float(d["baseline_mib"]) for d in node.gpus)
+    else:
+        total = float(node.gpu_total_mib or 0)
+        baseline = float(node.gpu_baseline_mib or 0)
+    return {
+        "gpu_total_mib": total,
+        "gpu_fraction": float(node.gpu_fraction or 1.0),
+        "gpu_baseline_mib": baseline,
+    }
 
 
 def _record_refusals(
@@ -929,6 +983,7 @@ def settle_attempt(
     result: dict[str, Any] | None = None,
     diagnostics: list[str] | None = None,
     revoke: bool = False,
+    measured: dict[str, Any] | None = None,
 ) -> JobState:
     """Settle an attempt into ``outcome``, move its job on, release lease and reservation.
 
@@ -956,6 +1011,7 @@ def settle_attempt(
             "exit_signal": exit_signal,
             "result": result,
             "diagnostics": diagnostics or [],
+            **_measured_columns(measured),
         },
         event_detail={"outcome": outcome.value, "exit_code": exit_code, "reason": reason},
     )
@@ -1016,6 +1072,47 @@ def _trip_breaker(
         actor=actor,
         now=now,
     )
+
+
+MEASURED_COLUMNS = (
+    "current_rss_mib",
+    "peak_rss_mib",
+    "peak_rss_at",
+    "peak_gpu_mib",
+    "peak_gpu_at",
+    "gpu_note",
+    "sampled_at",
+)
+
+
+def _measured_columns(measured: dict[str, Any] | None) -> dict[str, Any]:
+    if not measured or measured.get("sampled_at") is None:
+        return {}
+    return {column: measured.get(column) for column in MEASURED_COLUMNS}
+
+
+def record_samples(session: Session, attempt_id: int, *, fence: int, **measured: Any) -> bool:
+    """Store an in-flight attempt's latest and peak measurements (fenced; no state change
+    and no event: samples are evidence, written often). False if the fence is stale or
+    the attempt is no longer in flight."""
+    values = _measured_columns(measured)
+    if not values:
+        return False
+    current_fence = select(Job.fence).where(Job.id == Attempt.job_id).scalar_subquery()
+    changed = _rowcount(
+        session.execute(
+            update(Attempt)
+            .where(
+                Attempt.id == attempt_id,
+                Attempt.fence == fence,
+                current_fence == fence,
+                Attempt.state.in_([AttemptState.INTENT.value, AttemptState.RUNNING.value]),
+            )
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
+    )
+    return changed == 1
 
 
 def mark_unknown(

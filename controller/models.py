@@ -173,6 +173,14 @@ class Attempt(Base):
     diagnostics: Mapped[list[Any]] = mapped_column(JSON, default=list)
     peak_rss_mib: Mapped[float | None] = mapped_column(Float)
     peak_gpu_mib: Mapped[float | None] = mapped_column(Float)
+    peak_rss_at: Mapped[datetime | None] = mapped_column(DateTime())
+    peak_gpu_at: Mapped[datetime | None] = mapped_column(DateTime())
+    current_rss_mib: Mapped[float | None] = mapped_column(Float)
+    """The latest RSS sample of the attempt's process tree: admission counts only the part
+    of the reservation not yet in use (max(0, reservation - current))."""
+    gpu_note: Mapped[str | None] = mapped_column(Text)
+    """Why the GPU columns are null (no driver, no device, no per-process figures)."""
+    sampled_at: Mapped[datetime | None] = mapped_column(DateTime())
 
 
 class Lease(Base):
@@ -205,6 +213,9 @@ class Node(Base):
     mem_available_mib: Mapped[float | None] = mapped_column(Float)
     mem_total_mib: Mapped[float | None] = mapped_column(Float)
     gpus: Mapped[list[Any] | None] = mapped_column(JSON)
+    """Per device: index, total_mib, used_mib, baseline_mib (used by processes not ours)."""
+    gpu_note: Mapped[str | None] = mapped_column(Text)
+    """Why ``gpus`` is null: NVML missing, no driver, no device."""
     sampled_at: Mapped[datetime | None] = mapped_column(DateTime())
     updated_at: Mapped[datetime] = mapped_column(DateTime())
 

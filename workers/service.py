@@ -41,6 +41,8 @@ from controller.models import Job
 from controller.outcome import read_outcome
 from controller.states import Outcome
 from workers import identity
+from workers.gpu import GpuProbe, GpuReading, NvmlGpu
+from workers.sampler import Peaks, Sampler
 
 MIB = 1024 * 1024
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -60,6 +62,7 @@ class InFlight:
     marked_unknown: bool = False
     """Already unknown in the ledger (e.g. its receipt could not be saved): watched only
     to reap its supervisor; an operator reconciles it from the evidence."""
+    peaks: Peaks = field(default_factory=Peaks)
 
 
 class AdoptedSupervisor:
@@ -98,6 +101,19 @@ def find_supervisor(attempt_id: int, attempt_dir: str) -> tuple[int, int | None]
             pid = int(process.info["pid"])
             return pid, identity.process_start_time(pid)
     return None
+
+
+def measurements(peaks: Peaks) -> dict[str, Any]:
+    """The attempt columns a Peaks fills."""
+    return {
+        "current_rss_mib": peaks.current_rss_mib,
+        "peak_rss_mib": peaks.peak_rss_mib,
+        "peak_rss_at": peaks.peak_rss_at,
+        "peak_gpu_mib": peaks.peak_gpu_mib,
+        "peak_gpu_at": peaks.peak_gpu_at,
+        "gpu_note": peaks.gpu_note,
+        "sampled_at": peaks.sampled_at,
+    }
 
 
 @dataclass
@@ -153,6 +169,9 @@ class WorkerService:
         heartbeat_seconds: float = 2.0,
         rescan_seconds: float = 1.0,
         memory_probe: Callable[[], tuple[float, float]] = psutil_memory,
+        gpu: GpuProbe | None = None,
+        sample_seconds: float = 1.0,
+        sample_flush_seconds: float = 5.0,
     ) -> None:
         self.engine = engine
         self.factory = db.session_factory(engine)
@@ -163,6 +182,12 @@ class WorkerService:
         self.heartbeat_seconds = heartbeat_seconds
         self.rescan_seconds = rescan_seconds
         self.memory_probe = memory_probe
+        self.sampler = Sampler(gpu or NvmlGpu())
+        self.sample_seconds = sample_seconds
+        self.sample_flush_seconds = sample_flush_seconds
+        self._last_sample = float("-inf")
+        self._last_flush = float("-inf")
+        self._gpu_reading: GpuReading | None = None
         self.in_flight: dict[int, InFlight] = {}
         self.worker_id = ""
         self._last_heartbeat = float("-inf")
@@ -351,6 +376,7 @@ class WorkerService:
     def tick(self) -> TickReport:
         report = TickReport()
         report.settled, report.outcomes = self._settle_finished()
+        self._sample_if_due()
         self._heartbeat_if_due()
         free = self.slots - len(self.in_flight)
         if free > 0 and self.trusts_its_leases() and self._worth_claiming():
@@ -376,10 +402,67 @@ class WorkerService:
         due = time.monotonic() - self._last_claim >= self.rescan_seconds
         return latest != self._seen_event or due
 
+    def _sample_if_due(self) -> None:
+        """Sample every in-flight attempt's tree each ``sample_seconds`` (and at once for
+        one never sampled); write peaks to the ledger when they move or every
+        ``sample_flush_seconds``, in one transaction for all attempts."""
+        flights = [f for f in self.in_flight.values() if not f.marked_unknown]
+        now_mono = time.monotonic()
+        fresh = any(f.peaks.sampled_at is None for f in flights)
+        if not flights or (now_mono - self._last_sample < self.sample_seconds and not fresh):
+            return
+        self._last_sample = now_mono
+        reading = self._gpu_reading = self.sampler.read_gpu()
+        samples = self.sampler.sample(
+            [(f.claim.attempt_id, f.supervisor.pid, f.claim.attempt_dir) for f in flights],
+            reading,
+        )
+        now = self.clock.now()
+        for flight in flights:
+            sample = samples[flight.claim.attempt_id]
+            flight.peaks.add(sample.rss_mib, sample.gpu_mib, sample.gpu_note, now)
+        due = now_mono - self._last_flush >= self.sample_flush_seconds
+        changed = [f for f in flights if f.peaks.changed or due]
+        if not changed:
+            return
+        with db.transaction(self.factory) as session:
+            for flight in changed:
+                ledger.record_samples(
+                    session,
+                    flight.claim.attempt_id,
+                    fence=flight.claim.fence,
+                    **measurements(flight.peaks),
+                )
+                flight.peaks.changed = False
+        self._last_flush = now_mono
+
+    def _gpu_for_heartbeat(self) -> tuple[list[dict[str, float]] | None, str | None]:
+        """Per device: total, used, and the baseline used by processes that are not ours."""
+        reading = self._gpu_reading or self.sampler.read_gpu()
+        self._gpu_reading = None
+        if not reading.available:
+            return None, reading.note
+        ours = sum(f.peaks.current_gpu_mib or 0.0 for f in self.in_flight.values())
+        used = sum(d.used_mib for d in reading.devices)
+        return [
+            {
+                "index": d.index,
+                "total_mib": round(d.total_mib, 1),
+                "used_mib": round(d.used_mib, 1),
+                # Our attempts' use is spread over devices as NVML reports it; the node's
+                # baseline is what is left when ours is taken away.
+                "baseline_mib": round(max(0.0, d.used_mib - ours * d.used_mib / used), 1)
+                if used
+                else 0.0,
+            }
+            for d in reading.devices
+        ], None
+
     def _heartbeat_if_due(self) -> None:
         if time.monotonic() - self._last_heartbeat < self.heartbeat_seconds:
             return
         available, total = self.memory_probe()
+        gpus, gpu_note = self._gpu_for_heartbeat()
         try:
             with db.transaction(self.factory) as session:
                 ledger.heartbeat(
@@ -389,6 +472,8 @@ class WorkerService:
                     lease_seconds=self.lease_seconds,
                     mem_available_mib=available,
                     mem_total_mib=total,
+                    gpus=gpus,
+                    gpu_note=gpu_note,
                 )
         except OperationalError as exc:
             # The ledger is unreachable or locked for now: keep supervising, retry on the
@@ -620,6 +705,7 @@ class WorkerService:
                             exit_signal=(exit_record or {}).get("signal"),
                             result=result,
                             diagnostics=verdict.diagnostics,
+                            measured=measurements(flight.peaks),
                         )
                         outcomes.append(verdict.outcome.value)
                     crash_point("worker_mid_settle")  # inside the transaction: rolls back

@@ -169,11 +169,13 @@ def test_descendant_that_escaped_the_group_is_stopped_too(tmp_path):
 def test_stop_after_the_child_exited_keeps_its_exit_code(tmp_path):
     # The child exits at once but a grandchild keeps the pipes open, so the supervisor
     # is still draining when the stop arrives.
+    # The grandchild ignores TERM, so the supervisor is surely still in its grace period.
     code = (
         "import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
-        "'import time, sys; time.sleep(600)'], stdout=sys.stdout); print('bye', flush=True)"
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'"
+        "], stdout=sys.stdout); print('bye', flush=True)"
     )
-    proc, attempt, report = start(tmp_path, [sys.executable, "-c", code], grace=5)
+    proc, attempt, report = start(tmp_path, [sys.executable, "-c", code], grace=2)
     wait_until(lambda: gone(report["child_pid"]))  # exited and reaped by the supervisor
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0

@@ -17,6 +17,7 @@ from controller.admission import (
     Snapshot,
     admit,
     describe,
+    explain,
 )
 
 RUN = 1
@@ -44,6 +45,10 @@ def node(
     running: int = 0,
     has_gpu: bool = False,
     gpu_running: int = 0,
+    gpu_peaks: tuple[float | None, ...] | None = None,
+    gpu_total: float = 0,
+    gpu_fraction: float = 1.0,
+    gpu_baseline: float = 0,
 ) -> NodeView:
     return NodeView(
         name="n1",
@@ -53,7 +58,10 @@ def node(
         reserved_mib=reserved,
         running=running,
         has_gpu=has_gpu,
-        gpu_running=gpu_running,
+        gpu_running_peaks=gpu_peaks if gpu_peaks is not None else (None,) * gpu_running,
+        gpu_total_mib=gpu_total,
+        gpu_fraction=gpu_fraction,
+        gpu_baseline_mib=gpu_baseline,
     )
 
 
@@ -65,8 +73,9 @@ def job(
     stage: str = "solve",
     memory_mib: int = 0,
     gpu_mib: int = 0,
+    gpu_peak: float | None = None,
 ) -> Candidate:
-    return Candidate(job_id, run_id, lane, stage, memory_mib, gpu_mib)
+    return Candidate(job_id, run_id, lane, stage, memory_mib, gpu_mib, gpu_peak)
 
 
 def snapshot(*candidates: Candidate, free_slots: int = 4, **kwargs: Any) -> Snapshot:
@@ -540,3 +549,48 @@ def test_refusal_words_from_admit_carry_memory_numbers() -> None:
 )
 def test_describe(code: str, detail: dict[str, Any], text: str) -> None:
     assert describe(code, detail) == text
+
+
+# The GPU k-rule: baseline + k * peak <= fraction * total (boundary: equality admits).
+@pytest.mark.parametrize(
+    ("running_peaks", "peak", "baseline", "admitted"),
+    [
+        ((), None, 0, True),  # the first GPU attempt runs alone, measured or not
+        ((None,), 1000.0, 0, False),  # a running attempt without a measured peak
+        ((1000.0,), None, 0, False),  # this stage has no measured peak
+        ((1000.0,), 1000.0, 5200, True),  # 5200 + 2*1000 = 7200 = 0.9 * 8000
+        ((1000.0,), 1000.0, 5201, False),  # one MiB over
+        ((1000.0, 1000.0), 1000.0, 4200, True),  # k = 3: 4200 + 3000 = 7200
+        ((1000.0, 1000.0), 1000.0, 4201, False),
+    ],
+)
+def test_gpu_k_rule(running_peaks, peak, baseline, admitted) -> None:
+    gpu_node = node(
+        has_gpu=True,
+        gpu_peaks=running_peaks,
+        gpu_total=8000,
+        gpu_fraction=0.9,
+        gpu_baseline=baseline,
+    )
+    result = admit(snapshot(job(1, gpu_mib=100, gpu_peak=peak), node=gpu_node))
+    assert (started(result) == [1]) is admitted
+    if not admitted:
+        assert result.refusals[0].code == "gpu_capacity"
+
+
+def test_gpu_refusal_states_the_arithmetic() -> None:
+    gpu_node = node(
+        has_gpu=True, gpu_peaks=(1000.0,), gpu_total=8000, gpu_fraction=0.9, gpu_baseline=6000
+    )
+    result = admit(snapshot(job(1, gpu_mib=100, gpu_peak=1000.0), node=gpu_node))
+    why = result.refusals[0].detail["why"]
+    assert "baseline 6000 + running peaks 1000 + peak 1000 = 8000 MiB > 0.9 x 8000" in why
+
+
+def test_explain_lists_every_blocking_reason() -> None:
+    busy = node(max_jobs=1, running=1, available=900, floor=1024, has_gpu=False)
+    snap = snapshot(
+        job(1, memory_mib=2048, gpu_mib=10), node=busy, free_slots=0, controls=[control("pause")]
+    )
+    codes = [code for code, _ in explain(snap, snap.candidates[0])]
+    assert codes == ["paused", "max_jobs", "slots_full", "gpu_capacity", "memory_floor"]

@@ -1,0 +1,117 @@
+"""The Sampler: measures each running attempt's process tree.
+
+The tree is every descendant of the attempt's supervisor — the child and all it started,
+including processes that left the job's process group: the supervisor is a child
+subreaper, so orphans are re-parented to it and stay in its tree. If the supervisor is
+gone, processes carrying the attempt's environment markers are found instead. RSS is
+summed with psutil; GPU memory per process comes from a GpuProbe (NVML). Without a GPU
+reading the GPU figure stays None and the probe's note says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import psutil
+
+from workers.gpu import GpuProbe, GpuReading
+
+MIB = 1024 * 1024
+
+
+@dataclass
+class Peaks:
+    """What one attempt's samples add up to."""
+
+    current_rss_mib: float | None = None
+    peak_rss_mib: float | None = None
+    peak_rss_at: datetime | None = None
+    current_gpu_mib: float | None = None
+    peak_gpu_mib: float | None = None
+    peak_gpu_at: datetime | None = None
+    gpu_note: str | None = None
+    sampled_at: datetime | None = None
+    changed: bool = False
+    """A peak moved since the ledger last heard of it."""
+
+    def add(self, rss_mib: float, gpu_mib: float | None, note: str | None, now: datetime) -> None:
+        self.current_rss_mib = rss_mib
+        self.current_gpu_mib = gpu_mib
+        self.gpu_note = note
+        self.sampled_at = now
+        if self.peak_rss_mib is None or rss_mib > self.peak_rss_mib:
+            self.peak_rss_mib, self.peak_rss_at, self.changed = rss_mib, now, True
+        if gpu_mib is not None and (self.peak_gpu_mib is None or gpu_mib > self.peak_gpu_mib):
+            self.peak_gpu_mib, self.peak_gpu_at, self.changed = gpu_mib, now, True
+
+
+@dataclass
+class TreeSample:
+    rss_mib: float
+    gpu_mib: float | None
+    gpu_note: str | None
+    pids: list[int] = field(default_factory=list)
+
+
+def attempt_tree(
+    supervisor_pid: int | None, attempt_id: int, attempt_dir: str
+) -> list[psutil.Process]:
+    """The attempt's processes, without the supervisor itself."""
+    if supervisor_pid is not None:
+        try:
+            children: list[psutil.Process] = psutil.Process(supervisor_pid).children(recursive=True)
+            return children
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    found = []
+    for process in psutil.process_iter():
+        try:
+            environ = process.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if (
+            environ.get("LANEWAY_ATTEMPT_ID") == str(attempt_id)
+            and environ.get("LANEWAY_ATTEMPT_DIR") == attempt_dir
+            and "workers.supervisor" not in process.cmdline()
+        ):
+            found.append(process)
+    return found
+
+
+def sample_tree(processes: list[psutil.Process], gpu: GpuReading) -> TreeSample:
+    """Sum RSS (and GPU memory, when the reading has it) over ``processes``."""
+    rss = 0
+    pids = []
+    for process in processes:
+        try:
+            rss += process.memory_info().rss
+            pids.append(process.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    if gpu.available:
+        gpu_mib: float | None = sum(gpu.process_mib.get(pid, 0.0) for pid in pids)
+        note = None
+    else:
+        gpu_mib, note = None, gpu.note or "no GPU reading"
+    return TreeSample(rss / MIB, gpu_mib, note, pids)
+
+
+class Sampler:
+    """Samples many attempts with one GPU reading per round."""
+
+    def __init__(self, gpu: GpuProbe) -> None:
+        self.gpu = gpu
+
+    def read_gpu(self) -> GpuReading:
+        return self.gpu.read()
+
+    def sample(
+        self, attempts: list[tuple[int, int | None, str]], gpu: GpuReading | None = None
+    ) -> dict[int, TreeSample]:
+        """``attempts``: (attempt id, supervisor pid, attempt dir) triples."""
+        reading = gpu if gpu is not None else self.gpu.read()
+        return {
+            attempt_id: sample_tree(attempt_tree(pid, attempt_id, directory), reading)
+            for attempt_id, pid, directory in attempts
+        }
