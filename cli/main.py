@@ -30,7 +30,7 @@ from controller.clock import SystemClock, iso
 from controller.daemon import Controller
 from controller.errors import ConfigError, LanewayError, UsageError
 from controller.states import ControlKind, ControlScope
-from controller.status import build_status
+from controller.status import build_status, explain_job
 from workers.service import WorkerService, psutil_memory
 
 EXIT_BLOCKED = 3
@@ -237,6 +237,26 @@ class _Log:
             typer.echo(json.dumps(payload, default=str), err=True)
         else:
             typer.echo(words, err=True)
+
+
+@app.command()
+def explain(
+    job: Annotated[
+        int, typer.Argument(help="The job's id (see `status`/`sql`).", min=1, max=MAX_ID)
+    ],
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    as_json: JsonFlag = False,
+) -> None:
+    """List everything that blocks one job now, with the capacity arithmetic."""
+    try:
+        engine = db.make_engine(_existing_ledger(runtime_dir), readonly=True)
+        db.check_revision(engine)
+        with db.session_factory(engine)() as session:
+            report = explain_job(session, job, now=SystemClock().now())
+    except LanewayError as error:
+        _fail(error, as_json)
+        return
+    _emit(report, as_json, render.explain_text)
 
 
 class _Stopper:

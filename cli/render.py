@@ -202,3 +202,40 @@ def plan_text(plan: dict[str, Any]) -> str:
         else:
             out.append(f"  lane {d['lane']} {d['stage'] or ''}: refused — {d['words']}")
     return "\n".join(out)
+
+
+def explain_text(report: dict[str, Any]) -> str:
+    out = [
+        f"job {report['job_id']} ({report['item']}.{report['stage']}, lane {report['lane']}, "
+        f"run {report['run_id']}): {report['state']}"
+        + (f" — {clean(report['state_reason'])}" if report["state_reason"] else "")
+    ]
+    if report["blocked_by"]:
+        out.append("blocked by:")
+        out += [f"  {clean(b['words'])}" for b in report["blocked_by"]]
+    elif report["state"] == "ready":
+        out.append("nothing blocks it: the next claim on its node can start it")
+    arithmetic = report.get("arithmetic")
+    if arithmetic:
+        a = arithmetic
+        source = (
+            f"max(configured {a['configured_mib']}, peak {a['measured_peak_mib']} x "
+            f"{a['memory_margin']})"
+            if a["learn_memory"] and a["measured_peak_mib"] is not None
+            else f"configured {a['configured_mib']}"
+        )
+        if a["free_mib"] is None:
+            out.append(f"memory on node {a['node']}: free unknown (no worker has reported yet)")
+        out.append(
+            f"memory on node {a['node']}: free {a['free_mib']} - unreleased "
+            f"{a['unreleased_mib']} - reservation {a['reservation_mib']} ({source}) - floor "
+            f"{a['floor_mib']} = {a['headroom_after_mib']} MiB"
+        )
+        out.append(f"jobs on node: {a['running_on_node']} of max {a['max_jobs']}")
+    attempt = report.get("attempt")
+    if attempt:
+        out.append(
+            f"attempt {attempt['attempt_id']}: {attempt['state']}, pid {attempt['pid']}"
+            + (f" — {clean(attempt['reason'])}" if attempt["reason"] else "")
+        )
+    return "\n".join(out)

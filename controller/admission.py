@@ -235,7 +235,7 @@ def _refusals(
             {
                 "available_mib": round(node.mem_available_mib),
                 "reserved_mib": round(reserved),
-                "stage_mib": job.memory_mib,
+                "stage_mib": round(job.memory_mib),
                 "floor_mib": node.memory_floor_mib,
             },
         )

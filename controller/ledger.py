@@ -536,7 +536,7 @@ def claim_jobs(
     (the intent, with a fresh idempotency key), the lease and the reservation, and
     record the decisions. The caller commits before spawning anything (invariant 1).
     """
-    snapshot, jobs_by_id = _snapshot(
+    snapshot, jobs_by_id = admission_snapshot(
         session, node=node, free_slots=free_slots, mem=mem_available_mib, limit=candidate_limit
     )
     verdict = admission.admit(snapshot)
@@ -673,9 +673,18 @@ def _grant(
     )
 
 
-def _snapshot(
-    session: Session, *, node: str, free_slots: int, mem: float | None, limit: int
+def admission_snapshot(
+    session: Session,
+    *,
+    node: str,
+    free_slots: int,
+    mem: float | None,
+    limit: int,
+    lock: bool = True,
+    job_id: int | None = None,
 ) -> tuple[admission.Snapshot, dict[int, tuple[Any, Run]]]:
+    """What admission sees for ``node`` now. Read-only; ``lock`` takes row locks on
+    PostgreSQL (claims), ``job_id`` narrows the candidates to one job (explain)."""
     node_row = session.get(Node, node)
     if node_row is None:
         raise NotFound(f"node {node!r} is not in the ledger")
@@ -694,7 +703,7 @@ def _snapshot(
             stage_caps[(run.id, stage.name)] = stage.cap
 
     # Plain columns, not ORM entities: this runs on every claim over many ready rows.
-    ready_rows = session.execute(
+    candidate_query = (
         select(
             Job.id,
             Job.run_id,
@@ -709,10 +718,14 @@ def _snapshot(
         .where(Job.run_id.in_(run_ids), Job.state == JobState.READY.value, Lane.node == node)
         .order_by(Job.run_id, Job.stage_position.desc(), Item.position)
         .limit(limit)
+    )
+    if job_id is not None:
+        candidate_query = candidate_query.where(Job.id == job_id)
+    if lock:
         # PostgreSQL: racing workers skip rows another claim holds (SQLite ignores this;
         # its BEGIN IMMEDIATE already serialises claims).
-        .with_for_update(skip_locked=True, of=Job)
-    ).all()
+        candidate_query = candidate_query.with_for_update(skip_locked=True, of=Job)
+    ready_rows = session.execute(candidate_query).all()
     peaks = stage_peaks(session, run_ids)
     candidates = []
     jobs_by_id: dict[int, tuple[Any, Run]] = {}

@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 
 from controller import admission, ledger
 from controller.clock import iso
-from controller.models import Attempt, Control, Decision, Event, Item, Job, Lane, Run
+from controller.errors import NotFound
+from controller.models import Attempt, Control, Decision, Event, Item, Job, Lane, Node, Run
 from controller.states import AttemptState, JobState, Verdict
 
 RECENT_EVENTS = 12
@@ -238,3 +239,111 @@ def _current_refusal(session: Session, run_id: int, lane: str) -> dict[str, Any]
         "detail": decision.detail,
         "words": admission.describe(code, decision.detail),
     }
+
+
+def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, Any]:
+    """Everything that blocks one job now, with the capacity arithmetic (read-only)."""
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} is not in the ledger; `laneway sql` lists jobs")
+    run = ledger.get_run(session, job.run_id)
+    item = session.get(Item, job.item_id)
+    assert item is not None
+    config = ledger.run_config(run)
+    stage = config.stage(job.stage)
+    report: dict[str, Any] = {
+        "job_id": job.id,
+        "run_id": run.id,
+        "item": item.key,
+        "stage": job.stage,
+        "lane": job.lane,
+        "state": job.state,
+        "state_reason": job.state_reason,
+        "blocked_by": [],
+        "arithmetic": None,
+    }
+    if job.state == JobState.WAITING.value:
+        states = dict(
+            session.execute(select(Job.stage, Job.state).where(Job.item_id == job.item_id)).all()
+        )
+        report["blocked_by"] = [
+            {"code": "needs_pending", "words": f"needs {need}, which is {states[need]}"}
+            for need in stage.needs
+            if states.get(need) != JobState.SUCCEEDED.value
+        ]
+    elif job.state == JobState.READY.value:
+        lane = config.lane(job.lane)
+        node = session.get(Node, lane.node)
+        assert node is not None
+        running = (
+            session.scalar(
+                select(func.count())
+                .select_from(Attempt)
+                .where(
+                    Attempt.node == lane.node,
+                    Attempt.state.in_(
+                        [
+                            AttemptState.INTENT.value,
+                            AttemptState.RUNNING.value,
+                            AttemptState.UNKNOWN.value,
+                        ]
+                    ),
+                )
+            )
+            or 0
+        )
+        snapshot, _ = ledger.admission_snapshot(
+            session,
+            node=lane.node,
+            free_slots=max(0, node.max_jobs - running),
+            mem=node.mem_available_mib,
+            limit=1,
+            lock=False,
+            job_id=job.id,
+        )
+        if snapshot.candidates:
+            candidate = snapshot.candidates[0]
+            report["blocked_by"] = [
+                {"code": code, "detail": detail, "words": admission.describe(code, detail)}
+                for code, detail in admission.explain(snapshot, candidate)
+            ]
+            peak = ledger.stage_peaks(session, [run.id]).get((run.id, job.stage), (None, None))
+            free = node.mem_available_mib
+            report["arithmetic"] = {
+                "node": lane.node,
+                "free_mib": None if free is None else round(free),
+                "free_sampled_at": iso(node.sampled_at),
+                "unreleased_mib": round(snapshot.node.reserved_mib),
+                "reservation_mib": round(candidate.memory_mib),
+                "configured_mib": stage.memory_mib,
+                "learn_memory": stage.learn_memory,
+                "measured_peak_mib": None if peak[0] is None else round(peak[0], 1),
+                "memory_margin": stage.memory_margin,
+                "floor_mib": node.memory_floor_mib,
+                "headroom_after_mib": (
+                    None
+                    if free is None
+                    else round(
+                        free
+                        - snapshot.node.reserved_mib
+                        - candidate.memory_mib
+                        - node.memory_floor_mib
+                    )
+                ),
+                "gpu_peak_mib": candidate.gpu_peak_mib,
+                "running_on_node": running,
+                "max_jobs": node.max_jobs,
+            }
+    elif job.state in (JobState.RUNNING.value, JobState.UNKNOWN.value):
+        attempt = session.scalars(
+            select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.id.desc())
+        ).first()
+        if attempt is not None:
+            report["attempt"] = {
+                "attempt_id": attempt.id,
+                "state": attempt.state,
+                "pid": attempt.child_pid,
+                "reason": attempt.state_reason,
+                "peak_rss_mib": attempt.peak_rss_mib,
+            }
+    return report
