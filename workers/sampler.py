@@ -68,13 +68,14 @@ def attempt_tree(
     for process in psutil.process_iter():
         try:
             environ = process.environ()
+            ours = (
+                environ.get("LANEWAY_ATTEMPT_ID") == str(attempt_id)
+                and environ.get("LANEWAY_ATTEMPT_DIR") == attempt_dir
+                and "workers.supervisor" not in process.cmdline()
+            )
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        if (
-            environ.get("LANEWAY_ATTEMPT_ID") == str(attempt_id)
-            and environ.get("LANEWAY_ATTEMPT_DIR") == attempt_dir
-            and "workers.supervisor" not in process.cmdline()
-        ):
+        if ours:
             found.append(process)
     return found
 
@@ -111,6 +112,13 @@ class Sampler:
     ) -> dict[int, TreeSample]:
         """``attempts``: (attempt id, supervisor pid, attempt dir) triples."""
         reading = gpu if gpu is not None else self.gpu.read()
+        if reading.process_mib and not any(psutil.pid_exists(p) for p in reading.process_mib):
+            # NVML names host pids; in a container with its own pid namespace none of them
+            # is visible here. Say so rather than record a made-up 0.
+            reading = GpuReading(
+                devices=reading.devices,
+                note="GPU process ids are not visible in this pid namespace (container?)",
+            )
         return {
             attempt_id: sample_tree(attempt_tree(pid, attempt_id, directory), reading)
             for attempt_id, pid, directory in attempts

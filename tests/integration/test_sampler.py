@@ -471,3 +471,10 @@ def test_worker_records_peak_rss_and_gpu_note_in_the_ledger(engine, make_run, tm
     assert attempt.peak_rss_at <= attempt.sampled_at
     assert attempt.peak_gpu_mib is None and attempt.peak_gpu_at is None
     assert attempt.gpu_note == "no GPU reading"  # FakeGpu() has no device and no note
+
+
+def test_gpu_pids_from_another_pid_namespace_give_none_not_zero():
+    probe = FakeGpu(devices=[GpuDevice(0, 81_920, 2_048)], processes={2**22 + 12345: 1_024.0})
+    samples = Sampler(probe).sample([(1, os.getpid(), "/nonexistent")])
+    assert samples[1].gpu_mib is None
+    assert "pid namespace" in samples[1].gpu_note
