@@ -165,6 +165,12 @@ class PipelineConfig(_Strict):
     items: list[ItemConfig] = Field(default_factory=list)
     items_file: str | None = Field(None, description="JSONL file of items, one per line.")
     batch_cap: int | None = Field(None, ge=1, description="Most items a run takes on.")
+    infra_breaker: int = Field(
+        3,
+        ge=1,
+        description="Pause the run after infrastructure failures of this many distinct "
+        "items in a row (a success resets the count).",
+    )
     unknown_scope: Literal["run", "everything"] = Field(
         "run",
         description="What an attempt with an unknown outcome stops until it is reconciled: "

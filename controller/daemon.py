@@ -21,7 +21,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from controller import db, ledger
+from controller import db, ledger, pipeline
 from controller.clock import Clock, SystemClock
 from controller.crashpoints import crash_point
 from controller.durable import read_json, write_json
@@ -75,6 +75,17 @@ class Controller:
                 report.promoted += ledger.promote_run(session, run_id, now=now, actor=ACTOR)
                 if ledger.close_run_if_done(session, run_id, now=now, actor=ACTOR):
                     report.closed.append(run_id)
+                    # Invariant 12 "and at the end": a change during the run is recorded.
+                    drift = pipeline.source_drift(ledger.get_run(session, run_id).source_hashes)
+                    if drift:
+                        ledger.append_event(
+                            session,
+                            "sources_changed",
+                            actor=ACTOR,
+                            now=now,
+                            run_id=run_id,
+                            problems=drift,
+                        )
                 else:
                     report.active.append(run_id)
             crash_point("controller_mid_tick")  # inside the transaction: rolls back

@@ -25,6 +25,7 @@ import json
 import math
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, and_, func, select, update
 from sqlalchemy.orm import Session
 
-from controller import admission
+from controller import admission, breakers
 from controller.config import PipelineConfig, config_from_frozen, render
 from controller.errors import IllegalTransition, NotFound, StaleLease
 from controller.models import (
@@ -528,6 +529,7 @@ def claim_jobs(
     now: datetime,
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     candidate_limit: int = 500,
+    check_sources: Callable[[Run], list[str]] | None = None,
 ) -> list[Claim]:
     """Lease admissible jobs for up to ``free_slots`` and commit their intents.
 
@@ -535,11 +537,25 @@ def claim_jobs(
     ``admission.admit``, then for each job to start bump its fence, write the attempt
     (the intent, with a fresh idempotency key), the lease and the reservation, and
     record the decisions. The caller commits before spawning anything (invariant 1).
+
+    ``check_sources(run)`` re-checks the run's frozen source files before anything of
+    that run is dispatched (invariant 12): any drift halts the run, naming the file and
+    both hashes, and nothing of it starts.
     """
     snapshot, jobs_by_id = admission_snapshot(
         session, node=node, free_slots=free_slots, mem=mem_available_mib, limit=candidate_limit
     )
     verdict = admission.admit(snapshot)
+    if check_sources is not None and verdict.starts:
+        drifted = _halt_on_source_drift(
+            session, verdict, jobs_by_id, check_sources, now=now, actor=worker_id
+        )
+        if drifted:
+            snapshot.controls += [
+                admission.ControlView("halt", "run", run_id, None, "frozen sources changed")
+                for run_id in drifted
+            ]
+            verdict = admission.admit(snapshot)
     claims = []
     for candidate in verdict.starts:
         job, run = jobs_by_id[candidate.job_id]
@@ -568,6 +584,34 @@ def claim_jobs(
     # (e.g. its cap is now reached), the refusal is the lane's state from now on.
     _record_refusals(session, verdict.refusals, node=node, worker_id=worker_id, now=now)
     return claims
+
+
+def _halt_on_source_drift(
+    session: Session,
+    verdict: admission.Admission,
+    jobs_by_id: dict[int, tuple[Any, Run]],
+    check_sources: Callable[[Run], list[str]],
+    *,
+    now: datetime,
+    actor: str,
+) -> set[int]:
+    """Halt every run about to dispatch whose frozen sources changed; their ids."""
+    drifted: set[int] = set()
+    runs = {jobs_by_id[c.job_id][1].id: jobs_by_id[c.job_id][1] for c in verdict.starts}
+    for run_id, run in runs.items():
+        problems = check_sources(run)
+        if problems:
+            set_control(
+                session,
+                ControlKind.HALT,
+                scope=ControlScope.RUN,
+                run_id=run_id,
+                reason="frozen sources changed: " + "; ".join(problems),
+                actor=actor,
+                now=now,
+            )
+            drifted.add(run_id)
+    return drifted
 
 
 def _grant(
@@ -1060,6 +1104,48 @@ def settle_attempt(
     return new_state
 
 
+def _trip_infra_breaker(session: Session, attempt: Attempt, *, now: datetime, actor: str) -> None:
+    run = session.get(Run, attempt.run_id)
+    assert run is not None
+    limit = run_config(run).infra_breaker
+    history = [
+        (item, Outcome(str(outcome)))
+        for item, outcome in session.execute(
+            select(Item.key, Attempt.outcome)
+            .join(Job, Job.id == Attempt.job_id)
+            .join(Item, Item.id == Job.item_id)
+            .where(Attempt.run_id == run.id, Attempt.state == AttemptState.SETTLED.value)
+            .order_by(Attempt.settled_at, Attempt.id)
+        ).all()
+    ]
+    if not breakers.infra_breaker_trips(history, limit):
+        return
+    paused = session.scalar(
+        select(func.count())
+        .select_from(Control)
+        .where(
+            Control.run_id == run.id,
+            Control.kind == ControlKind.PAUSE.value,
+            Control.cleared_at.is_(None),
+        )
+    )
+    if paused:
+        return
+    items = sorted(breakers.infra_streak(history))
+    set_control(
+        session,
+        ControlKind.PAUSE,
+        scope=ControlScope.RUN,
+        run_id=run.id,
+        reason=(
+            f"infrastructure failures of {len(items)} distinct items in a row "
+            f"({', '.join(items)}); breaker threshold {limit}"
+        ),
+        actor=actor,
+        now=now,
+    )
+
+
 def _trip_breaker(
     session: Session,
     attempt: Attempt,
@@ -1071,6 +1157,9 @@ def _trip_breaker(
 ) -> None:
     """Invariant 11, in the settle's own transaction: a fatal outcome halts the run, a
     harness failure (laneway's own side broke) pauses it. Ordinary failures never trip."""
+    if outcome is Outcome.INFRA_FAILURE:
+        _trip_infra_breaker(session, attempt, now=now, actor=actor)
+        return
     kind = {Outcome.FATAL: ControlKind.HALT, Outcome.HARNESS_FAILURE: ControlKind.PAUSE}.get(
         outcome
     )

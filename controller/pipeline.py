@@ -31,6 +31,31 @@ def hash_file(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+_hash_cache: dict[str, tuple[int, int, str]] = {}
+
+
+def source_drift(recorded: dict[str, str]) -> list[str]:
+    """Each frozen source whose content differs from its recorded sha256 (or is gone),
+    as one line naming the file and both hashes. Files are re-hashed only when their
+    size or mtime changed since the last check in this process."""
+    problems = []
+    for path, expected in sorted(recorded.items()):
+        try:
+            stat = os.stat(path)
+            cached = _hash_cache.get(path)
+            if cached and cached[:2] == (stat.st_size, stat.st_mtime_ns):
+                actual = cached[2]
+            else:
+                actual = hash_file(path)
+                _hash_cache[path] = (stat.st_size, stat.st_mtime_ns, actual)
+        except OSError as exc:
+            problems.append(f"{path}: unreadable ({exc.strerror or exc}); frozen {expected[:12]}")
+            continue
+        if actual != expected:
+            problems.append(f"{path}: sha256 {actual[:12]}… != frozen {expected[:12]}…")
+    return problems
+
+
 def taken_items(config: PipelineConfig) -> int:
     return min(len(config.items), config.batch_cap or len(config.items))
 

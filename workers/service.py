@@ -32,7 +32,7 @@ import psutil
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 
-from controller import db, ledger
+from controller import db, ledger, pipeline
 from controller.clock import Clock, SystemClock, iso
 from controller.crashpoints import crash_point
 from controller.durable import write_json
@@ -500,6 +500,7 @@ class WorkerService:
                 mem_available_mib=available,
                 now=self.clock.now(),
                 lease_seconds=self.lease_seconds,
+                check_sources=lambda run: pipeline.source_drift(run.source_hashes),
             )
             for claim in claims:
                 self._exit_codes.setdefault(claim.run_id, {})

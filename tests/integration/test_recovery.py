@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from controller import db, ledger
+from controller import db, ledger, pipeline
 from controller.daemon import Controller
 from controller.errors import IllegalTransition, StaleLease
-from controller.models import Attempt, Decision, Job, Run
+from controller.models import Attempt, Control, Decision, Job, Run
 from controller.outcome import read_outcome
 from controller.states import ControlKind, ControlScope, Outcome
 from tests.support import make_config, py_stage
@@ -319,3 +319,46 @@ def test_reconciling_the_last_unknown_resumes_but_never_lifts_an_operator_halt(
         )
     (again,) = _claims(factory, worker, clock)  # without the halt, dispatch resumes
     assert again.job_id == claim.job_id and again.number == 2
+
+
+def test_changed_source_halts_dispatch_naming_file_and_hashes(
+    factory, make_run, register_worker, clock, tmp_path
+):
+    source = tmp_path / "experiment.py"
+    source.write_text("VERSION = 1\n")
+    config = make_config(items=2, sources=[str(source)])
+    with db.transaction(factory) as session:
+        run = ledger.create_run(
+            session,
+            config,
+            runtime_dir=str(tmp_path),
+            actor="t",
+            source_hashes={str(source): pipeline.hash_file(source)},
+            now=clock.now(),
+        )
+        run_id = run.id
+    worker = register_worker()
+
+    def claim():
+        with db.transaction(factory) as session:
+            return ledger.claim_jobs(
+                session,
+                worker_id=worker,
+                node="n1",
+                free_slots=1,
+                mem_available_mib=64_000,
+                now=clock.now(),
+                check_sources=lambda r: pipeline.source_drift(r.source_hashes),
+            )
+
+    assert len(claim()) == 1  # unchanged: dispatch goes on
+    source.write_text("VERSION = 2  # edited under a running experiment\n")
+    assert claim() == []
+    with factory() as session:
+        control = session.scalars(select(Control).where(Control.run_id == run_id)).one()
+        decision = session.scalars(
+            select(Decision).where(Decision.run_id == run_id).order_by(Decision.id.desc())
+        ).first()
+    assert control.kind == "halt" and str(source) in control.reason
+    assert "!= frozen" in control.reason
+    assert decision.reason_code == "halted"

@@ -1,0 +1,97 @@
+"""The infrastructure breaker, checked exactly against an independent oracle over random
+outcome sequences (hypothesis), plus the ledger applying it."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import select
+
+from controller import breakers, db, ledger
+from controller.models import Control
+from controller.states import Outcome
+from tests.support import make_config, py_stage
+
+OUTCOMES = [
+    Outcome.SUCCEEDED,
+    Outcome.FAILED,
+    Outcome.INFRA_FAILURE,
+    Outcome.TIMED_OUT,
+    Outcome.HARNESS_FAILURE,
+]
+events = st.lists(
+    st.tuples(st.sampled_from(["a", "b", "c", "d", "e"]), st.sampled_from(OUTCOMES)),
+    max_size=40,
+)
+
+
+def oracle(history, n):
+    """Forward: a success empties the streak; each infra failure adds its item; the
+    breaker trips on an infra failure once the streak holds n distinct items."""
+    streak: set[str] = set()
+    trips = []
+    for item, outcome in history:
+        if outcome is Outcome.SUCCEEDED:
+            streak = set()
+        if outcome is Outcome.INFRA_FAILURE:
+            streak.add(item)
+        trips.append(outcome is Outcome.INFRA_FAILURE and len(streak) >= n)
+    return trips
+
+
+@settings(max_examples=400, deadline=None)
+@given(events, st.integers(min_value=1, max_value=4))
+def test_breaker_matches_the_rule_exactly(history, n):
+    expected = oracle(history, n)
+    actual = [breakers.infra_breaker_trips(history[: i + 1], n) for i in range(len(history))]
+    assert actual == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(events)
+def test_ordinary_failures_never_trip(history):
+    only_failed = [(item, Outcome.FAILED) for item, _ in history]
+    assert not any(
+        breakers.infra_breaker_trips(only_failed[: i + 1], 1) for i in range(len(only_failed))
+    )
+
+
+def test_same_item_twice_counts_once():
+    history = [
+        ("a", Outcome.INFRA_FAILURE),
+        ("a", Outcome.INFRA_FAILURE),
+        ("b", Outcome.INFRA_FAILURE),
+    ]
+    assert not breakers.infra_breaker_trips(history, 3)
+    assert breakers.infra_breaker_trips([*history, ("c", Outcome.INFRA_FAILURE)], 3)
+
+
+def test_ledger_pauses_the_run_on_the_third_distinct_item(
+    factory, make_run, register_worker, clock
+):
+    run_id = make_run(make_config([py_stage("s", "pass")], items=4, max_jobs=4))
+    worker = register_worker()
+    with db.transaction(factory) as session:
+        claims = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=4,
+            mem_available_mib=64_000,
+            now=clock.now(),
+        )
+    for number, claim in enumerate(claims[:3], start=1):
+        with db.transaction(factory) as session:
+            ledger.settle_attempt(
+                session,
+                claim.attempt_id,
+                fence=claim.fence,
+                outcome=Outcome.INFRA_FAILURE,
+                actor=worker,
+                now=clock.now(),
+            )
+        with factory() as session:
+            controls = session.scalars(select(Control).where(Control.run_id == run_id)).all()
+        assert len(controls) == (1 if number == 3 else 0)
+    assert controls[0].kind == "pause"
+    assert "3 distinct items in a row" in controls[0].reason
