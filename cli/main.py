@@ -31,6 +31,7 @@ from controller.daemon import Controller
 from controller.errors import ConfigError, LanewayError, UsageError
 from controller.states import ControlKind, ControlScope
 from controller.status import build_status, explain_job
+from workers import identity
 from workers.service import WorkerService, psutil_memory
 
 EXIT_BLOCKED = 3
@@ -613,6 +614,91 @@ def clear_halt(
     _control(
         ControlKind.HALT, run, everything, reason, runtime_dir, as_json, clear=(ControlKind.HALT,)
     )
+
+
+@app.command()
+def cancel(
+    reason: ReasonOpt,
+    attempt: Annotated[
+        int | None,
+        typer.Argument(help="A running attempt's id.", min=1, max=MAX_ID, show_default=False),
+    ] = None,
+    run: Annotated[
+        int | None, typer.Option("--run", help="Cancel a whole run instead.", min=1, max=MAX_ID)
+    ] = None,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    as_json: JsonFlag = False,
+) -> None:
+    """Cancel a running attempt, or a whole run (--run): TERM, grace, KILL, verified.
+
+    The attempt's supervisor gets TERM; it forwards it to the job's process group, waits
+    the stage's grace budget, KILLs the group, verifies no process of it is left, and
+    reports; the worker settles the attempt as cancelled. --run also stops the run's
+    dispatch and cancels its waiting and ready jobs. Run it on the attempt's machine.
+    """
+    try:
+        if (attempt is None) == (run is None):
+            raise UsageError("name one ATTEMPT, or pass --run RUN (not both)")
+        engine = db.make_engine(_existing_ledger(runtime_dir))
+        db.check_revision(engine)
+        now = SystemClock().now()
+        with db.transaction(db.session_factory(engine)) as session:
+            if run is not None:
+                ledger.get_run(session, run)
+                ledger.set_control(
+                    session,
+                    ControlKind.STOP,
+                    scope=ControlScope.RUN,
+                    run_id=run,
+                    reason=_reason(reason),
+                    actor=_actor(),
+                    now=now,
+                )
+                pending = ledger.cancel_pending(
+                    session, run, reason=reason, actor=_actor(), now=now
+                )
+                targets = ledger.running_attempts(session, run)
+                for target in targets:
+                    ledger.request_cancel(
+                        session, target.id, reason=reason, actor=_actor(), now=now
+                    )
+            else:
+                assert attempt is not None
+                pending = 0
+                targets = [
+                    ledger.request_cancel(
+                        session, attempt, reason=_reason(reason), actor=_actor(), now=now
+                    )
+                ]
+        signalled = [_terminate_supervisor(target) for target in targets]
+    except LanewayError as error:
+        _fail(error, as_json)
+        return
+    body = {"ok": True, "jobs_cancelled": pending, "attempts_signalled": signalled}
+    _emit(
+        body,
+        as_json,
+        lambda b: (
+            f"{b['jobs_cancelled']} pending job(s) cancelled; TERM sent to "
+            f"{len(signalled)} supervisor(s): {', '.join(str(p) for p in signalled) or 'none'}"
+        ),
+    )
+
+
+def _terminate_supervisor(attempt: Any) -> int:
+    """TERM to the attempt's supervisor — only after checking it is that very process."""
+    same = (
+        attempt.boot_id == identity.boot_id()
+        and attempt.supervisor_pid is not None
+        and identity.same_process(attempt.supervisor_pid, attempt.supervisor_start_time)
+    )
+    if not same:
+        raise UsageError(
+            f"attempt {attempt.id}: its supervisor (pid {attempt.supervisor_pid}) is not "
+            "running on this machine; run cancel where it runs, or reconcile it"
+        )
+    os.kill(attempt.supervisor_pid, signal.SIGTERM)
+    return int(attempt.supervisor_pid)
 
 
 class ReconcileAs(StrEnum):

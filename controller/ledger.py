@@ -1745,3 +1745,59 @@ def get_attempt(session: Session, attempt_id: int) -> Attempt:
     if attempt is None:
         raise NotFound(f"attempt {attempt_id} is not in the ledger; `laneway status` lists them")
     return attempt
+
+
+def request_cancel(
+    session: Session, attempt_id: int, *, reason: str, actor: str, now: datetime
+) -> Attempt:
+    """Record an operator's cancel of a running attempt (the caller then sends TERM to its
+    supervisor, which stops the group and reports ``stopped``; its settle says
+    ``cancelled``). Raises IllegalTransition unless the attempt is running."""
+    attempt = get_attempt(session, attempt_id)
+    if attempt.state != AttemptState.RUNNING.value:
+        raise IllegalTransition(
+            f"attempt {attempt_id} is {attempt.state}; only a running attempt can be cancelled"
+        )
+    append_event(
+        session,
+        "cancel_requested",
+        actor=actor,
+        now=now,
+        run_id=attempt.run_id,
+        job_id=attempt.job_id,
+        attempt_id=attempt_id,
+        reason=reason,
+    )
+    return attempt
+
+
+def cancel_pending(session: Session, run_id: int, *, reason: str, actor: str, now: datetime) -> int:
+    """Cancel every waiting or ready job of a run (nothing of them has started)."""
+    moved = 0
+    for job_id, state in session.execute(
+        select(Job.id, Job.state).where(
+            Job.run_id == run_id, Job.state.in_([JobState.WAITING.value, JobState.READY.value])
+        )
+    ).all():
+        move_job(
+            session,
+            job_id,
+            JobState(state),
+            JobState.CANCELLED,
+            now=now,
+            actor=actor,
+            reason=f"cancelled by {actor}: {reason}",
+            run_id=run_id,
+        )
+        moved += 1
+    return moved
+
+
+def running_attempts(session: Session, run_id: int) -> list[Attempt]:
+    return list(
+        session.scalars(
+            select(Attempt).where(
+                Attempt.run_id == run_id, Attempt.state == AttemptState.RUNNING.value
+            )
+        )
+    )

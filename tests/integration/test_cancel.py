@@ -1,0 +1,128 @@
+"""Controlled stop (invariant 7) through `laneway cancel`: TERM to the supervisor, which
+stops the job's whole group and verifies it is gone before the attempt settles cancelled."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sqlalchemy import select
+from typer.testing import CliRunner
+
+from cli.main import app
+from controller import db
+from controller.daemon import Controller
+from controller.models import Attempt, Control, Job, Run
+from tests.support import make_config, py_stage, wait_until
+from workers.gpu import FakeGpu
+from workers.identity import process_start_time
+from workers.service import WorkerService
+
+runner = CliRunner()
+FOREVER = (
+    "import subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)"
+)
+
+
+def setup(engine, make_run, items):
+    run_id = make_run(
+        make_config([py_stage("long", FOREVER, grace_seconds=1)], items=items, max_jobs=1)
+    )
+    service = WorkerService(
+        engine, node="n1", slots=1, memory_probe=lambda: (64e3, 128e3), gpu=FakeGpu()
+    )
+    service.start()
+    controller = Controller(engine)
+
+    def attempts():
+        with db.session_factory(engine)() as session:
+            return session.scalars(select(Attempt).where(Attempt.run_id == run_id)).all()
+
+    def tick():
+        controller.tick()
+        service.tick()
+
+    def running():
+        tick()
+        rows = attempts()
+        return rows and rows[0].state == "running" and rows[0]
+
+    return run_id, tick, attempts, wait_until(running)
+
+
+def test_cancel_attempt_stops_the_group_and_settles_cancelled(engine, runtime, make_run):
+    run_id, tick, attempts, attempt = setup(engine, make_run, items=1)
+    result = runner.invoke(
+        app,
+        [
+            "cancel",
+            str(attempt.id),
+            "--reason",
+            "wrong model",
+            "--runtime-dir",
+            str(runtime),
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["attempts_signalled"] == [attempt.supervisor_pid]
+
+    def settled():
+        tick()
+        return attempts()[0].state == "settled"
+
+    wait_until(settled)
+    final = attempts()[0]
+    assert final.outcome == "cancelled"
+    record = json.loads((Path(final.attempt_dir) / "exit.json").read_text())
+    assert record["stopped"] is True and record["group_empty"] is True
+    assert process_start_time(final.child_pid) is None
+
+    def closed():
+        tick()
+        with db.session_factory(engine)() as session:
+            return session.get(Run, run_id).state == "finished"
+
+    wait_until(closed)
+    with db.session_factory(engine)() as session:
+        assert session.scalars(select(Job.state)).one() == "cancelled"
+
+
+def test_cancel_run_drains_and_cancels_pending_jobs(engine, runtime, make_run):
+    run_id, tick, attempts, _ = setup(engine, make_run, items=3)
+    result = runner.invoke(
+        app,
+        [
+            "cancel",
+            "--run",
+            str(run_id),
+            "--reason",
+            "abandon batch",
+            "--runtime-dir",
+            str(runtime),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+
+    def finished():
+        tick()
+        with db.session_factory(engine)() as session:
+            return session.get(Run, run_id).state == "finished"
+
+    wait_until(finished)
+    assert [a.outcome for a in attempts()] == ["cancelled"]  # nothing else ever started
+    with db.session_factory(engine)() as session:
+        assert set(session.scalars(select(Job.state))) == {"cancelled"}
+        control = session.scalars(select(Control)).one()
+    assert control.kind == "stop" and control.reason == "abandon batch"
+
+
+def test_cancel_refuses_what_is_not_running(engine, runtime, make_run):
+    make_run(make_config())
+    result = runner.invoke(app, ["cancel", "1", "--reason", "x", "--runtime-dir", str(runtime)])
+    assert result.exit_code == 2 and "not in the ledger" in result.stderr
+    both = runner.invoke(
+        app, ["cancel", "1", "--run", "1", "--reason", "x", "--runtime-dir", str(runtime)]
+    )
+    assert both.exit_code == 2 and "not both" in both.stderr
