@@ -507,6 +507,7 @@ class Claim:
     timeout_seconds: int
     grace_seconds: float
     attempt_dir: str
+    log_cap_bytes: int = 1 << 30
 
 
 def attempt_dir(runtime_dir: str, run_id: int, item: str, stage: str, number: int) -> str:
@@ -714,6 +715,7 @@ def _grant(
         timeout_seconds=stage.timeout_seconds,
         grace_seconds=stage.grace_seconds,
         attempt_dir=directory,
+        log_cap_bytes=int(stage.log_cap_mib * 1024 * 1024),
     )
 
 

@@ -590,6 +590,7 @@ class WorkerService:
             "cwd": claim.cwd or str(workspace),
             "timeout_seconds": claim.timeout_seconds,
             "grace_seconds": claim.grace_seconds,
+            "log_cap_bytes": claim.log_cap_bytes,
             "secret_env": secret_names,
         }
         with open(directory / "supervisor.log", "ab") as supervisor_log:

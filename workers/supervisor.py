@@ -42,6 +42,8 @@ from workers.redact import Redactor
 
 EXIT_RECORD = "exit.json"
 EXIT_RECORD_FAILED = 3
+DEFAULT_LOG_CAP = 1 << 30
+"""Per stream, per attempt; beyond it one marker line, then output is discarded."""
 PR_SET_CHILD_SUBREAPER = 36
 READ_SIZE = 65536
 DRAIN_SECONDS = 2.0
@@ -123,6 +125,8 @@ class Supervision:
         self.directory = spec["attempt_dir"]
         self.timeout = float(spec["timeout_seconds"])
         self.grace = float(spec["grace_seconds"])
+        self.log_cap = int(spec.get("log_cap_bytes") or DEFAULT_LOG_CAP)
+        self._written: dict[str, int] = {}
         self.record: dict[str, Any] = {
             "schema": 1,
             "attempt_id": spec["attempt_id"],
@@ -140,6 +144,7 @@ class Supervision:
             "escapees_signalled": 0,
             "group_empty": None,
             "log_errors": [],
+            "logs_truncated": [],
             "started_at": None,
             "ended_at": None,
         }
@@ -288,6 +293,19 @@ class Supervision:
     def _write(self, fd: int, data: bytes, name: str) -> None:
         if not data:
             return
+        written = self._written.get(name, 0)
+        if written >= self.log_cap:
+            return  # past the cap: keep draining the pipe, keep nothing
+        if written + len(data) > self.log_cap:
+            data = (
+                data[: self.log_cap - written]
+                + (
+                    f"\n[laneway: {name} truncated at {self.log_cap} bytes; "
+                    "further output discarded]\n"
+                ).encode()
+            )
+            self.record["logs_truncated"].append(name)
+        self._written[name] = written + len(data)
         try:
             faults.check("log_write")  # test hook
             view = memoryview(data)

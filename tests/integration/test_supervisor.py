@@ -181,3 +181,32 @@ def test_stop_after_the_child_exited_keeps_its_exit_code(tmp_path):
     assert proc.wait(timeout=30) == 0
     record = exit_record(attempt)
     assert record["exit_code"] == 0 and record["stopped"] is False
+
+
+def test_log_cap_keeps_a_marker_and_the_exit_code(tmp_path):
+    attempt = tmp_path / "attempt"
+    attempt.mkdir()
+    code = "import sys\nfor _ in range(200): print('x' * 99)\nsys.exit(4)"
+    spec = {
+        "attempt_id": 1,
+        "attempt_dir": str(attempt),
+        "argv": [sys.executable, "-c", code],
+        "cwd": str(tmp_path),
+        "timeout_seconds": 30,
+        "grace_seconds": 1,
+        "secret_env": [],
+        "log_cap_bytes": 1000,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.supervisor", json.dumps(spec)],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    assert proc.wait(timeout=30) == 0
+    record = exit_record(attempt)
+    assert record["exit_code"] == 4 and record["logs_truncated"] == ["stdout"]
+    log = (attempt / "stdout.log").read_bytes()
+    assert log.startswith(b"x" * 99) and log.endswith(
+        b"[laneway: stdout truncated at 1000 bytes; further output discarded]\n"
+    )
+    assert len(log) < 1100
