@@ -2,8 +2,9 @@
 
 Two stages, each safe across read boundaries:
 
-1. secret values (those resolved from ``${NAME}`` references) are replaced wherever
-   they occur; a secret may be split across two reads, so this stage holds back the
+1. secret values (those resolved from ``${NAME}`` references), and their JSON-escaped,
+   URL-encoded and base64 forms, are replaced wherever they occur; a secret may be
+   split across two reads, so this stage holds back the
    last ``len(longest secret) - 1`` bytes until the next read (or the end) shows whether
    they start a secret;
 2. ``Authorization:`` header values and ``Bearer`` tokens are masked line by line; a
@@ -14,7 +15,10 @@ Stdlib only: the supervisor imports this.
 
 from __future__ import annotations
 
+import base64
+import json
 import re
+import urllib.parse
 
 MASK = b"[REDACTED]"
 MIN_SECRET_LEN = 4
@@ -48,9 +52,32 @@ def _safe_cut(buffer: bytes) -> int:
     return len(buffer) - HOLD_TAIL
 
 
+def encoded_forms(secret: bytes) -> set[bytes]:
+    """A secret as it may appear in output: raw, JSON-escaped, URL-encoded, and base64
+    (standard and URL-safe) at each of the three alignments it can have inside a longer
+    encoded string — only the characters that depend on the secret alone are kept."""
+    forms = {secret}
+    text = secret.decode("utf-8", errors="replace")
+    forms.add(json.dumps(text)[1:-1].encode())
+    forms.add(urllib.parse.quote(text, safe="").encode())
+    forms.add(urllib.parse.quote_plus(text).encode())
+    for offset in range(3):
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            encoded = encode(b"\0" * offset + secret)
+            start = (offset * 4 + 2) // 3  # characters that still mix in the padding bytes
+            end = ((offset + len(secret)) * 4) // 3  # full characters before the tail
+            core = encoded[start:end]
+            if len(core) >= MIN_SECRET_LEN:
+                forms.add(core)
+    return {form for form in forms if len(form) >= MIN_SECRET_LEN}
+
+
 class Redactor:
     def __init__(self, secrets: list[str]) -> None:
-        values = {s.encode() for s in secrets if len(s) >= MIN_SECRET_LEN}
+        values: set[bytes] = set()
+        for secret in secrets:
+            if len(secret) >= MIN_SECRET_LEN:
+                values |= encoded_forms(secret.encode())
         # Longest first, so a secret containing another is masked whole.
         self._secrets = sorted(values, key=len, reverse=True)
         self._hold = max((len(s) for s in self._secrets), default=1) - 1

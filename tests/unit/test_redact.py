@@ -68,3 +68,34 @@ def test_token_at_a_forced_long_line_cut_is_still_caught():
     out = run(Redactor([]), [first, b"efghijklmnop123 more text\n"])
     assert b"efghijklmnop123" not in out and b"abcd" not in out
     assert out.endswith(b"Authorization: Bearer [REDACTED] more text\n")
+
+
+CANARY = 'pa$$:w/rd "q"+canary-77&x'
+
+
+@pytest.mark.parametrize("prefix", ["", "a", "ab", "abc"])
+def test_base64_forms_are_caught_at_every_alignment(prefix):
+    import base64
+
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        blob = encode(prefix.encode() + CANARY.encode() + b"-tail")
+        out = run(Redactor([CANARY]), [b"payload=" + blob + b"\n"])
+        core = encode(CANARY.encode())[4:-4]
+        assert core not in out and MASK in out
+
+
+def test_json_and_url_escaped_forms_are_caught():
+    import json
+    import urllib.parse
+
+    text = (
+        json.dumps({"token": CANARY})
+        + " "
+        + urllib.parse.quote(CANARY, safe="")
+        + " "
+        + urllib.parse.quote_plus(CANARY)
+        + "\n"
+    ).encode()
+    out = run(Redactor([CANARY]), [text[:17], text[17:]])
+    assert out.count(MASK) == 3
+    assert b"canary-77" not in out
