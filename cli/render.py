@@ -226,11 +226,12 @@ def explain_text(report: dict[str, Any]) -> str:
         )
         if a["free_mib"] is None:
             out.append(f"memory on node {a['node']}: free unknown (no worker has reported yet)")
-        out.append(
-            f"memory on node {a['node']}: free {a['free_mib']} - unreleased "
-            f"{a['unreleased_mib']} - reservation {a['reservation_mib']} ({source}) - floor "
-            f"{a['floor_mib']} = {a['headroom_after_mib']} MiB"
-        )
+        else:
+            out.append(
+                f"memory on node {a['node']}: free {a['free_mib']} - unreleased "
+                f"{a['unreleased_mib']} - reservation {a['reservation_mib']} ({source}) - floor "
+                f"{a['floor_mib']} = {a['headroom_after_mib']} MiB"
+            )
         out.append(f"jobs on node: {a['running_on_node']} of max {a['max_jobs']}")
     attempt = report.get("attempt")
     if attempt:

@@ -300,11 +300,11 @@ def _control(snap: Snapshot, job: Candidate, kind: str) -> ControlView | None:
 
 
 def describe(code: str, detail: dict[str, Any]) -> str:
-    """A refusal in words, e.g. ``memory_floor — free 900 MiB - reserved 0 - stage 2048 <
+    """A refusal in words, e.g. ``memory_floor — free 900 MiB - unreleased 0 - stage 2048 <
     floor 1024``."""
     if code == "memory_floor" and "available_mib" in detail:
         return (
-            f"memory_floor — free {detail['available_mib']} MiB - reserved "
+            f"memory_floor — free {detail['available_mib']} MiB - unreleased "
             f"{detail['reserved_mib']} - stage {detail['stage_mib']} < floor {detail['floor_mib']}"
         )
     if code in ("lane_cap", "stage_cap"):

@@ -196,6 +196,7 @@ class WorkerService:
         self._exit_codes: dict[int, dict[str, dict[int, Outcome]]] = {}
         self.recovered: list[str] = []
         self.heartbeat_failures = 0
+        self.last_sample_error: str | None = None
         self.last_heartbeat_error: str | None = None
         self.revoked: str | None = None
         """Why the ledger no longer accepts this worker (it was declared lost), if so."""
@@ -319,7 +320,17 @@ class WorkerService:
         )
         if found is not None:
             self.in_flight[attempt.id] = InFlight(
-                claim, AdoptedSupervisor(*found), dict(stage.exit_codes)
+                claim,
+                AdoptedSupervisor(*found),
+                dict(stage.exit_codes),
+                # Peaks measured by the previous worker carry over; they only grow.
+                peaks=Peaks(
+                    current_rss_mib=attempt.current_rss_mib,
+                    peak_rss_mib=attempt.peak_rss_mib,
+                    peak_rss_at=attempt.peak_rss_at,
+                    peak_gpu_mib=attempt.peak_gpu_mib,
+                    peak_gpu_at=attempt.peak_gpu_at,
+                ),
             )
             return f"{label}: adopted live supervisor pid {found[0]}"
         verdict, exit_record, result = read_outcome(
@@ -425,15 +436,22 @@ class WorkerService:
         changed = [f for f in flights if f.peaks.changed or due]
         if not changed:
             return
-        with db.transaction(self.factory) as session:
-            for flight in changed:
-                ledger.record_samples(
-                    session,
-                    flight.claim.attempt_id,
-                    fence=flight.claim.fence,
-                    **measurements(flight.peaks),
-                )
-                flight.peaks.changed = False
+        try:
+            with db.transaction(self.factory) as session:
+                for flight in changed:
+                    ledger.record_samples(
+                        session,
+                        flight.claim.attempt_id,
+                        fence=flight.claim.fence,
+                        **measurements(flight.peaks),
+                    )
+        except OperationalError as exc:
+            # Samples are evidence, not state: keep them in memory and write them with the
+            # next flush (or the settle).
+            self.last_sample_error = str(exc.orig or exc).splitlines()[0]
+            return
+        for flight in changed:
+            flight.peaks.changed = False
         self._last_flush = now_mono
 
     def _gpu_for_heartbeat(self) -> tuple[list[dict[str, float]] | None, str | None]:

@@ -59,7 +59,9 @@ def test_lane_held_by_memory_floor_is_named_while_the_other_runs(engine, runtime
     assert lanes["b"]["done"] == 3 and lanes["b"]["reason"] is None
     reason = lanes["a"]["reason"]
     assert reason["code"] == "memory_floor"
-    assert reason["words"] == ("memory_floor — free 900 MiB - reserved 0 - stage 2048 < floor 1024")
+    assert reason["words"] == (
+        "memory_floor — free 900 MiB - unreleased 0 - stage 2048 < floor 1024"
+    )
     assert lanes["a"]["running"] == 0 and lanes["a"]["ready"] == 3
     with db.session_factory(engine)() as session:
         job_a = session.scalars(select(Job.id).where(Job.lane == "a")).first()

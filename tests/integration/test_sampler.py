@@ -195,8 +195,9 @@ def test_orphaned_escapee_is_reparented_to_the_supervisor_and_sampled(tmp_path):
     pid_file = tmp_path / "orphan.pid"
     try:
         orphan = int(wait_until(lambda: pid_file.exists() and pid_file.read_text()))
+        # Its parent exits right after starting it: wait until the subreaper adopted it.
+        wait_until(lambda: psutil.Process(orphan).ppid() == proc.pid)
         sample = sample_until(Sampler(FakeGpu()), proc, attempt, lambda s: orphan in s.pids)
-        assert psutil.Process(orphan).ppid() == proc.pid  # the subreaper adopted it
         assert child in sample.pids and proc.pid not in sample.pids
     finally:
         release(tmp_path, proc)

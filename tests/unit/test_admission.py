@@ -512,7 +512,7 @@ def test_describe_memory_floor_names_the_numbers() -> None:
         "memory_floor",
         {"available_mib": 900, "reserved_mib": 300, "stage_mib": 2048, "floor_mib": 1024},
     )
-    assert text == "memory_floor — free 900 MiB - reserved 300 - stage 2048 < floor 1024"
+    assert text == "memory_floor — free 900 MiB - unreleased 300 - stage 2048 < floor 1024"
 
 
 def test_refusal_words_from_admit_carry_memory_numbers() -> None:
