@@ -99,6 +99,9 @@ class StageConfig(_Strict):
     timeout_seconds: int = Field(3600, ge=1, le=172800)
     grace_seconds: float = Field(10.0, ge=0, le=3600)
     memory_mib: int = Field(0, ge=0, description="Memory reserved while an attempt runs.")
+    ports: int = Field(
+        0, ge=0, le=64, description="Free TCP ports to allocate per attempt (LANEWAY_PORTS)."
+    )
     log_cap_mib: float = Field(
         1024, gt=0, description="Most bytes kept per stream per attempt, MiB; then a marker."
     )

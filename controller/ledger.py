@@ -26,7 +26,7 @@ import math
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -508,6 +508,7 @@ class Claim:
     grace_seconds: float
     attempt_dir: str
     log_cap_bytes: int = 1 << 30
+    ports: list[int] = field(default_factory=list)
 
 
 def attempt_dir(runtime_dir: str, run_id: int, item: str, stage: str, number: int) -> str:
@@ -531,6 +532,7 @@ def claim_jobs(
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     candidate_limit: int = 500,
     check_sources: Callable[[Run], list[str]] | None = None,
+    pick_ports: Callable[[int, set[int]], list[int]] | None = None,
 ) -> list[Claim]:
     """Lease admissible jobs for up to ``free_slots`` and commit their intents.
 
@@ -538,6 +540,9 @@ def claim_jobs(
     ``admission.admit``, then for each job to start bump its fence, write the attempt
     (the intent, with a fresh idempotency key), the lease and the reservation, and
     record the decisions. The caller commits before spawning anything (invariant 1).
+
+    ``pick_ports(n, taken)`` returns ``n`` free ports not in ``taken`` (the ports of the
+    node's in-flight attempts); they are recorded on the attempt in this transaction.
 
     ``check_sources(run)`` re-checks the run's frozen source files before anything of
     that run is dispatched (invariant 12): any drift halts the run, naming the file and
@@ -558,6 +563,7 @@ def claim_jobs(
             ]
             verdict = admission.admit(snapshot)
     claims = []
+    taken = _ports_in_use(session, node) if verdict.starts else set()
     for candidate in verdict.starts:
         job, run = jobs_by_id[candidate.job_id]
         claims.append(
@@ -567,6 +573,8 @@ def claim_jobs(
                 run,
                 run_config(run),
                 memory_mib=candidate.memory_mib,
+                pick_ports=pick_ports,
+                taken_ports=taken,
                 worker_id=worker_id,
                 node=node,
                 now=now,
@@ -585,6 +593,22 @@ def claim_jobs(
     # (e.g. its cap is now reached), the refusal is the lane's state from now on.
     _record_refusals(session, verdict.refusals, node=node, worker_id=worker_id, now=now)
     return claims
+
+
+def _ports_in_use(session: Session, node: str) -> set[int]:
+    """Ports held by the node's in-flight (and unknown) attempts."""
+    used: set[int] = set()
+    for (ports,) in session.execute(
+        select(Attempt.ports).where(
+            Attempt.node == node,
+            Attempt.ports.is_not(None),
+            Attempt.state.in_(
+                [AttemptState.INTENT.value, AttemptState.RUNNING.value, AttemptState.UNKNOWN.value]
+            ),
+        )
+    ).all():
+        used.update(int(port) for port in ports or [])
+    return used
 
 
 def _halt_on_source_drift(
@@ -622,6 +646,8 @@ def _grant(
     config: PipelineConfig,
     *,
     memory_mib: float,
+    pick_ports: Callable[[int, set[int]], list[int]] | None = None,
+    taken_ports: set[int] | None = None,
     worker_id: str,
     node: str,
     now: datetime,
@@ -652,7 +678,15 @@ def _grant(
     cwd = render(stage.cwd, item_config) if stage.cwd else None
     directory = attempt_dir(run.runtime_dir, run.id, job.item_key, job.stage, number)
     key = f"lw-{run.id}-{job.id}-{number}-{uuid.uuid4().hex[:12]}"
+    ports: list[int] | None = None
+    if stage.ports:
+        if pick_ports is None:
+            raise IllegalTransition(f"stage {stage.name} asks for ports; no port picker given")
+        taken = taken_ports if taken_ports is not None else set()
+        ports = pick_ports(stage.ports, taken)
+        taken.update(ports)
     attempt = Attempt(
+        ports=ports,
         job_id=job.id,
         run_id=run.id,
         number=number,
@@ -716,6 +750,7 @@ def _grant(
         grace_seconds=stage.grace_seconds,
         attempt_dir=directory,
         log_cap_bytes=int(stage.log_cap_mib * 1024 * 1024),
+        ports=list(ports or []),
     )
 
 

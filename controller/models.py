@@ -181,6 +181,9 @@ class Attempt(Base):
     gpu_note: Mapped[str | None] = mapped_column(Text)
     """Why the GPU columns are null (no driver, no device, no per-process figures)."""
     sampled_at: Mapped[datetime | None] = mapped_column(DateTime())
+    ports: Mapped[list[Any] | None] = mapped_column(JSON)
+    """Ports allocated to the attempt (stage ``ports = N``): distinct from every other
+    in-flight attempt's on the node; free again once it settles."""
 
 
 class Lease(Base):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -46,6 +47,25 @@ from workers.sampler import Peaks, Sampler
 
 MIB = 1024 * 1024
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def free_ports(count: int, taken: set[int]) -> list[int]:
+    """``count`` distinct TCP ports that are free on this machine now (the kernel picks
+    them: bind to port 0) and not in ``taken``."""
+    ports: list[int] = []
+    held: list[socket.socket] = []
+    try:
+        while len(ports) < count:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)  # kept open until all are chosen: no duplicates
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+            if port not in taken and port not in ports:
+                ports.append(port)
+    finally:
+        for sock in held:
+            sock.close()
+    return ports
 
 
 def psutil_memory() -> tuple[float, float]:
@@ -519,6 +539,7 @@ class WorkerService:
                 now=self.clock.now(),
                 lease_seconds=self.lease_seconds,
                 check_sources=lambda run: pipeline.source_drift(run.source_hashes),
+                pick_ports=free_ports,
             )
             for claim in claims:
                 self._exit_codes.setdefault(claim.run_id, {})
@@ -599,6 +620,7 @@ class WorkerService:
                 "LANEWAY_ATTEMPT_DIR": str(directory),
                 "LANEWAY_WORKSPACE": str(workspace),
                 "LANEWAY_RESULT_PATH": str(directory / "result.json"),
+                "LANEWAY_PORTS": ",".join(str(port) for port in claim.ports),
             }
         )
         spec = {

@@ -1,0 +1,66 @@
+"""Port sets: each attempt gets N free, distinct ports, disjoint from every in-flight
+attempt on the node, in its environment and recorded on the attempt."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sqlalchemy import select
+
+from controller import db
+from controller.daemon import Controller
+from controller.models import Attempt, Run
+from tests.support import make_config, py_stage, wait_until
+from workers.gpu import FakeGpu
+from workers.service import WorkerService, free_ports
+
+
+def test_free_ports_are_distinct_and_avoid_taken():
+    taken = set(free_ports(5, set()))
+    picked = free_ports(20, taken)
+    assert len(set(picked)) == 20 and not set(picked) & taken
+
+
+def test_concurrent_attempts_get_disjoint_port_sets(engine, make_run, tmp_path):
+    release = tmp_path / "release"
+    code = (
+        "import json, os, time\n"
+        "json.dump({'job_id': os.environ['LANEWAY_JOB_ID'], "
+        "'ports': os.environ['LANEWAY_PORTS']}, open(os.environ['LANEWAY_RESULT_PATH'], 'w'))\n"
+        f"while not os.path.exists({str(release)!r}): time.sleep(0.01)"
+    )
+    run_id = make_run(make_config([py_stage("serve", code, ports=3)], items=4, max_jobs=4))
+    service = WorkerService(
+        engine, node="n1", slots=4, memory_probe=lambda: (64e3, 128e3), gpu=FakeGpu()
+    )
+    service.start()
+    controller = Controller(engine)
+
+    def attempts():
+        with db.session_factory(engine)() as session:
+            return session.scalars(select(Attempt).where(Attempt.run_id == run_id)).all()
+
+    def all_running():
+        controller.tick()
+        service.tick()
+        rows = attempts()
+        return len(rows) == 4 and all(a.state == "running" for a in rows)
+
+    wait_until(all_running)  # all four hold their ports at once
+    release.touch()
+
+    def finished():
+        controller.tick()
+        service.tick()
+        with db.session_factory(engine)() as session:
+            return session.get(Run, run_id).state == "finished"
+
+    wait_until(finished)
+    rows = attempts()
+    every = [port for a in rows for port in a.ports]
+    assert all(len(a.ports) == 3 for a in rows)
+    assert len(set(every)) == 12  # disjoint across the concurrent attempts
+    for attempt in rows:
+        seen = json.loads((Path(attempt.attempt_dir) / "result.json").read_text())["ports"]
+        assert [int(p) for p in seen.split(",")] == attempt.ports
