@@ -80,6 +80,13 @@ class LaneConfig(_Strict):
     )
 
 
+class CaptureConfig(_Strict):
+    """Bounded capture of a failed attempt's workspace (archive + sha256 manifest)."""
+
+    max_mib: float = Field(256, gt=0, description="Most input bytes archived, MiB.")
+    max_seconds: float = Field(60, gt=0, description="Stop adding files after this long.")
+
+
 class RetryPolicy(_Strict):
     """Automatic retry; the default is never (invariant 2)."""
 
@@ -99,6 +106,9 @@ class StageConfig(_Strict):
     timeout_seconds: int = Field(3600, ge=1, le=172800)
     grace_seconds: float = Field(10.0, ge=0, le=3600)
     memory_mib: int = Field(0, ge=0, description="Memory reserved while an attempt runs.")
+    capture: CaptureConfig | None = Field(
+        None, description="Archive the workspace of attempts that do not succeed."
+    )
     ports: int = Field(
         0, ge=0, le=64, description="Free TCP ports to allocate per attempt (LANEWAY_PORTS)."
     )

@@ -9,7 +9,8 @@ counts calls of ``check(SITE)``; call K (and, with ``persist``, every later call
 - ``exit_record`` — writing exit.json (supervisor);
 - ``log_write`` — writing stdout.log / stderr.log (supervisor);
 - ``result_read`` — reading result.json (worker);
-- ``status_snapshot`` — writing status.json / SUMMARY.json (controller).
+- ``status_snapshot`` — writing status.json / SUMMARY.json (controller);
+- ``capture`` — adding a file to a failure capture archive (worker).
 
 Stdlib only: the supervisor imports it.
 """

@@ -1838,3 +1838,39 @@ def running_attempts(session: Session, run_id: int) -> list[Attempt]:
             )
         )
     )
+
+
+def record_capture(
+    session: Session,
+    attempt_id: int,
+    *,
+    info: dict[str, Any] | None,
+    error: str | None,
+    actor: str,
+    now: datetime,
+) -> None:
+    """Record a failure capture (archive path, sha256, sizes) or why it failed, as an
+    event of the settled attempt. It never changes the attempt's outcome."""
+    attempt = get_attempt(session, attempt_id)
+    if error is None:
+        append_event(
+            session,
+            "capture_recorded",
+            actor=actor,
+            now=now,
+            run_id=attempt.run_id,
+            job_id=attempt.job_id,
+            attempt_id=attempt_id,
+            **(info or {}),
+        )
+    else:
+        append_event(
+            session,
+            "capture_failed",
+            actor=actor,
+            now=now,
+            run_id=attempt.run_id,
+            job_id=attempt.job_id,
+            attempt_id=attempt_id,
+            error=error,
+        )

@@ -35,6 +35,7 @@ from sqlalchemy.exc import OperationalError
 
 from controller import db, ledger, pipeline
 from controller.clock import Clock, SystemClock, iso
+from controller.config import CaptureConfig
 from controller.crashpoints import crash_point
 from controller.durable import write_json
 from controller.errors import StaleLease
@@ -42,6 +43,7 @@ from controller.models import Job
 from controller.outcome import read_outcome
 from controller.states import Outcome
 from workers import identity
+from workers.capture import capture_workspace
 from workers.gpu import GpuProbe, GpuReading, NvmlGpu
 from workers.sampler import Peaks, Sampler
 
@@ -214,6 +216,7 @@ class WorkerService:
         self._last_claim = float("-inf")
         self._seen_event = -1
         self._exit_codes: dict[int, dict[str, dict[int, Outcome]]] = {}
+        self._captures: dict[tuple[int, str], CaptureConfig | None] = {}
         self.recovered: list[str] = []
         self.heartbeat_failures = 0
         self.last_sample_error: str | None = None
@@ -547,6 +550,7 @@ class WorkerService:
                     run = ledger.get_run(session, claim.run_id)
                     stage = ledger.run_config(run).stage(claim.stage)
                     self._exit_codes[claim.run_id][claim.stage] = dict(stage.exit_codes)
+                    self._captures[(claim.run_id, claim.stage)] = stage.capture
             self._seen_event = ledger.latest_event_id(session)
         self._last_claim = time.monotonic()
         crash_point("worker_after_intent_commit")
@@ -751,6 +755,8 @@ class WorkerService:
                         )
                         outcomes.append(verdict.outcome.value)
                     crash_point("worker_mid_settle")  # inside the transaction: rolls back
+                if verdict.outcome not in (None, Outcome.SUCCEEDED):
+                    self._capture(flight)  # after the commit: it cannot touch the outcome
             except StaleLease:
                 # A zombie: our lease was revoked while we were away. The evidence files
                 # stay on disk; the ledger belongs to whoever revoked us.
@@ -758,6 +764,31 @@ class WorkerService:
             del self.in_flight[attempt_id]
             settled += 1
         return settled, outcomes
+
+    def _capture(self, flight: InFlight) -> None:
+        """The optional bounded capture of a failed attempt's workspace; its result or
+        its failure (ENOSPC, EIO, ...) is an event of its own."""
+        config = self._captures.get((flight.claim.run_id, flight.claim.stage))
+        if config is None:
+            return
+        try:
+            info: dict[str, Any] | None = capture_workspace(
+                flight.claim.attempt_dir,
+                max_bytes=int(config.max_mib * 1024 * 1024),
+                max_seconds=config.max_seconds,
+            )
+            error = None
+        except OSError as exc:
+            info, error = None, f"{exc.strerror or exc}"
+        with db.transaction(self.factory) as session:
+            ledger.record_capture(
+                session,
+                flight.claim.attempt_id,
+                info=info,
+                error=error,
+                actor=self.worker_id,
+                now=self.clock.now(),
+            )
 
     def _read_outcome(self, flight: InFlight) -> tuple[Any, dict[str, Any] | None, Any]:
         returncode = flight.supervisor.returncode
