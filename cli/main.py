@@ -642,34 +642,32 @@ def cancel(
         engine = db.make_engine(_existing_ledger(runtime_dir))
         db.check_revision(engine)
         now = SystemClock().now()
+        why, actor = _reason(reason), _actor()
         with db.transaction(db.session_factory(engine)) as session:
             if run is not None:
                 ledger.get_run(session, run)
+                targets = ledger.running_attempts(session, run)
+            else:
+                assert attempt is not None
+                targets = [ledger.get_attempt(session, attempt)]
+            # Check every supervisor's identity before recording anything: a refused
+            # cancel leaves the ledger as it was.
+            for target in targets:
+                _check_local_supervisor(target)
+            pending = 0
+            if run is not None:
                 ledger.set_control(
                     session,
                     ControlKind.STOP,
                     scope=ControlScope.RUN,
                     run_id=run,
-                    reason=_reason(reason),
-                    actor=_actor(),
+                    reason=why,
+                    actor=actor,
                     now=now,
                 )
-                pending = ledger.cancel_pending(
-                    session, run, reason=reason, actor=_actor(), now=now
-                )
-                targets = ledger.running_attempts(session, run)
-                for target in targets:
-                    ledger.request_cancel(
-                        session, target.id, reason=reason, actor=_actor(), now=now
-                    )
-            else:
-                assert attempt is not None
-                pending = 0
-                targets = [
-                    ledger.request_cancel(
-                        session, attempt, reason=_reason(reason), actor=_actor(), now=now
-                    )
-                ]
+                pending = ledger.cancel_pending(session, run, reason=why, actor=actor, now=now)
+            for target in targets:
+                ledger.request_cancel(session, target.id, reason=why, actor=actor, now=now)
         signalled = [_terminate_supervisor(target) for target in targets]
     except LanewayError as error:
         _fail(error, as_json)
@@ -685,8 +683,12 @@ def cancel(
     )
 
 
-def _terminate_supervisor(attempt: Any) -> int:
-    """TERM to the attempt's supervisor — only after checking it is that very process."""
+def _check_local_supervisor(attempt: Any) -> None:
+    """Refuse unless the attempt's supervisor is that very process on this machine."""
+    if attempt.state != "running":
+        raise UsageError(
+            f"attempt {attempt.id} is {attempt.state}; only a running attempt can be cancelled"
+        )
     same = (
         attempt.boot_id == identity.boot_id()
         and attempt.supervisor_pid is not None
@@ -697,6 +699,11 @@ def _terminate_supervisor(attempt: Any) -> int:
             f"attempt {attempt.id}: its supervisor (pid {attempt.supervisor_pid}) is not "
             "running on this machine; run cancel where it runs, or reconcile it"
         )
+
+
+def _terminate_supervisor(attempt: Any) -> int:
+    """TERM to the attempt's supervisor (identity checked just before)."""
+    _check_local_supervisor(attempt)
     os.kill(attempt.supervisor_pid, signal.SIGTERM)
     return int(attempt.supervisor_pid)
 

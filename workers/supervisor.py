@@ -125,7 +125,7 @@ class Supervision:
         self.directory = spec["attempt_dir"]
         self.timeout = float(spec["timeout_seconds"])
         self.grace = float(spec["grace_seconds"])
-        self.log_cap = int(spec.get("log_cap_bytes") or DEFAULT_LOG_CAP)
+        self.log_cap = max(1, int(spec.get("log_cap_bytes", DEFAULT_LOG_CAP)))
         self._written: dict[str, int] = {}
         self.record: dict[str, Any] = {
             "schema": 1,

@@ -126,3 +126,42 @@ def test_cancel_refuses_what_is_not_running(engine, runtime, make_run):
         app, ["cancel", "1", "--run", "1", "--reason", "x", "--runtime-dir", str(runtime)]
     )
     assert both.exit_code == 2 and "not both" in both.stderr
+
+
+def test_cancel_of_a_supervisor_elsewhere_is_refused_and_records_nothing(
+    engine, runtime, make_run, register_worker, clock
+):
+    from controller import ledger
+    from controller.models import Event
+
+    make_run(make_config())
+    worker = register_worker()
+    factory = db.session_factory(engine)
+    with db.transaction(factory) as session:
+        (claim,) = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=1,
+            mem_available_mib=64_000,
+            now=clock.now(),
+        )
+        ledger.record_spawn(
+            session,
+            claim.attempt_id,
+            fence=claim.fence,
+            actor=worker,
+            now=clock.now(),
+            boot_id="another-machine",
+            supervisor_pid=1,
+            supervisor_start_time=1,
+            child_pid=None,
+            child_start_time=None,
+        )
+    result = runner.invoke(
+        app, ["cancel", str(claim.attempt_id), "--reason", "x", "--runtime-dir", str(runtime)]
+    )
+    assert result.exit_code == 2 and "not running on this machine" in result.stderr
+    with factory() as session:
+        kinds = session.scalars(select(Event.kind)).all()
+    assert "cancel_requested" not in kinds
