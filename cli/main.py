@@ -432,6 +432,11 @@ def run_pipeline(
         if not service.in_flight:
             service.stop()
     daemon.tick()
+    while daemon.closeout_pending(run_id) and not stopper.abort():
+        if not quiet and not as_json:
+            progress.note("closeout running ...")
+        daemon.tick()
+        time.sleep(0.05)
     with db.session_factory(engine)() as session:
         final = build_status(session, ledger.get_run(session, run_id), now=daemon.clock.now())
     _emit(final, as_json, render.status_text)
@@ -457,6 +462,11 @@ class _Progress:
         self.run_id = run_id
         self.quiet = quiet
         self.last = ""
+
+    def note(self, line: str) -> None:
+        if not self.quiet and line != self.last:
+            typer.echo(f"run {self.run_id}: {line}", err=True)
+            self.last = line
 
     def show(self, status: dict[str, Any]) -> None:
         if self.quiet:

@@ -173,6 +173,16 @@ class ItemConfig(BaseModel):
         return dict(self.model_extra or {})
 
 
+class CloseoutStep(_Strict):
+    """A command run once when the run finishes or is stopped (e.g. aggregate, report).
+    ``{run}`` and ``{runtime_dir}`` expand in argv."""
+
+    name: Name
+    argv: list[str] = Field(min_length=1)
+    cwd: str | None = None
+    timeout_seconds: int = Field(600, ge=1, le=86400)
+
+
 class PipelineConfig(_Strict):
     name: Name
     nodes: list[NodeConfig] = Field(min_length=1)
@@ -193,6 +203,11 @@ class PipelineConfig(_Strict):
         "its own run's dispatch, or every run's.",
     )
     sources: list[str] = Field(default_factory=list, description="Files hashed and frozen.")
+    closeout: list[CloseoutStep] = Field(
+        default_factory=list,
+        description="Steps run in order when the run finishes or is stopped; each is "
+        "attempted even if an earlier one failed.",
+    )
 
     @model_validator(mode="after")
     def _cross_check(self) -> PipelineConfig:
@@ -201,6 +216,7 @@ class PipelineConfig(_Strict):
         problems += _duplicates("lanes", [lane.name for lane in self.lanes])
         problems += _duplicates("stages", [s.name for s in self.stages])
         problems += _duplicates("items", [i.key for i in self.items])
+        problems += _duplicates("closeout", [step.name for step in self.closeout])
         nodes = {n.name for n in self.nodes}
         stage_names = [s.name for s in self.stages]
         for i, lane in enumerate(self.lanes):
@@ -382,6 +398,8 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> PipelineConfig:
         ]
     if isinstance(raw.get("stages"), list):
         raw["stages"] = [_absolute_cwd(stage, base_dir) for stage in raw["stages"]]
+    if isinstance(raw.get("closeout"), list):
+        raw["closeout"] = [_absolute_cwd(step, base_dir) for step in raw["closeout"]]
     try:
         config = PipelineConfig.model_validate(raw)
     except ValidationError as exc:

@@ -21,7 +21,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from controller import db, ledger, pipeline
+from controller import closeout, db, ledger, pipeline
 from controller.clock import Clock, SystemClock
 from controller.crashpoints import crash_point
 from controller.durable import read_json, write_json
@@ -59,6 +59,7 @@ class Controller:
         self.snapshot_seconds = snapshot_seconds
         self._last_snapshot: dict[int, tuple[int, float]] = {}
         self._snapshot_errors: dict[int, str] = {}
+        self._closeouts: dict[int, closeout.Closeout] = {}
 
     def tick(self, now: datetime | None = None) -> ControllerReport:
         now = now or self.clock.now()
@@ -91,7 +92,41 @@ class Controller:
             crash_point("controller_mid_tick")  # inside the transaction: rolls back
         for run_id in run_ids:
             self.write_snapshots(run_id, now=now, final=run_id in report.closed)
+        self._advance_closeouts(now)
         return report
+
+    def closeout_pending(self, run_id: int) -> bool:
+        """Is the run's closeout started and not yet finished, or due?"""
+        if run_id in self._closeouts:
+            return True
+        with db.reader(self.engine)() as session:
+            run = ledger.get_run(session, run_id)
+            return closeout.needs_closeout(session, run)
+
+    def _advance_closeouts(self, now: datetime) -> None:
+        """Start, poll and record closeout steps of finished or stopped runs."""
+        with db.transaction(self.factory) as session:
+            for run in ledger.closeout_candidates(session):
+                if run.id not in self._closeouts:
+                    if not closeout.needs_closeout(session, run):
+                        continue
+                    self._closeouts[run.id] = closeout.load(session, run)
+                state = self._closeouts[run.id]
+                if closeout.advance(session, state, run, now=now):
+                    try:
+                        closeout.write_progress(state)
+                    except OSError as exc:
+                        ledger.append_event(
+                            session,
+                            "snapshot_failed",
+                            actor=ACTOR,
+                            now=now,
+                            run_id=run.id,
+                            error=f"{exc.strerror or exc}",
+                            file="closeout_progress.json",
+                        )
+                if state.done:
+                    del self._closeouts[run.id]
 
     def write_snapshots(self, run_id: int, *, now: datetime, final: bool = False) -> None:
         """Write status.json (and SUMMARY.json when ``final``) if the ledger changed."""

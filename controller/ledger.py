@@ -1874,3 +1874,18 @@ def record_capture(
             attempt_id=attempt_id,
             error=error,
         )
+
+
+def closeout_candidates(session: Session) -> list[Run]:
+    """Runs whose closeout may be due: those with steps, not yet marked finished."""
+    done = select(Event.run_id).where(Event.kind == "closeout_finished")
+    stopped = select(Control.run_id).where(
+        Control.kind == ControlKind.STOP.value, Control.cleared_at.is_(None)
+    )
+    query = (
+        select(Run)
+        .where(Run.id.not_in(done))
+        .where((Run.state == RunState.FINISHED.value) | Run.id.in_(stopped))
+        .order_by(Run.id)
+    )
+    return [run for run in session.scalars(query) if run_config(run).closeout]

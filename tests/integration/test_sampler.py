@@ -428,10 +428,12 @@ def test_nvml_init_failure_is_a_note(monkeypatch):
 
 def test_worker_records_peak_rss_and_gpu_note_in_the_ledger(engine, make_run, tmp_path):
     release_file = tmp_path / "release"
+    ready_file = tmp_path / "ready"
     code = textwrap.dedent(
         f"""
         import os, time
         buffer = bytearray(b"\\x01") * (100 * 2**20)
+        open({str(ready_file)!r}, "w").close()  # the whole buffer is touched now
         while not os.path.exists({str(release_file)!r}):
             time.sleep(0.02)
         """
@@ -455,7 +457,8 @@ def test_worker_records_peak_rss_and_gpu_note_in_the_ledger(engine, make_run, tm
         service.tick()
         with factory() as session:
             peak = session.scalar(select(Attempt.peak_rss_mib).where(Attempt.run_id == run_id))
-            if peak is not None and peak >= 90 and not release_file.exists():
+            # Release only once a sample taken after the allocation finished is stored.
+            if ready_file.exists() and peak is not None and peak >= 100:
                 release_file.touch()
             return session.get(Run, run_id).state == "finished"
 
@@ -467,7 +470,7 @@ def test_worker_records_peak_rss_and_gpu_note_in_the_ledger(engine, make_run, tm
         (attempt,) = session.scalars(select(Attempt).where(Attempt.run_id == run_id)).all()
     assert attempt.outcome == "succeeded", attempt.state_reason
     # 100 MiB touched plus one interpreter (~10-25 MiB); the supervisor is not counted.
-    assert 95 <= attempt.peak_rss_mib <= 180, attempt.peak_rss_mib
+    assert 100 <= attempt.peak_rss_mib <= 180, attempt.peak_rss_mib
     assert attempt.peak_rss_at is not None and attempt.sampled_at is not None
     assert attempt.peak_rss_at <= attempt.sampled_at
     assert attempt.peak_gpu_mib is None and attempt.peak_gpu_at is None

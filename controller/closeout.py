@@ -1,0 +1,248 @@
+"""Closeout: a run's configured steps (aggregate, report, ...) run once when the run
+finishes, or when it is stopped and drained.
+
+The controller drives it without blocking its tick: each tick polls the running step,
+enforces its timeout (TERM then KILL to its process group), records the result, and
+starts the next step. Every step is attempted even if an earlier one failed. Progress is
+in the ledger (``closeout_step_started`` / ``closeout_step_finished`` /
+``closeout_finished`` events) and in ``runs/<run>/closeout_progress.json``, written
+atomically after every change. A step that was running when the controller died is
+recorded as ``interrupted`` and not run again (nothing runs twice without an operator).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from controller import ledger
+from controller.clock import iso
+from controller.durable import write_json
+from controller.models import Attempt, Control, Event, Run
+from controller.states import AttemptState, ControlKind, RunState
+
+ACTOR = "controller"
+GRACE_SECONDS = 5.0
+
+
+@dataclass
+class _Running:
+    name: str
+    process: subprocess.Popen[bytes]
+    deadline: float
+    killed_at: float | None = None
+
+
+@dataclass
+class Closeout:
+    """The closeout of one run, rebuilt from the ledger's events when needed."""
+
+    run_id: int
+    directory: Path
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    running: _Running | None = None
+    done: bool = False
+
+
+def needs_closeout(session: Session, run: Run) -> bool:
+    """Finished, or stopped and drained, with closeout steps not yet finished."""
+    if not ledger.run_config(run).closeout:
+        return False
+    finished = session.scalar(
+        select(Event.id).where(Event.run_id == run.id, Event.kind == "closeout_finished")
+    )
+    if finished is not None:
+        return False
+    if run.state == RunState.FINISHED.value:
+        return True
+    stopped = session.scalar(
+        select(Control.id).where(
+            Control.run_id == run.id,
+            Control.kind == ControlKind.STOP.value,
+            Control.cleared_at.is_(None),
+        )
+    )
+    in_flight = session.scalar(
+        select(Attempt.id).where(
+            Attempt.run_id == run.id,
+            Attempt.state.in_([AttemptState.INTENT.value, AttemptState.RUNNING.value]),
+        )
+    )
+    return stopped is not None and in_flight is None
+
+
+def load(session: Session, run: Run) -> Closeout:
+    """Rebuild a run's closeout state from its events (a restarted controller resumes)."""
+    directory = Path(run.runtime_dir) / "runs" / str(run.id)
+    steps = [
+        {
+            "name": step.name,
+            "state": "pending",
+            "exit_code": None,
+            "started_at": None,
+            "ended_at": None,
+            "log": str(directory / "closeout" / f"{step.name}.log"),
+        }
+        for step in ledger.run_config(run).closeout
+    ]
+    by_name = {step["name"]: step for step in steps}
+    for event in session.scalars(
+        select(Event)
+        .where(
+            Event.run_id == run.id,
+            Event.kind.in_(["closeout_step_started", "closeout_step_finished"]),
+        )
+        .order_by(Event.id)
+    ):
+        step = by_name.get(event.detail.get("step"))
+        if step is None:
+            continue
+        if event.kind == "closeout_step_started":
+            # Started but never finished: the controller died while it ran.
+            step.update(state="interrupted", started_at=iso(event.at))
+        else:
+            step.update(
+                state=event.detail["state"],
+                exit_code=event.detail.get("exit_code"),
+                ended_at=iso(event.at),
+            )
+    return Closeout(run.id, directory, steps)
+
+
+def advance(session: Session, closeout: Closeout, run: Run, *, now: datetime) -> bool:
+    """One step of progress. Returns True if anything changed (the caller commits)."""
+    config = ledger.run_config(run)
+    changed = False
+    current = closeout.running
+    if current is not None:
+        code = current.process.poll()
+        if code is None and time.monotonic() >= current.deadline:
+            if current.killed_at is None:
+                _signal(current.process, signal.SIGTERM)
+                current.killed_at = time.monotonic()
+            elif time.monotonic() - current.killed_at > GRACE_SECONDS:
+                _signal(current.process, signal.SIGKILL)
+            return False
+        if code is None:
+            return False
+        state = (
+            "timed_out"
+            if current.killed_at is not None
+            else ("succeeded" if code == 0 else "failed")
+        )
+        _finish(session, closeout, current.name, state, code, now=now)
+        closeout.running = None
+        changed = True
+    pending = [step for step in closeout.steps if step["state"] == "pending"]
+    if pending:
+        step = pending[0]
+        spec = next(s for s in config.closeout if s.name == step["name"])
+        log_path = Path(step["log"])
+        values = {"run": str(run.id), "runtime_dir": run.runtime_dir}
+        argv = [part.format_map(values) for part in spec.argv]
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "ab") as log:
+                process = subprocess.Popen(
+                    argv,
+                    cwd=spec.cwd or str(closeout.directory),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                    env={
+                        **os.environ,
+                        "LANEWAY_RUN_ID": str(run.id),
+                        "LANEWAY_RUN_DIR": str(closeout.directory),
+                    },
+                )
+        except OSError as exc:
+            # Could not start: recorded, and the next step is still attempted.
+            _finish(
+                session,
+                closeout,
+                step["name"],
+                "failed",
+                None,
+                now=now,
+                error=f"{exc.strerror or exc}",
+            )
+            return True
+        step.update(state="running", started_at=iso(now))
+        closeout.running = _Running(step["name"], process, time.monotonic() + spec.timeout_seconds)
+        ledger.append_event(
+            session,
+            "closeout_step_started",
+            actor=ACTOR,
+            now=now,
+            run_id=run.id,
+            step=step["name"],
+            pid=process.pid,
+        )
+        return True
+    if closeout.running is None and not closeout.done:
+        closeout.done = True
+        ledger.append_event(
+            session,
+            "closeout_finished",
+            actor=ACTOR,
+            now=now,
+            run_id=run.id,
+            steps={s["name"]: s["state"] for s in closeout.steps},
+        )
+        return True
+    return changed
+
+
+def write_progress(closeout: Closeout) -> None:
+    """``closeout_progress.json``, atomically (a failure propagates to the caller)."""
+    closeout.directory.mkdir(parents=True, exist_ok=True)
+    write_json(
+        closeout.directory / "closeout_progress.json",
+        {"run_id": closeout.run_id, "done": closeout.done, "steps": closeout.steps},
+    )
+
+
+def _finish(
+    session: Session,
+    closeout: Closeout,
+    name: str,
+    state: str,
+    code: int | None,
+    *,
+    now: datetime,
+    error: str | None = None,
+) -> None:
+    for step in closeout.steps:
+        if step["name"] == name:
+            step.update(state=state, exit_code=code, ended_at=iso(now))
+            if error:
+                step["error"] = error
+    extra: dict[str, Any] = {"error": error} if error else {}
+    ledger.append_event(
+        session,
+        "closeout_step_finished",
+        actor=ACTOR,
+        now=now,
+        run_id=closeout.run_id,
+        step=name,
+        state=state,
+        exit_code=code,
+        **extra,
+    )
+
+
+def _signal(process: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:
+        pass
