@@ -9,7 +9,6 @@ result or failure is recorded as an event of its own.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tarfile
 import time
@@ -18,6 +17,7 @@ from typing import Any
 
 from controller import faults
 from controller.durable import fsync_dir, write_json
+from controller.pipeline import hash_file
 
 
 def capture_workspace(attempt_dir: str, *, max_bytes: int, max_seconds: float) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def capture_workspace(attempt_dir: str, *, max_bytes: int, max_seconds: float) -
         raise
     manifest = {
         "archive": archive.name,
-        "archive_sha256": _sha256(archive),
+        "archive_sha256": hash_file(archive),
         "files": files,
         "bytes": total,
         "skipped": skipped,
@@ -73,14 +73,6 @@ def _archive(
                 continue
             faults.check("capture")  # test hook
             tar.add(path, arcname=relative)
-            files.append({"path": relative, "bytes": size, "sha256": _sha256(path)})
+            files.append({"path": relative, "bytes": size, "sha256": hash_file(path)})
             total += size
     return files, skipped, total
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
