@@ -185,19 +185,17 @@ def _settle_from_exit_record(session: Session, attempt: Attempt, now: datetime) 
     )
     if verdict.outcome is None:
         return False
-    ledger.settle_attempt(
+    ledger.settle_from_verdict(
         session,
         attempt.id,
         fence=attempt.fence,
-        outcome=verdict.outcome,
+        verdict=verdict,
+        exit_record=exit_record,
+        result=result,
         actor=ACTOR,
         now=now,
-        reason=f"{verdict.reason} (settled by the controller after its lease expired)",
-        exit_code=(exit_record or {}).get("exit_code"),
-        exit_signal=(exit_record or {}).get("signal"),
-        result=result,
-        diagnostics=verdict.diagnostics,
         revoke=True,
+        reason_suffix=" (settled by the controller after its lease expired)",
     )
     return True
 

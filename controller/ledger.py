@@ -51,6 +51,7 @@ from controller.models import (
     Run,
     Worker,
 )
+from controller.outcome import Verdict as OutcomeVerdict
 from controller.states import (
     TERMINAL_JOB_STATES,
     AttemptState,
@@ -1210,6 +1211,41 @@ def _trip_breaker(
         reason=f"attempt {attempt.id} settled {outcome.value}: {reason or 'no reason given'}",
         actor=actor,
         now=now,
+    )
+
+
+def settle_from_verdict(
+    session: Session,
+    attempt_id: int,
+    *,
+    fence: int,
+    verdict: OutcomeVerdict,
+    exit_record: dict[str, Any] | None,
+    result: dict[str, Any] | None,
+    actor: str,
+    now: datetime,
+    measured: dict[str, Any] | None = None,
+    revoke: bool = False,
+    reason_suffix: str = "",
+) -> JobState:
+    """``settle_attempt`` from a classified outcome (``controller.outcome``) and the exit
+    record it came from. The verdict must have an outcome (unknown goes to mark_unknown)."""
+    assert verdict.outcome is not None
+    record = exit_record or {}
+    return settle_attempt(
+        session,
+        attempt_id,
+        fence=fence,
+        outcome=verdict.outcome,
+        actor=actor,
+        now=now,
+        reason=verdict.reason + reason_suffix,
+        exit_code=record.get("exit_code"),
+        exit_signal=record.get("signal"),
+        result=result,
+        diagnostics=verdict.diagnostics,
+        measured=measured,
+        revoke=revoke,
     )
 
 

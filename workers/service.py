@@ -378,18 +378,15 @@ class WorkerService:
                     fence=fence,
                 )
                 return f"{label}: unknown ({verdict.reason})"
-            ledger.settle_attempt(
+            ledger.settle_from_verdict(
                 session,
                 attempt.id,
                 fence=fence,
-                outcome=verdict.outcome,
+                verdict=verdict,
+                exit_record=exit_record,
+                result=result,
                 actor=self.worker_id,
                 now=now,
-                reason=verdict.reason,
-                exit_code=(exit_record or {}).get("exit_code"),
-                exit_signal=(exit_record or {}).get("signal"),
-                result=result,
-                diagnostics=verdict.diagnostics,
             )
         return f"{label}: settled {verdict.outcome.value} from its exit record"
 
@@ -739,18 +736,15 @@ class WorkerService:
                         )
                         outcomes.append("unknown")
                     else:
-                        ledger.settle_attempt(
+                        ledger.settle_from_verdict(
                             session,
                             attempt_id,
                             fence=flight.claim.fence,
-                            outcome=verdict.outcome,
+                            verdict=verdict,
+                            exit_record=exit_record,
+                            result=result,
                             actor=self.worker_id,
                             now=now,
-                            reason=verdict.reason,
-                            exit_code=(exit_record or {}).get("exit_code"),
-                            exit_signal=(exit_record or {}).get("signal"),
-                            result=result,
-                            diagnostics=verdict.diagnostics,
                             measured=measurements(flight.peaks),
                         )
                         outcomes.append(verdict.outcome.value)
