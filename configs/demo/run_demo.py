@@ -67,7 +67,8 @@ def main() -> int:
     )
     print()
     print("Look around:")
-    print(f"  {LANEWAY.name} status --runtime-dir {RUNTIME.relative_to(ROOT)}")
+    shown = LANEWAY.relative_to(ROOT) if LANEWAY.is_relative_to(ROOT) else LANEWAY
+    print(f"  {shown} status --runtime-dir {RUNTIME.relative_to(ROOT)}")
     print(f"  sqlite3 {ledger.relative_to(ROOT)} 'SELECT * FROM v_job_current'")
     print(f"  sqlite3 {ledger.relative_to(ROOT)} 'SELECT id, kind, job_id, detail FROM events'")
     print(f"  ls {RUNTIME.relative_to(ROOT)}/runs/1/jobs/i07.solve/attempt-1/")
