@@ -25,7 +25,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from cli import render
 from controller import config as config_module
 from controller import daemon as daemon_module
-from controller import db, ledger, pipeline
+from controller import db, durable, ledger, pipeline
+from controller import report as report_module
 from controller.clock import SystemClock, iso
 from controller.daemon import Controller
 from controller.errors import ConfigError, LanewayError, UsageError
@@ -258,6 +259,47 @@ def explain(
         _fail(error, as_json)
         return
     _emit(report, as_json, render.explain_text)
+
+
+@app.command()
+def report(
+    run: Annotated[
+        int | None, typer.Argument(help="Run id (default: the newest).", min=1, max=MAX_ID)
+    ] = None,
+    html_path: Annotated[
+        Path | None,
+        typer.Option("--html", help="Where to write the HTML (default runs/RUN/report.html)."),
+    ] = None,
+    idle_min_seconds: Annotated[
+        float, typer.Option("--idle-min-seconds", min=0, help="Shortest idle period listed.")
+    ] = 1.0,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    as_json: JsonFlag = False,
+) -> None:
+    """Where a run's hours went, per lane, with an HTML lane-occupancy timeline.
+
+    Start intervals, share of time with every slot idle, throughput, stage duration
+    percentiles, queue wait, failures by class, idle periods with their recorded reasons.
+    Writes the HTML atomically; reads the ledger only.
+    """
+    try:
+        engine = db.make_engine(_existing_ledger(runtime_dir), readonly=True)
+        db.check_revision(engine)
+        with db.session_factory(engine)() as session:
+            run_row = ledger.get_run(session, run)
+            body = report_module.build_report(
+                session, run_row, now=SystemClock().now(), idle_min_seconds=idle_min_seconds
+            )
+        target = html_path or Path(run_row.runtime_dir) / "runs" / str(run_row.id) / "report.html"
+        try:
+            durable.write_bytes(target, report_module.render_html(body).encode())
+        except OSError as exc:
+            raise UsageError(f"--html {target}: cannot write it ({exc.strerror or exc})") from None
+        body["html"] = str(target)
+    except LanewayError as error:
+        _fail(error, as_json)
+        return
+    _emit(body, as_json, render.report_text)
 
 
 class _Stopper:

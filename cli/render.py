@@ -240,3 +240,44 @@ def explain_text(report: dict[str, Any]) -> str:
             + (f" — {clean(attempt['reason'])}" if attempt["reason"] else "")
         )
     return "\n".join(out)
+
+
+def report_text(report: dict[str, Any]) -> str:
+    run = report["run"]
+    out = [
+        f"run {run['id']} ({run['name']}) — {run['state']}, "
+        f"window {duration(report['window_seconds'])}"
+    ]
+    rows = []
+    for name, lane in report["lanes"].items():
+        wait = lane["queue_wait_seconds"] or {}
+        rows.append(
+            [
+                name,
+                lane["node"],
+                lane["attempts"],
+                lane["throughput_per_hour"],
+                f"{lane['all_idle_share']:.1%}",
+                wait.get("p50", "-"),
+                ", ".join(f"{k} {v}" for k, v in lane["failures_by_class"].items()) or "-",
+            ]
+        )
+    out.append(
+        table(["lane", "node", "attempts", "per hour", "all idle", "wait p50 s", "failures"], rows)
+    )
+    for name, lane in report["lanes"].items():
+        for stage, p in lane["stage_duration_seconds"].items():
+            if p:
+                out.append(
+                    f"  lane {name} {stage}: p50 {p['p50']} s, p90 {p['p90']} s, max {p['max']} s"
+                )
+        for gap in lane["idle_periods"]:
+            reasons = "; ".join(gap["reasons"]) or "no recorded refusal"
+            out.append(
+                clean(
+                    f"  lane {name} idle {duration(gap['seconds'])} from "
+                    f"+{gap['start']:.0f} s: {reasons}"
+                )
+            )
+    out.append(f"HTML timeline: {report['html']}")
+    return "\n".join(out)

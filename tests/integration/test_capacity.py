@@ -125,3 +125,55 @@ def test_learned_reservation_follows_the_measured_peak(engine, make_run, tmp_pat
     assert reservations[0] == 10  # nothing measured yet: the configured minimum
     assert reservations[1] == math.ceil(first.peak_rss_mib * 1.5)  # peak x margin
     assert first.peak_rss_at is not None and first.peak_gpu_mib is None
+
+
+def test_report_shows_the_held_lanes_idle_period_with_its_reason(
+    engine, runtime, make_run, tmp_path
+):
+    run_id = make_run(two_node_config())
+    tight = WorkerService(
+        engine, node="n1", slots=2, memory_probe=lambda: (900.0, 16_000.0), gpu=FakeGpu()
+    )
+    roomy = WorkerService(
+        engine, node="n2", slots=2, memory_probe=lambda: (64e3, 128e3), gpu=FakeGpu()
+    )
+    tight.start()
+    roomy.start()
+    controller = Controller(engine)
+
+    def lane_b_done():
+        controller.tick()
+        tight.tick()
+        roomy.tick()
+        with db.session_factory(engine)() as session:
+            states = session.scalars(select(Job.state).where(Job.lane == "b")).all()
+        return all(state == "succeeded" for state in states)
+
+    wait_until(lane_b_done)
+    page = tmp_path / "report.html"
+    result = runner.invoke(
+        app,
+        [
+            "report",
+            str(run_id),
+            "--runtime-dir",
+            str(runtime),
+            "--html",
+            str(page),
+            "--idle-min-seconds",
+            "0",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    lane_a, lane_b = report["lanes"]["a"], report["lanes"]["b"]
+    assert lane_a["attempts"] == 0 and lane_a["all_idle_share"] == 1.0
+    (gap,) = lane_a["idle_periods"]  # nothing of lane a ever ran: one gap, the window
+    assert any(reason.startswith("memory_floor — free 900 MiB") for reason in gap["reasons"])
+    assert lane_b["attempts"] == 3 and lane_b["failures_by_class"] == {}
+    assert lane_b["stage_duration_seconds"]["work"]["max"] >= 0
+    text = page.read_text()
+    assert text.count('<rect class="attempt succeeded"') == 3
+    assert "lane a" in text and "lane b" in text and "<svg" in text
+    assert 'class="idle-label"' in text and "memory_floor" in text
