@@ -6,7 +6,11 @@ import json
 import re
 from typing import Any
 
-_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]|\x1b\[[0-9;?]*[A-Za-z]")
+_CONTROL_CHARS = re.compile(
+    r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|[\x00-\x08\x0b-\x1f\x7f]"
+)
+"""Whole CSI and OSC escape sequences first, then any other control character (not \\n
+or \\t): each becomes one "?"."""
 
 
 def clean(text: Any) -> str:

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
+from typer.testing import CliRunner
 
+from cli.main import app
 from controller import db, ledger
 from controller.daemon import Controller
 from controller.models import Attempt, Control, Decision, Job, Run
@@ -324,3 +326,38 @@ def test_worker_declared_lost_stops_writing(engine, make_run):
     assert service.revoked is not None and "no longer active" in service.revoked
     assert not service.trusts_its_leases()
     assert attempts(engine, run_id) == []
+
+
+CANARY_JOB = textwrap.dedent(
+    """
+    import os
+    token = os.environ["API_TOKEN"]
+    print("calling with", token)
+    raise ValueError(f"provider rejected token {token!r}")
+    """
+)
+
+
+def test_secret_canary_appears_nowhere_not_even_in_a_traceback(
+    engine, runtime, make_run, monkeypatch
+):
+    canary = "canary-secret-0f9e8d7c6b"
+    monkeypatch.setenv("CANARY_SECRET", canary)
+    stage = {
+        "name": "leaky",
+        "argv": [sys.executable, "-c", escape(CANARY_JOB)],
+        "env": {"API_TOKEN": "${CANARY_SECRET}"},
+        "timeout_seconds": 30,
+    }
+    run_id = make_run(make_config([stage]))
+    drive(engine, [start_worker(engine)], run_id)
+    (attempt,) = attempts(engine, run_id)
+    assert attempt.outcome == "failed"
+    stderr = (Path(attempt.attempt_dir) / "stderr.log").read_text()
+    assert "Traceback" in stderr and "ValueError" in stderr and "[REDACTED]" in stderr
+    for path in runtime.rglob("*"):
+        if path.is_file():
+            assert canary.encode() not in path.read_bytes(), path
+    for args in (["status", "--json"], ["status"], ["explain", str(attempt.job_id)]):
+        shown = CliRunner().invoke(app, [*args, "--runtime-dir", str(runtime)])
+        assert shown.exit_code == 0 and canary not in shown.output
