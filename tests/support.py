@@ -77,3 +77,39 @@ def make_config(
         **extra,
     }
     return parse_config(raw, base_dir or Path.cwd())
+
+
+def claim_on_n1(
+    factory: Any, worker: str, clock: Any, *, slots: int = 1, mem: float = 64_000, **kwargs: Any
+) -> list[Any]:
+    """One claim transaction on node n1 (tests' usual arrangement)."""
+    from controller import db, ledger
+
+    with db.transaction(factory) as session:
+        return ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=slots,
+            mem_available_mib=mem,
+            now=clock.now(),
+            **kwargs,
+        )
+
+
+def settle_one(
+    factory: Any, claimed: Any, worker: str, clock: Any, outcome: Any, **kwargs: Any
+) -> Any:
+    """Settle one claimed attempt in its own transaction."""
+    from controller import db, ledger
+
+    with db.transaction(factory) as session:
+        return ledger.settle_attempt(
+            session,
+            claimed.attempt_id,
+            fence=claimed.fence,
+            outcome=outcome,
+            actor=worker,
+            now=clock.now(),
+            **kwargs,
+        )

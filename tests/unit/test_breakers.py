@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from controller import breakers, db, ledger
+from controller import breakers
 from controller.models import Control
 from controller.states import Outcome
-from tests.support import make_config, py_stage
+from tests.support import claim_on_n1, make_config, py_stage, settle_one
 
 OUTCOMES = [
     Outcome.SUCCEEDED,
@@ -71,25 +71,9 @@ def test_ledger_pauses_the_run_on_the_third_distinct_item(
 ):
     run_id = make_run(make_config([py_stage("s", "pass")], items=4, max_jobs=4))
     worker = register_worker()
-    with db.transaction(factory) as session:
-        claims = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=4,
-            mem_available_mib=64_000,
-            now=clock.now(),
-        )
+    claims = claim_on_n1(factory, worker, clock, slots=4)
     for number, claim in enumerate(claims[:3], start=1):
-        with db.transaction(factory) as session:
-            ledger.settle_attempt(
-                session,
-                claim.attempt_id,
-                fence=claim.fence,
-                outcome=Outcome.INFRA_FAILURE,
-                actor=worker,
-                now=clock.now(),
-            )
+        settle_one(factory, claim, worker, clock, Outcome.INFRA_FAILURE)
         with factory() as session:
             controls = session.scalars(select(Control).where(Control.run_id == run_id)).all()
         assert len(controls) == (1 if number == 3 else 0)

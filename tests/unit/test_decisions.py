@@ -7,19 +7,7 @@ from sqlalchemy import select, text
 from controller import db, ledger
 from controller.models import Decision
 from controller.states import Outcome
-from tests.support import make_config, py_stage
-
-
-def claim(factory, worker, clock, slots=4):
-    with db.transaction(factory) as session:
-        return ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=slots,
-            mem_available_mib=64_000,
-            now=clock.now(),
-        )
+from tests.support import claim_on_n1, make_config, py_stage, settle_one
 
 
 def decisions(factory):
@@ -38,24 +26,16 @@ def test_refusals_are_recorded_once_per_change(factory, make_run, register_worke
     )
     make_run(config)
     worker = register_worker()
-    (first,) = claim(factory, worker, clock)
+    (first,) = claim_on_n1(factory, worker, clock, slots=4)
     assert decisions(factory) == [
         ("a", "prep", "dispatched", None),
         ("a", "prep", "refused", "lane_cap"),
     ]
     for _ in range(3):  # nothing changed: no new rows
-        assert claim(factory, worker, clock) == []
+        assert claim_on_n1(factory, worker, clock, slots=4) == []
     assert len(decisions(factory)) == 2
-    with db.transaction(factory) as session:
-        ledger.settle_attempt(
-            session,
-            first.attempt_id,
-            fence=first.fence,
-            outcome=Outcome.SUCCEEDED,
-            actor=worker,
-            now=clock.now(),
-        )
-    assert len(claim(factory, worker, clock)) == 1
+    settle_one(factory, first, worker, clock, Outcome.SUCCEEDED)
+    assert len(claim_on_n1(factory, worker, clock, slots=4)) == 1
     assert decisions(factory)[2:] == [
         ("a", "prep", "dispatched", None),
         ("a", "prep", "refused", "lane_cap"),

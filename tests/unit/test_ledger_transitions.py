@@ -13,7 +13,7 @@ from controller.errors import IllegalTransition, StaleLease
 from controller.models import Attempt, Decision, Event, Job, Lease, Reservation
 from controller.states import AttemptState, JobState, Outcome
 from tests.conftest import force_job_state
-from tests.support import FixedClock, make_config, py_stage
+from tests.support import FixedClock, claim_on_n1, make_config, py_stage, settle_one
 
 ALL_JOB_PAIRS = list(itertools.product(JobState, JobState))
 
@@ -98,15 +98,7 @@ def test_move_job_from_wrong_state_names_the_actual_state(factory, make_run, clo
 def _claimed_attempt(factory, make_run, register_worker, clock):
     run_id = make_run()
     worker = register_worker()
-    with db.transaction(factory) as session:
-        claims = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=1,
-            mem_available_mib=10_000,
-            now=clock.now(),
-        )
+    claims = claim_on_n1(factory, worker, clock, mem=10_000)
     assert len(claims) == 1
     return run_id, worker, claims[0]
 
@@ -201,15 +193,7 @@ def test_settle_releases_lease_and_reservation_and_promotes(
     config = make_config([py_stage("one", "pass"), py_stage("two", "pass", needs=["one"])])
     run_id = make_run(config)
     worker = register_worker()
-    with db.transaction(factory) as session:
-        (claim,) = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=4,
-            mem_available_mib=10_000,
-            now=clock.now(),
-        )
+    (claim,) = claim_on_n1(factory, worker, clock, slots=4, mem=10_000)
     with db.transaction(factory) as session:
         state = ledger.settle_attempt(
             session,
@@ -245,35 +229,11 @@ def test_settle_releases_lease_and_reservation_and_promotes(
 def test_retry_only_by_policy(factory, make_run, register_worker, clock, outcome, retry, expected):
     make_run(make_config([py_stage("s", "pass", retry=retry)]))
     worker = register_worker()
-    with db.transaction(factory) as session:
-        (claim,) = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=1,
-            mem_available_mib=10_000,
-            now=clock.now(),
-        )
-    with db.transaction(factory) as session:
-        state = ledger.settle_attempt(
-            session,
-            claim.attempt_id,
-            fence=claim.fence,
-            outcome=outcome,
-            actor=worker,
-            now=clock.now(),
-        )
+    (claim,) = claim_on_n1(factory, worker, clock, mem=10_000)
+    state = settle_one(factory, claim, worker, clock, outcome)
     assert state is expected
     if expected is JobState.READY:  # a retry is a new attempt with a new key
-        with db.transaction(factory) as session:
-            (again,) = ledger.claim_jobs(
-                session,
-                worker_id=worker,
-                node="n1",
-                free_slots=1,
-                mem_available_mib=10_000,
-                now=clock.now(),
-            )
+        (again,) = claim_on_n1(factory, worker, clock, mem=10_000)
         assert again.number == 2 and again.idempotency_key != claim.idempotency_key
         assert again.fence == claim.fence + 1
 
@@ -349,15 +309,7 @@ def test_unknown_attempt_halts_dispatch_for_the_run(factory, make_run, register_
             now=clock.now(),
         )
         ledger.mark_unknown(session, claim.attempt_id, reason="lost", actor="t", now=clock.now())
-    with db.transaction(factory) as session:
-        claims = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=4,
-            mem_available_mib=10_000,
-            now=clock.now(),
-        )
+    claims = claim_on_n1(factory, worker, clock, slots=4, mem=10_000)
     assert claims == []
     with factory() as session:
         codes = session.scalars(select(Decision.reason_code).where(Decision.run_id == run_id)).all()
