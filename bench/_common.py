@@ -1,0 +1,199 @@
+"""Shared helpers of the bench/ scripts (not a benchmark itself).
+
+Stdlib only, so it can be imported before laneway's code is put on sys.path:
+
+- ``--project DIR`` / ``--reps N`` arguments and ``use_project`` (sys.path[0] = DIR);
+- how to run laneway's CLI from a checkout (``laneway_cli``) and its Python
+  (``project_python``);
+- median and min–max formatting, plain-text tables;
+- the peers' binaries (task-spooler, GNU parallel, huey's venv);
+- CPU accounting: child-subreaper, reaping orphans, /proc/PID/stat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import shutil
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+PEERS_PYTHON = BENCH_DIR / ".venv-peers" / "bin" / "python"
+NOT_INSTALLED = "not installed (run bench/setup_peers.sh)"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+# ------------------------------------------------------------------ arguments
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """An argument parser whose --help prints the module docstring."""
+    result = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    result.add_argument(
+        "--project",
+        type=Path,
+        default=REPO_ROOT,
+        help="the laneway checkout to measure (default: this repository, %(default)s)",
+    )
+    result.add_argument("--reps", type=int, default=3, help="repetitions (default %(default)s)")
+    return result
+
+
+def int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def use_project(project: Path) -> Path:
+    """Put ``project`` first on sys.path so ``import controller`` loads its code."""
+    project = project.resolve()
+    if not (project / "controller").is_dir():
+        raise SystemExit(f"--project {project}: no controller/ package there")
+    sys.path.insert(0, str(project))
+    return project
+
+
+def project_python(project: Path) -> str:
+    """The Python that runs ``project``'s code: its own venv's, else ours."""
+    own = project / ".venv" / "bin" / "python"
+    return str(own) if own.exists() else sys.executable
+
+
+def project_env(project: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(project) + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
+    env.update(extra or {})
+    return env
+
+
+def laneway_cli(project: Path) -> tuple[list[str], dict[str, str], str]:
+    """(argv prefix, env, cwd) to run ``laneway`` of ``project``: its venv's console
+    script if it has one, else ``python -m cli.main`` with PYTHONPATH=project."""
+    script = project / ".venv" / "bin" / "laneway"
+    env = project_env(project)
+    if script.exists():
+        return [str(script)], env, str(project)
+    return [sys.executable, "-m", "cli.main"], env, str(project)
+
+
+# --------------------------------------------------------------------- numbers
+
+
+def stats(values: Sequence[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def fmt(values: Sequence[float] | None, digits: int = 1, width: int = 0) -> str:
+    """``median (min–max)``, or ``-`` for no values."""
+    if not values:
+        return "-".rjust(width)
+    median, low, high = stats(values)
+    if len(values) == 1:
+        text = f"{median:.{digits}f}"
+    else:
+        text = f"{median:.{digits}f} ({low:.{digits}f}–{high:.{digits}f})"
+    return text.rjust(width)
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile of already sorted values."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, min(len(sorted_values), round(p / 100 * len(sorted_values) + 0.5)))
+    return sorted_values[rank - 1]
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = []
+    for n, row in enumerate([headers, *rows]):
+        cells = [
+            cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------- peers
+
+
+def find_tsp() -> str | None:
+    """task-spooler's binary: ``tsp`` (Debian) or ``ts`` (not moreutils' ts)."""
+    found = shutil.which("tsp")
+    if found:
+        return found
+    found = shutil.which("ts")
+    if found:
+        import subprocess
+
+        try:
+            out = subprocess.run(
+                [found, "-h"], capture_output=True, text=True, timeout=5, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if "TS_SOCKET" in out.stdout + out.stderr:
+            return found
+    return None
+
+
+def peers_python() -> str | None:
+    return str(PEERS_PYTHON) if PEERS_PYTHON.exists() else None
+
+
+# ------------------------------------------------------------------------- CPU
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants (a daemonised task-spooler server) get re-parented to us,
+    so reaping them adds their CPU to RUSAGE_CHILDREN."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(36, 1, 0, 0, 0) == 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_orphans() -> int:
+    """Reap every exited child (call only when no subprocess.Popen is outstanding)."""
+    reaped = 0
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid == 0:
+            return reaped
+        reaped += 1
+
+
+def proc_stat(pid: int) -> tuple[float, float, float] | None:
+    """(own CPU seconds, waited-children CPU seconds, RSS MiB) from /proc/PID/stat."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    # fields[0] is field 3 (state): utime=14, stime=15, cutime=16, cstime=17, rss=24
+    utime, stime, cutime, cstime = (int(fields[i - 3]) for i in (14, 15, 16, 17))
+    rss_pages = int(fields[24 - 3])
+    return (
+        (utime + stime) / CLK_TCK,
+        (cutime + cstime) / CLK_TCK,
+        rss_pages * PAGE / (1 << 20),
+    )
