@@ -2,13 +2,16 @@
 
 Two stages, each safe across read boundaries:
 
-1. secret values (those resolved from ``${NAME}`` references), and their JSON-escaped,
-   URL-encoded and base64 forms, are replaced wherever they occur; a secret may be
-   split across two reads, so this stage holds back the
-   last ``len(longest secret) - 1`` bytes until the next read (or the end) shows whether
-   they start a secret;
+1. secret values (those resolved from ``${NAME}`` references), and their encoded forms
+   (``encoded_forms``: JSON-escaped, URL-encoded, hex, base64 and base32), are replaced
+   wherever they occur; a secret may be split across two reads, so this stage holds back
+   the last ``len(longest form) - 1`` bytes until the next read (or the end) shows
+   whether they start a secret;
 2. ``Authorization:`` header values and ``Bearer`` tokens are masked line by line; a
    partial line is held until its newline (or until it grows past ``MAX_LINE``).
+
+``redact_json`` applies the same rules to a parsed JSON value (a job's result).
+docs/security.md lists exactly which forms are covered and which cannot be.
 
 Stdlib only: the supervisor imports this.
 """
@@ -19,6 +22,7 @@ import base64
 import json
 import re
 import urllib.parse
+from typing import Any
 
 MASK = b"[REDACTED]"
 MIN_SECRET_LEN = 4
@@ -52,23 +56,56 @@ def _safe_cut(buffer: bytes) -> int:
     return len(buffer) - HOLD_TAIL
 
 
+_PERCENT_ESCAPE = re.compile(rb"%[0-9A-F]{2}")
+
+
+def _url_forms(text: str) -> set[bytes]:
+    """URL-encoded forms: ``quote`` with nothing safe and with its default ``/`` safe,
+    ``quote_plus`` likewise, each with upper- and lowercase ``%xx`` escapes."""
+    forms = set()
+    for safe in ("", "/"):
+        for encode in (urllib.parse.quote, urllib.parse.quote_plus):
+            upper = encode(text, safe=safe).encode()
+            forms.add(upper)
+            forms.add(_PERCENT_ESCAPE.sub(lambda m: m.group(0).lower(), upper))
+    return forms
+
+
+def _aligned_cores(secret: bytes, encode: Any, group: int, bits: int) -> set[bytes]:
+    """The characters of ``encode(prefix + secret)`` that depend on the secret alone, for
+    every length of prefix modulo the encoding's input group (3 bytes for base64, 5 for
+    base32): a secret inside a longer encoded string appears as one of these."""
+    cores = set()
+    for offset in range(group):
+        encoded = encode(b"\0" * offset + secret)
+        start = -(-(offset * 8) // bits)  # first character made of secret bits only
+        end = ((offset + len(secret)) * 8) // bits  # characters before the mixed tail
+        core = encoded[start:end]
+        if len(core) >= MIN_SECRET_LEN:
+            cores.add(core)
+    return cores
+
+
 def encoded_forms(secret: bytes) -> set[bytes]:
-    """A secret as it may appear in output: raw, JSON-escaped, URL-encoded, and base64
-    (standard and URL-safe) at each of the three alignments it can have inside a longer
-    encoded string — only the characters that depend on the secret alone are kept."""
+    """A secret as it may appear in output: raw; JSON-escaped (ASCII-only and not, and
+    with ``/`` escaped as ``\\/``); URL-encoded (see ``_url_forms``); hex, lower- and
+    uppercase; base64 (standard and URL-safe) and base32 (upper- and lowercase) at each
+    alignment it can have inside a longer encoded string, keeping only the characters
+    that depend on the secret alone."""
     forms = {secret}
     text = secret.decode("utf-8", errors="replace")
-    forms.add(json.dumps(text)[1:-1].encode())
-    forms.add(urllib.parse.quote(text, safe="").encode())
-    forms.add(urllib.parse.quote_plus(text).encode())
-    for offset in range(3):
-        for encode in (base64.b64encode, base64.urlsafe_b64encode):
-            encoded = encode(b"\0" * offset + secret)
-            start = (offset * 4 + 2) // 3  # characters that still mix in the padding bytes
-            end = ((offset + len(secret)) * 4) // 3  # full characters before the tail
-            core = encoded[start:end]
-            if len(core) >= MIN_SECRET_LEN:
-                forms.add(core)
+    for ensure_ascii in (True, False):
+        escaped = json.dumps(text, ensure_ascii=ensure_ascii)[1:-1]
+        forms.add(escaped.encode())
+        forms.add(escaped.replace("/", "\\/").encode())
+    forms |= _url_forms(text)
+    forms.add(secret.hex().encode())
+    forms.add(secret.hex().upper().encode())
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        forms |= _aligned_cores(secret, encode, 3, 6)
+    for core in _aligned_cores(secret, base64.b32encode, 5, 5):
+        forms.add(core)
+        forms.add(core.lower())
     return {form for form in forms if len(form) >= MIN_SECRET_LEN}
 
 
@@ -93,6 +130,11 @@ class Redactor:
         tail, self._carry = self._mask_values(self._carry), b""
         rest, self._line = self._line + tail, b""
         return self._mask_tokens(rest)
+
+    def redact_text(self, text: str) -> str:
+        """``text`` with both stages applied at once (not streaming): for whole values."""
+        data = self._mask_tokens(self._mask_values(text.encode("utf-8", "surrogatepass")))
+        return data.decode("utf-8", "replace")
 
     def _values(self, chunk: bytes) -> bytes:
         if not self._secrets:
@@ -123,3 +165,52 @@ class Redactor:
         for pattern in TOKEN_PATTERNS:
             data = pattern.sub(rb"\1" + MASK, data)
         return data
+
+
+def redact_json(value: Any, secrets: list[str]) -> Any:
+    """A redacted copy of a parsed JSON value (e.g. a job's result.json), by the rules
+    used for logs: in every string and every object key, secret values and their
+    encoded forms become ``[REDACTED]`` and ``Authorization``/``Bearer`` tokens are
+    masked; a number whose JSON text holds a secret becomes the string ``[REDACTED]``.
+    Two keys that become equal get `` #2``, `` #3``… appended, so no entry is lost.
+    Iterative, so any depth that ``json`` could parse is handled."""
+    redactor = Redactor(secrets)
+    mask = MASK.decode()
+
+    def scalar(item: Any) -> Any:
+        if isinstance(item, str):
+            return redactor.redact_text(item)
+        if isinstance(item, (int, float)) and not isinstance(item, bool):
+            text = json.dumps(item)
+            return mask if redactor.redact_text(text) != text else item
+        return item
+
+    def container(item: Any) -> Any:
+        if isinstance(item, dict):
+            return {}
+        if isinstance(item, (list, tuple)):
+            return []
+        return None
+
+    root = container(value)
+    if root is None:
+        return scalar(value)
+    stack: list[tuple[Any, Any]] = [(value, root)]
+    while stack:
+        source, target = stack.pop()
+        entries = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, item in entries:
+            copy = container(item)
+            new = scalar(item) if copy is None else copy
+            if isinstance(target, dict):
+                name = redactor.redact_text(str(key))
+                unique, n = name, 1
+                while unique in target:
+                    n += 1
+                    unique = f"{name} #{n}"
+                target[unique] = new
+            else:
+                target.append(new)
+            if copy is not None:
+                stack.append((item, copy))
+    return root

@@ -99,3 +99,97 @@ def test_json_and_url_escaped_forms_are_caught():
     out = run(Redactor([CANARY]), [text[:17], text[17:]])
     assert out.count(MASK) == 3
     assert b"canary-77" not in out
+
+
+def _lower_escapes(text: str) -> str:
+    import re
+
+    return re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), text)
+
+
+def _more_forms(secret: str) -> dict[str, str]:
+    import urllib.parse
+
+    raw = secret.encode()
+    return {
+        "hex": raw.hex(),
+        "HEX": raw.hex().upper(),
+        "quote-default": urllib.parse.quote(secret),
+        "quote-lower": _lower_escapes(urllib.parse.quote(secret, safe="")),
+        "quote-default-lower": _lower_escapes(urllib.parse.quote(secret)),
+        "quote_plus-lower": _lower_escapes(urllib.parse.quote_plus(secret)),
+        "json-slash": CANARY.replace('"', '\\"').replace("/", "\\/"),
+    }
+
+
+@pytest.mark.parametrize("form", list(_more_forms(CANARY)))
+def test_hex_and_more_url_forms_are_caught_also_split_across_two_reads(form):
+    encoded = _more_forms(CANARY)[form].encode()
+    text = b"x=" + encoded + b"&y=1\n"
+    for cut in range(1, len(text)):
+        out = run(Redactor([CANARY]), [text[:cut], text[cut:]])
+        assert encoded not in out and out == b"x=" + MASK + b"&y=1\n", (form, cut)
+
+
+@pytest.mark.parametrize("prefix", ["", "a", "ab", "abc", "abcd", "abcde"])
+@pytest.mark.parametrize("lower", [False, True])
+def test_base32_forms_are_caught_at_every_alignment_and_split(prefix, lower):
+    import base64
+
+    blob = base64.b32encode(prefix.encode() + CANARY.encode() + b"-tail")
+    if lower:
+        blob = blob.lower()
+    text = b"payload=" + blob + b"\n"
+    start = -(-len(prefix) * 8 // 5)
+    core = blob[start : (len(prefix) + len(CANARY)) * 8 // 5]
+    assert len(core) > 30 and core in text
+    for cut in range(1, len(text), 3):
+        out = run(Redactor([CANARY]), [text[:cut], text[cut:]])
+        assert core not in out and MASK in out, cut
+
+
+def test_forms_documented_as_not_covered_still_pass_through():
+    """docs/security.md says these cannot be caught; this keeps the docs honest."""
+    reversed_ = CANARY[::-1]
+    spaced = " ".join(CANARY)
+    out = run(Redactor([CANARY]), [f"{reversed_}\n{spaced}\n".encode()])
+    assert reversed_.encode() in out and spaced.encode() in out
+
+
+def test_redact_json_masks_strings_keys_and_numbers_recursively():
+    from workers.redact import redact_json
+
+    pin = "90210417"
+    result = {
+        "job_id": 7,
+        "echo": f"key={CANARY}",
+        CANARY: "as a key",
+        "nested": [{"auth": "Authorization: Bearer abcdefgh12345"}, [int(pin), 3.5, None, True]],
+        "hex": CANARY.encode().hex(),
+        "ok": False,
+    }
+    out = redact_json(result, [CANARY, pin])
+    assert out == {
+        "job_id": 7,
+        "echo": "key=[REDACTED]",
+        "[REDACTED]": "as a key",
+        "nested": [{"auth": "Authorization: Bearer [REDACTED]"}, ["[REDACTED]", 3.5, None, True]],
+        "hex": "[REDACTED]",
+        "ok": False,
+    }
+    assert result[CANARY] == "as a key"  # the input is not changed
+
+
+def test_redact_json_keeps_keys_that_collide_after_masking_and_handles_depth():
+    from workers.redact import redact_json
+
+    out = redact_json({CANARY: 1, "[REDACTED]": 2}, [CANARY])
+    assert sorted(out.values()) == [1, 2] and len(out) == 2
+    deep: object = CANARY
+    for _ in range(5000):
+        deep = [deep]
+    masked = redact_json(deep, [CANARY])
+    for _ in range(5000):
+        masked = masked[0]
+    assert masked == "[REDACTED]"
+    assert redact_json(CANARY, [CANARY]) == "[REDACTED]" and redact_json(5, []) == 5
