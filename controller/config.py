@@ -18,12 +18,21 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import string
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
 from controller.errors import ConfigError
 from controller.states import RETRYABLE_OUTCOMES, Outcome
@@ -210,7 +219,7 @@ class PipelineConfig(_Strict):
     )
 
     @model_validator(mode="after")
-    def _cross_check(self) -> PipelineConfig:
+    def _cross_check(self, info: ValidationInfo) -> PipelineConfig:
         problems: list[str] = []
         problems += _duplicates("nodes", [n.name for n in self.nodes])
         problems += _duplicates("lanes", [lane.name for lane in self.lanes])
@@ -243,6 +252,12 @@ class PipelineConfig(_Strict):
             if item.lane not in lanes:
                 problems.append(f"items.{i}.lane: unknown lane {item.lane!r} for item {item.key!r}")
         problems += _placeholder_problems(self.stages, self.items)
+        frozen = isinstance(info.context, dict) and info.context.get("frozen")
+        if not frozen:
+            # Load-time only: a run frozen before these checks existed must still load.
+            problems += _closeout_problems(self.closeout)
+            if not problems:
+                problems += _render_problems(self.stages, self.items)
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -334,13 +349,466 @@ def _placeholder_problems(stages: list[StageConfig], items: list[ItemConfig]) ->
     return problems
 
 
+RAW_SPEC = "raw"
+"""``{name:raw}`` inserts a value into a shell script unquoted (see ``render_argv``)."""
+SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "ash", "mksh"})
+"""argv[0] basenames whose ``-c`` argument is a script that the shell parses."""
+PLAIN_VALUE = re.compile(r"[A-Za-z0-9_@%+=:,./-]*")
+"""Characters with no meaning to a shell in any context: such a value is inserted as
+it is where laneway cannot quote (a here-document, backquotes, ``${...}``, ...)."""
+PLAIN_NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+
+
+class TemplateError(ValueError):
+    """A template that cannot be rendered safely for one item."""
+
+
+def _template_parts(template: str) -> list[tuple[str, str | None, str, str | None]]:
+    """``string.Formatter().parse`` over a template, with ``${NAME}`` references kept as
+    literal text. Raises ValueError for a malformed template."""
+    parts: list[tuple[str, str | None, str, str | None]] = []
+    for is_ref, text in _plain_segments(template):
+        if is_ref:
+            parts.append((text, None, "", None))
+        else:
+            parts += [
+                (literal, name, spec or "", conversion)
+                for literal, name, spec, conversion in string.Formatter().parse(text)
+            ]
+    return parts
+
+
+def _field_text(values: dict[str, Any], name: str, spec: str, conversion: str | None) -> str:
+    value = values[name]
+    if conversion is not None:
+        converters: dict[str, Callable[[Any], str]] = {"r": repr, "s": str, "a": ascii}
+        if conversion not in converters:
+            raise ValueError(f"unknown conversion !{conversion} (use !r, !s or !a)")
+        value = converters[conversion](value)
+    return str(value) if spec == RAW_SPEC else format(value, spec)
+
+
+def _item_values(item: ItemConfig) -> dict[str, Any]:
+    return {**item.fields, "item": item.key, "lane": item.lane}
+
+
+CLOSEOUT_PLACEHOLDERS = ("run", "runtime_dir")
+_SAMPLE_CLOSEOUT = {"run": "1", "runtime_dir": "/runtime"}
+
+
+def _closeout_problems(steps: list[CloseoutStep]) -> list[str]:
+    """Closeout templates checked like a stage's: well-formed, known placeholders."""
+    problems = []
+    for i, step in enumerate(steps):
+        places = [(f"closeout.{i}.argv.{j}", t) for j, t in enumerate(step.argv)]
+        places += [(f"closeout.{i}.cwd", step.cwd)] if step.cwd else []
+        for where, template in places:
+            try:
+                names = placeholders(template)
+                for name in names:
+                    if name not in CLOSEOUT_PLACEHOLDERS:
+                        raise ValueError(
+                            f"unknown placeholder {{{name}}}; closeout steps have {{run}} and "
+                            "{runtime_dir}"
+                        )
+                render_values(template, _SAMPLE_CLOSEOUT)
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                problems.append(
+                    f"{where}: bad template {template!r}: {_error_text(exc)}; write {{{{ and }}}} "
+                    "for a literal brace"
+                )
+    return problems
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, KeyError):
+        return f"unknown placeholder {{{exc.args[0]}}}"
+    return str(exc)
+
+
+def _render_problems(stages: list[StageConfig], items: list[ItemConfig]) -> list[str]:
+    """Render every stage's templates for every item, as attempts will be rendered, so
+    that a value that cannot be inserted (a format spec that does not fit it, or shell
+    metacharacters where a script cannot quote them) is refused before a run starts."""
+    failures: dict[str, tuple[str, list[str]]] = {}
+    for i, stage in enumerate(stages):
+        for item in items:
+            values = _item_values(item)
+            places = [(f"argv.{j}", t) for j, t in enumerate(stage.argv)]
+            places += [(f"env.{name}", t) for name, t in stage.env.items()]
+            places += [("cwd", stage.cwd)] if stage.cwd else []
+            argv: list[str] = []
+            for where, template in places:
+                try:
+                    rendered = render_values(template, values)
+                except (ValueError, KeyError, IndexError, TypeError) as exc:
+                    failures.setdefault(f"stages.{i}.{where}", (_error_text(exc), []))[1].append(
+                        item.key
+                    )
+                    continue
+                if where.startswith("argv."):
+                    argv.append(rendered)
+            script = shell_script_index(argv) if len(argv) == len(stage.argv) else None
+            if script is None:
+                continue
+            try:
+                render_shell_script(stage.argv[script], values)
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                failures.setdefault(f"stages.{i}.argv.{script}", (_error_text(exc), []))[1].append(
+                    item.key
+                )
+    problems = []
+    for where, (message, keys) in failures.items():
+        shown = ", ".join(keys[:5]) + (" …" if len(keys) > 5 else "")
+        problems.append(f"{where}: for item(s) {shown}: {message}")
+    return problems
+
+
 def render(template: str, item: ItemConfig) -> str:
-    """Expand ``{item}``, ``{lane}`` and item fields in one argv/env/cwd template,
-    leaving ``${NAME}`` references for the worker to resolve."""
-    values: dict[str, Any] = {**item.fields, "item": item.key, "lane": item.lane}
-    return "".join(
-        text if is_ref else text.format_map(values) for is_ref, text in _plain_segments(template)
-    )
+    """Expand ``{item}``, ``{lane}`` and item fields in one env/cwd template (never
+    quoted; ``{name:raw}`` is the same as ``{name}`` here), leaving ``${NAME}``
+    references for the worker to resolve. For argv use ``render_argv``."""
+    return render_values(template, _item_values(item))
+
+
+def render_values(template: str, values: dict[str, Any]) -> str:
+    out = []
+    for literal, name, spec, conversion in _template_parts(template):
+        out.append(literal)
+        if name is not None:
+            out.append(_field_text(values, name, spec, conversion))
+    return "".join(out)
+
+
+class _ShellScanner:
+    """Follows the quoting context of a POSIX shell script as it is written out, so
+    that each value inserted into it can be quoted for the place it lands in.
+
+    Contexts it quotes in: unquoted words (also inside ``$(...)``), ``"..."`` and
+    ``'...'``, and comments. Anywhere else (after a backslash or a ``$``, inside
+    backquotes, ``${...}``, ``$((...))``, ``$'...'``, after a here-document starts, or
+    after a ``case`` inside ``$(...)``, whose ``)`` it cannot follow) it reports the
+    context as unknown, and only a plain value may go there."""
+
+    def __init__(self) -> None:
+        self.stack: list[str] = ["code"]
+        self.depth: list[int] = [0]
+        self.escape = False
+        self.dollar = False
+        self.subst_opened = False
+        self.arith_closing = False
+        self.word_start = True
+        self.word = ""
+        self.less = 0
+        self.heredoc_pending = False
+        self.unknown: str | None = None
+
+    def context(self) -> tuple[str, str]:
+        """(``code`` | ``dq`` | ``sq`` | ``comment`` | ``unknown``, why unknown)."""
+        if self.unknown:
+            return "unknown", self.unknown
+        if self.escape:
+            return "unknown", "right after a backslash"
+        if self.dollar:
+            return "unknown", "right after a $"
+        top = self.stack[-1]
+        if top in ("code", "subst"):
+            return "code", ""
+        if top in ("dq", "sq", "comment"):
+            return top, ""
+        where = {
+            "backtick": "inside `...` (use $(...) instead)",
+            "param": "inside ${...}",
+            "arith": "inside $((...))",
+            "ansi": "inside $'...'",
+        }
+        return "unknown", where[top]
+
+    def feed(self, text: str) -> None:
+        for char in text:
+            self._char(char)
+
+    def after_word(self) -> None:
+        """A quoted value was written: it continues the current word."""
+        self.word_start = False
+        self.word += "x"
+        self.less = 0
+
+    def _push(self, frame: str) -> None:
+        self.stack.append(frame)
+        self.depth.append(0)
+
+    def _pop(self) -> None:
+        if len(self.stack) > 1:
+            self.stack.pop()
+            self.depth.pop()
+
+    def _end_word(self) -> None:
+        if self.word == "case" and "subst" in self.stack:
+            self.unknown = "after a case statement inside $(...)"
+        self.word = ""
+
+    def _char(self, char: str) -> None:
+        if char == "\n" and self.heredoc_pending:
+            self.unknown = "inside or after a here-document"
+        top = self.stack[-1]
+        if top == "comment":
+            if char == "\n":
+                self._pop()
+                self.word_start = True
+            return
+        if self.escape:
+            self.escape = False
+            self.word_start = False
+            return
+        if top == "sq":
+            if char == "'":
+                self._pop()
+            return
+        if top in ("ansi", "backtick"):
+            if char == "\\":
+                self.escape = True
+            elif char == ("'" if top == "ansi" else "`"):
+                self._pop()
+            return
+        if self.dollar:
+            self.dollar = False
+            opened = {"(": "subst", "{": "param", "'": "ansi", '"': "dq"}.get(char)
+            if opened and not (top == "dq" and char in "'\""):
+                self._push(opened)
+                self.subst_opened = opened == "subst"
+                self.word = ""
+                return
+        if self.subst_opened:
+            self.subst_opened = False
+            if char == "(":
+                self.stack[-1] = "arith"
+                return
+            top = self.stack[-1]
+        if top == "param":
+            if char in "'\"`\\$":
+                self.unknown = "after a quote or $ inside ${...}"
+            elif char == "{":
+                self.depth[-1] += 1
+            elif char == "}":
+                if self.depth[-1] == 0:
+                    self._pop()
+                else:
+                    self.depth[-1] -= 1
+            return
+        if top == "arith":
+            if self.arith_closing:
+                self.arith_closing = False
+                if char == ")":
+                    self._pop()
+                else:
+                    self.unknown = "after an ambiguous $(( ... )"
+                return
+            if char in "'\"`\\":
+                self.unknown = "after a quote inside $((...))"
+            elif char == "$":
+                self.dollar = True
+            elif char == "(":
+                self.depth[-1] += 1
+            elif char == ")":
+                if self.depth[-1] == 0:
+                    self.arith_closing = True
+                else:
+                    self.depth[-1] -= 1
+            return
+        if top == "dq":
+            if char == "\\":
+                self.escape = True
+            elif char == '"':
+                self._pop()
+            elif char == "`":
+                self._push("backtick")
+            elif char == "$":
+                self.dollar = True
+            return
+        # Unquoted shell code: the top level, or inside $(...).
+        self.less = self.less + 1 if char == "<" else 0
+        if self.less == 2:
+            self.heredoc_pending = True
+        elif self.less == 3:
+            self.heredoc_pending = False  # <<< is a here-string: one word, no body
+        if char == "#" and self.word_start:
+            self._push("comment")
+            return
+        separator = char in " \t\n;&|()<>"
+        if separator:
+            self._end_word()
+        else:
+            self.word += char
+        if char == "\\":
+            self.escape = True
+        elif char == "'":
+            self._push("sq")
+        elif char == '"':
+            self._push("dq")
+        elif char == "`":
+            self._push("backtick")
+        elif char == "$":
+            self.dollar = True
+        elif char == "(":
+            self.depth[-1] += 1
+        elif char == ")":
+            if top == "subst" and self.depth[-1] == 0:
+                self._pop()
+            else:
+                self.depth[-1] = max(0, self.depth[-1] - 1)
+        self.word_start = separator
+
+
+def _quote_for(context: str, value: str) -> str:
+    """``value`` as one literal word in ``context``: closing and reopening the quotes
+    around a single-quoted word keeps it verbatim inside ``"..."`` and ``'...'``."""
+    if context == "dq":
+        return '"' + shlex.quote(value) + '"'
+    if context == "sq":
+        return "'" + shlex.quote(value) + "'"
+    if context == "comment":
+        return shlex.quote(value.replace("\n", " ").replace("\r", " "))
+    return shlex.quote(value)
+
+
+def render_shell_script(template: str, values: dict[str, Any]) -> str:
+    """Render a script a shell will parse (``sh -c SCRIPT``): each value is quoted for
+    where it lands, so it reaches the command verbatim and is never run as code;
+    ``{name:raw}`` inserts it unquoted. Raises TemplateError when a value that is not
+    plain lands where it cannot be quoted (see ``_ShellScanner``)."""
+    scanner = _ShellScanner()
+    out = []
+    for literal, name, spec, conversion in _template_parts(template):
+        out.append(literal)
+        scanner.feed(literal)
+        if name is None:
+            continue
+        text = _field_text(values, name, spec, conversion)
+        context, why = scanner.context()
+        if spec == RAW_SPEC:
+            inserted = text
+            scanner.feed(text)
+        elif context == "unknown":
+            plain = PLAIN_NUMBER if why.startswith("inside $((") else PLAIN_VALUE
+            if not plain.fullmatch(text):
+                raise TemplateError(
+                    f"{{{name}}} sits {why}, where laneway cannot quote it, and its value "
+                    f"{text[:40]!r} has characters a shell would interpret; pass it as a "
+                    f"positional parameter (sh -c '... \"$1\"' sh {{{name}}}), or write "
+                    f"{{{name}:raw}} if it is meant to be shell code"
+                )
+            inserted = text
+            scanner.feed(text)
+        else:
+            inserted = _quote_for(context, text)
+            scanner.after_word()
+        out.append(inserted)
+    return "".join(out)
+
+
+def _skip_env(argv: list[str], index: int) -> int | None:
+    """The index of the command an ``env`` at ``index`` runs (past its options and
+    NAME=value assignments), or None when that cannot be told (``env -S``)."""
+    index += 1
+    takes_value = {"-u", "--unset", "-C", "--chdir", "-P"}
+    while index < len(argv):
+        word = argv[index]
+        if word == "--":
+            return index + 1
+        if word in takes_value:
+            index += 2
+        elif word.startswith(("-S", "--split-string")):
+            return None
+        elif word.startswith("-") or ("=" in word and not word.startswith("=")):
+            index += 1
+        else:
+            return index
+    return None
+
+
+def shell_script_index(argv: list[str]) -> int | None:
+    """Which element of a (rendered) argv a shell parses as a script: the argument of
+    ``-c`` when argv[0] is a shell (sh, bash, zsh, dash, ksh, ash, mksh), also behind
+    ``env [OPTION] [NAME=value ...]`` or ``busybox``; else None."""
+    index = 0
+    while index < len(argv):
+        base = os.path.basename(argv[index])
+        if base == "env":
+            found = _skip_env(argv, index)
+            if found is None:
+                return None
+            index = found
+            continue
+        if base == "busybox":
+            index += 1
+            continue
+        if base not in SHELLS:
+            return None
+        break
+    else:
+        return None
+    index += 1
+    dash_c = False
+    while index < len(argv):
+        word = argv[index]
+        if word == "--":
+            index += 1
+            break
+        if word in ("-o", "+o", "-O", "+O", "--rcfile", "--init-file"):
+            index += 2
+            continue
+        if word.startswith("--"):
+            index += 1
+            continue
+        if len(word) > 1 and word[0] in "-+":
+            if word[0] == "-" and "c" in word[1:]:
+                dash_c = True
+            index += 1
+            continue
+        break
+    return index if dash_c and index < len(argv) else None
+
+
+def render_command(templates: list[str], values: dict[str, Any]) -> list[str]:
+    """Render a whole argv: every element expanded; the script of a shell's ``-c``
+    (see ``shell_script_index``) rendered by ``render_shell_script``. Which element
+    that is is decided on the rendered argv, so a placeholder in argv[0] or in the
+    shell's options cannot move a script out of reach of quoting."""
+    argv = [render_values(template, values) for template in templates]
+    script = shell_script_index(argv)
+    if script is not None:
+        argv[script] = render_shell_script(templates[script], values)
+    return argv
+
+
+def render_argv(stage: StageConfig, item: ItemConfig) -> list[str]:
+    """The argv one attempt of ``stage`` runs for ``item``. Values substituted into a
+    shell's ``-c`` script are shell-quoted for where they land (``{name:raw}`` opts
+    out); elsewhere they are passed as they are (no shell parses them)."""
+    return render_command(stage.argv, _item_values(item))
+
+
+def closeout_values(run_id: int | str, runtime_dir: str) -> dict[str, Any]:
+    return {"run": str(run_id), "runtime_dir": str(runtime_dir)}
+
+
+def render_closeout(
+    step: CloseoutStep, *, run_id: int | str, runtime_dir: str
+) -> tuple[list[str], str | None]:
+    """A closeout step's argv and cwd for one run (``{run}``, ``{runtime_dir}``)."""
+    values = closeout_values(run_id, runtime_dir)
+    cwd = render_values(step.cwd, values) if step.cwd else None
+    return render_command(step.argv, values), cwd
+
+
+def preview_argv(config: PipelineConfig) -> dict[str, list[str]]:
+    """Each stage's argv rendered for the first item, as a run would start it (for
+    ``dry-run``); empty when the config has no items."""
+    if not config.items:
+        return {}
+    first = config.items[0]
+    return {stage.name: render_argv(stage, first) for stage in config.stages}
 
 
 def _format_validation_error(exc: ValidationError) -> list[str]:
@@ -445,7 +913,7 @@ def load_config(path: str | Path) -> PipelineConfig:
 
 def config_from_frozen(frozen: str) -> PipelineConfig:
     """Rebuild the config a run froze (paths in it are already absolute)."""
-    return PipelineConfig.model_validate_json(frozen)
+    return PipelineConfig.model_validate_json(frozen, context={"frozen": True})
 
 
 def json_schema() -> dict[str, Any]:
