@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from controller import ledger
 from controller.clock import iso
+from controller.config import CloseoutStep, render_closeout
 from controller.durable import write_json
 from controller.models import Attempt, Control, Event, Run
 from controller.states import AttemptState, ControlKind, RunState
@@ -40,6 +41,7 @@ class _Running:
     process: subprocess.Popen[bytes]
     deadline: float
     killed_at: float | None = None
+    signal_error: str | None = None
 
 
 @dataclass
@@ -127,10 +129,10 @@ def advance(session: Session, closeout: Closeout, run: Run, *, now: datetime) ->
         code = current.process.poll()
         if code is None and time.monotonic() >= current.deadline:
             if current.killed_at is None:
-                _signal(current.process, signal.SIGTERM)
+                current.signal_error = _signal(current.process, signal.SIGTERM)
                 current.killed_at = time.monotonic()
             elif time.monotonic() - current.killed_at > GRACE_SECONDS:
-                _signal(current.process, signal.SIGKILL)
+                current.signal_error = _signal(current.process, signal.SIGKILL)
             return False
         if code is None:
             return False
@@ -139,43 +141,19 @@ def advance(session: Session, closeout: Closeout, run: Run, *, now: datetime) ->
             if current.killed_at is not None
             else ("succeeded" if code == 0 else "failed")
         )
-        _finish(session, closeout, current.name, state, code, now=now)
+        _finish(session, closeout, current.name, state, code, now=now, error=current.signal_error)
         closeout.running = None
         changed = True
     pending = [step for step in closeout.steps if step["state"] == "pending"]
     if pending:
         step = pending[0]
         spec = next(s for s in config.closeout if s.name == step["name"])
-        log_path = Path(step["log"])
-        values = {"run": str(run.id), "runtime_dir": run.runtime_dir}
-        argv = [part.format_map(values) for part in spec.argv]
         try:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(log_path, "ab") as log:
-                process = subprocess.Popen(
-                    argv,
-                    cwd=spec.cwd or str(closeout.directory),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    start_new_session=True,
-                    env={
-                        **os.environ,
-                        "LANEWAY_RUN_ID": str(run.id),
-                        "LANEWAY_RUN_DIR": str(closeout.directory),
-                    },
-                )
-        except OSError as exc:
-            # Could not start: recorded, and the next step is still attempted.
-            _finish(
-                session,
-                closeout,
-                step["name"],
-                "failed",
-                None,
-                now=now,
-                error=f"{exc.strerror or exc}",
-            )
+            process = _spawn(spec, Path(step["log"]), run, closeout.directory)
+        except Exception as exc:
+            # Recorded as the step's failure, and the next step is still attempted: a
+            # bad step must never stop the controller's tick.
+            _finish(session, closeout, step["name"], "failed", None, now=now, error=_why(exc))
             return True
         step.update(state="running", started_at=iso(now))
         closeout.running = _Running(step["name"], process, time.monotonic() + spec.timeout_seconds)
@@ -201,6 +179,39 @@ def advance(session: Session, closeout: Closeout, run: Run, *, now: datetime) ->
         )
         return True
     return changed
+
+
+def _spawn(
+    spec: CloseoutStep, log_path: Path, run: Run, directory: Path
+) -> subprocess.Popen[bytes]:
+    """Render and start one step (argv[0] and cwd were made absolute against the
+    config file when it was loaded; the default cwd is ``runs/<run>/``)."""
+    argv, cwd = render_closeout(spec, run_id=run.id, runtime_dir=run.runtime_dir)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            argv,
+            cwd=cwd or str(directory),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            env={
+                **os.environ,
+                "LANEWAY_RUN_ID": str(run.id),
+                "LANEWAY_RUN_DIR": str(directory),
+            },
+        )
+
+
+def _why(exc: BaseException) -> str:
+    """One line saying why a step could not start."""
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"could not start: {exc.strerror or exc}{where}"
+    if isinstance(exc, (ValueError, KeyError, IndexError)):
+        return f"could not render its argv: {type(exc).__name__}: {exc}"
+    return f"could not start: {type(exc).__name__}: {exc}"
 
 
 def write_progress(closeout: Closeout) -> None:
@@ -241,8 +252,18 @@ def _finish(
     )
 
 
-def _signal(process: subprocess.Popen[bytes], signum: int) -> None:
+def _signal(process: subprocess.Popen[bytes], signum: int) -> str | None:
+    """Signal the step's process group; None if sent or the group is gone. On any other
+    error (EPERM) the step's own process is signalled instead; what still fails is
+    returned, for the step's record, and the next tick tries again."""
     try:
         os.killpg(process.pid, signum)
     except ProcessLookupError:
-        pass
+        return None
+    except OSError as exc:
+        try:
+            process.send_signal(signum)
+        except OSError as again:
+            return f"could not signal its process group ({exc}) or process ({again})"
+        return f"could not signal its process group ({exc}); signalled the process only"
+    return None

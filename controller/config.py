@@ -184,7 +184,12 @@ class ItemConfig(BaseModel):
 
 class CloseoutStep(_Strict):
     """A command run once when the run finishes or is stopped (e.g. aggregate, report).
-    ``{run}`` and ``{runtime_dir}`` expand in argv."""
+
+    ``{run}`` and ``{runtime_dir}`` expand in argv and cwd, shell-quoted inside a
+    shell's ``-c`` script like a stage's values (``{runtime_dir:raw}`` opts out). A
+    relative ``cwd`` and an ``argv[0]`` with a ``/`` are relative to the config file,
+    like a stage's (a cwd starting with ``{runtime_dir}`` is left as it is); the
+    default cwd is ``runs/<run>/``. Templates are checked when the config is loaded."""
 
     name: Name
     argv: list[str] = Field(min_length=1)
@@ -867,7 +872,10 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> PipelineConfig:
     if isinstance(raw.get("stages"), list):
         raw["stages"] = [_absolute_cwd(stage, base_dir) for stage in raw["stages"]]
     if isinstance(raw.get("closeout"), list):
-        raw["closeout"] = [_absolute_cwd(step, base_dir) for step in raw["closeout"]]
+        raw["closeout"] = [
+            _absolute_cwd(step, base_dir, absolute_prefix="{runtime_dir}")
+            for step in raw["closeout"]
+        ]
     try:
         config = PipelineConfig.model_validate(raw)
     except ValidationError as exc:
@@ -877,12 +885,15 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> PipelineConfig:
     return config
 
 
-def _absolute_cwd(stage: Any, base_dir: Path) -> Any:
-    """Relative paths in a stage are relative to the config file, never to wherever
-    laneway runs: ``cwd``, and an ``argv[0]`` such as ``./tool.sh`` or ``bin/tool``."""
+def _absolute_cwd(stage: Any, base_dir: Path, *, absolute_prefix: str | None = None) -> Any:
+    """Relative paths in a stage or closeout step are relative to the config file, never
+    to wherever laneway runs: ``cwd``, and an ``argv[0]`` such as ``./tool.sh`` or
+    ``bin/tool``. A cwd starting with ``absolute_prefix`` (a closeout step's
+    ``{runtime_dir}``, always absolute) is left as it is."""
     if not isinstance(stage, dict):
         return stage
-    if isinstance(stage.get("cwd"), str) and stage["cwd"]:
+    cwd = stage.get("cwd")
+    if isinstance(cwd, str) and cwd and not (absolute_prefix and cwd.startswith(absolute_prefix)):
         stage = {**stage, "cwd": os.path.normpath(base_dir / stage["cwd"])}
     argv = stage.get("argv")
     if isinstance(argv, list) and argv and isinstance(argv[0], str):

@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 
 from controller import admission, db, ledger
 from controller.clock import Clock, SystemClock
-from controller.config import ENV_REF, PipelineConfig, render
+from controller.config import ENV_REF, PipelineConfig, placeholders, render, render_values
 from controller.errors import PreflightError
 
 
@@ -89,6 +89,7 @@ def preflight(
                         f"stages.{stage.name}.env.{name}: ${{{reference}}} is not set; export "
                         "it in the environment of laneway and its workers"
                     )
+    reasons += _closeout_preflight(config)
     hashes: dict[str, str] = {}
     for source in config.sources:
         try:
@@ -96,6 +97,24 @@ def preflight(
         except OSError as exc:
             reasons.append(f"sources: cannot read {source}: {exc.strerror or exc}")
     return reasons, hashes
+
+
+def _closeout_preflight(config: PipelineConfig) -> list[str]:
+    """Closeout steps checked like stages: argv[0] exists and is executable, cwd is a
+    directory. A part naming ``{run}`` or ``{runtime_dir}`` is known only once the run
+    exists, so it is not checked here (a failure then is the step's recorded failure)."""
+    reasons = []
+    for i, step in enumerate(config.closeout):
+        cwd = step.cwd if step.cwd and not placeholders(step.cwd) else None
+        if cwd is not None and not Path(cwd).is_dir():
+            reasons.append(f"closeout.{i}.cwd: {cwd} is not a directory (step {step.name})")
+        if placeholders(step.argv[0]):
+            continue
+        executable = render_values(step.argv[0], {})
+        problem = _executable_problem(executable, cwd)
+        if problem:
+            reasons.append(f"closeout.{i}.argv.0: {problem} (step {step.name})")
+    return reasons
 
 
 def _executable_problem(executable: str, cwd: str | None) -> str | None:

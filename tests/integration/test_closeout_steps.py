@@ -1,0 +1,171 @@
+"""Closeout steps: templates are checked when the config is loaded; a step that cannot
+be rendered or started is that step's recorded failure and never raises out of
+advance(); argv[0] and cwd resolve like a stage's, and preflight checks them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from controller import closeout, db, ledger
+from controller.config import config_from_frozen, load_config
+from controller.errors import ConfigError
+from controller.models import Event
+from controller.pipeline import preflight
+from tests.support import make_config, wait_until
+
+
+def drive(engine, run_id: int, clock) -> closeout.Closeout:
+    """Advance a run's closeout until it is done, as the controller's tick does."""
+    factory = db.session_factory(engine)
+    state: list[closeout.Closeout] = []
+
+    def step() -> bool:
+        with db.transaction(factory) as session:
+            run = ledger.get_run(session, run_id)
+            if not state:
+                state.append(closeout.load(session, run))
+            closeout.advance(session, state[0], run, now=clock.now())
+        return state[0].done
+
+    wait_until(step)
+    return state[0]
+
+
+def finished_events(engine, run_id: int) -> dict[str, dict]:
+    with db.session_factory(engine)() as session:
+        rows = session.scalars(
+            select(Event).where(Event.run_id == run_id, Event.kind == "closeout_step_finished")
+        ).all()
+    return {row.detail["step"]: row.detail for row in rows}
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["python3", "-c", 'print({"k": 1})'], "closeout.0.argv.2: bad template"),
+        (["tool", "{item}"], "closeout.0.argv.1: bad template '{item}': unknown placeholder"),
+        (["tool", "{run"], "closeout.0.argv.1: bad template '{run'"),
+    ],
+)
+def test_a_bad_closeout_template_is_refused_when_the_config_is_loaded(argv, fragment):
+    with pytest.raises(ConfigError) as caught:
+        make_config(closeout=[{"name": "agg", "argv": argv}])
+    assert any(line.startswith(fragment) for line in caught.value.problems), caught.value
+    assert all("{{" in line for line in caught.value.problems)  # says how to fix it
+
+
+def test_bad_cwd_template_is_refused_and_escaped_braces_are_fine():
+    with pytest.raises(ConfigError) as caught:
+        make_config(closeout=[{"name": "agg", "argv": ["tool"], "cwd": "/tmp/{x}"}])
+    assert caught.value.problems[0].startswith("closeout.0.cwd: bad template")
+    make_config(closeout=[{"name": "agg", "argv": ["python3", "-c", 'print({{"k": 1}})']}])
+
+
+def test_a_failing_step_is_recorded_and_the_next_still_runs(
+    engine, runtime, make_run, clock, tmp_path, monkeypatch
+):
+    mark = tmp_path / "mark"
+    good = make_config(
+        closeout=[
+            {"name": "badtemplate", "argv": ["python3", "-c", "print(1)"]},
+            {"name": "missing", "argv": [str(tmp_path / "no-such-tool")]},
+            {"name": "boom", "argv": ["true"]},
+            {"name": "last", "argv": [sys.executable, "-c", f"open({str(mark)!r}, 'w')"]},
+        ]
+    )
+    # As if frozen by a laneway that did not check closeout templates yet.
+    frozen = good.canonical_json().replace('"print(1)"', '"print({\\"k\\": 1})"')
+    run_id = make_run(config_from_frozen(frozen))
+    (runtime / "runs" / str(run_id)).mkdir(parents=True, exist_ok=True)
+    real = closeout.render_closeout
+
+    def render(step, **kwargs):
+        if step.name == "boom":
+            raise RuntimeError("something unexpected")
+        return real(step, **kwargs)
+
+    monkeypatch.setattr(closeout, "render_closeout", render)
+    state = drive(engine, run_id, clock)
+    assert [(s["name"], s["state"]) for s in state.steps] == [
+        ("badtemplate", "failed"),
+        ("missing", "failed"),
+        ("boom", "failed"),
+        ("last", "succeeded"),
+    ]
+    assert mark.exists()
+    events = finished_events(engine, run_id)
+    assert events["badtemplate"]["error"].startswith("could not render its argv: KeyError")
+    assert events["missing"]["error"].startswith("could not start: No such file or directory")
+    assert events["boom"]["error"] == "could not start: RuntimeError: something unexpected"
+    closeout.write_progress(state)
+    progress = json.loads((runtime / "runs" / str(run_id) / "closeout_progress.json").read_text())
+    assert progress["done"] is True and progress["steps"][2]["error"].endswith("unexpected")
+
+
+def write_tool(path: Path, body: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+
+
+def test_closeout_paths_resolve_like_a_stage_and_run_from_the_run_dir(
+    engine, runtime, make_run, clock, tmp_path, monkeypatch
+):
+    config_dir = tmp_path / "project"
+    write_tool(
+        config_dir / "bin" / "agg.sh", 'echo "run $1 in $(pwd)" > "$LANEWAY_RUN_DIR/agg.txt"'
+    )
+    (config_dir / "out").mkdir()
+    config_path = config_dir / "pipeline.json"
+    raw = json.loads(make_config().model_dump_json())
+    raw["closeout"] = [
+        {"name": "agg", "argv": ["./bin/agg.sh", "{run}"]},
+        {"name": "inout", "argv": ["sh", "-c", "pwd > ../marker"], "cwd": "out"},
+        {
+            "name": "inrun",
+            "argv": ["sh", "-c", "pwd > {runtime_dir}/inrun.txt"],
+            "cwd": "{runtime_dir}/runs/{run}",
+        },
+    ]
+    config_path.write_text(json.dumps(raw))
+    monkeypatch.chdir(tmp_path)  # not the config's directory: paths must not depend on it
+    config = load_config(config_path)
+    assert config.closeout[0].argv[0] == str(config_dir / "bin" / "agg.sh")
+    assert config.closeout[1].cwd == str(config_dir / "out")
+    assert config.closeout[2].cwd == "{runtime_dir}/runs/{run}"
+    run_id = make_run(config)
+    run_dir = runtime / "runs" / str(run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state = drive(engine, run_id, clock)
+    assert [s["state"] for s in state.steps] == ["succeeded"] * 3, finished_events(engine, run_id)
+    assert (run_dir / "agg.txt").read_text() == f"run {run_id} in {run_dir}\n"
+    assert (config_dir / "marker").read_text() == f"{config_dir / 'out'}\n"
+    assert (runtime / "inrun.txt").read_text() == f"{run_dir}\n"
+
+
+def test_preflight_checks_closeout_executables_and_cwds(tmp_path):
+    write_tool(tmp_path / "ok.sh", "true")
+    (tmp_path / "plain.sh").write_text("true\n")
+    config = make_config(
+        base_dir=tmp_path,
+        closeout=[
+            {"name": "ok", "argv": ["./ok.sh"]},
+            {"name": "gone", "argv": ["./missing.sh"]},
+            {"name": "noexec", "argv": ["./plain.sh"], "cwd": "nowhere"},
+            {"name": "nopath", "argv": ["no-such-program-laneway"]},
+            {"name": "later", "argv": ["{runtime_dir}/made-by-the-run.sh"]},
+        ],
+    )
+    reasons, _ = preflight(config, environ={})
+    closeout_reasons = [r for r in reasons if r.startswith("closeout")]
+    assert closeout_reasons == [
+        f"closeout.1.argv.0: {tmp_path / 'missing.sh'} does not exist (step gone)",
+        f"closeout.2.cwd: {tmp_path / 'nowhere'} is not a directory (step noexec)",
+        f"closeout.2.argv.0: {tmp_path / 'plain.sh'} is not executable (chmod +x) (step noexec)",
+        "closeout.3.argv.0: 'no-such-program-laneway' is not on PATH (step nopath)",
+    ]
