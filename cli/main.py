@@ -1,13 +1,17 @@
 """The ``laneway`` command. Parses arguments, calls the controller/worker, renders.
 
 Exit codes: 0 done; 1 refused or failed (preflight refused, a run could not finish);
-2 bad input (config, arguments, ids); 3 a run is blocked and needs an operator
-(halt, pause, unknown outcome); 130 interrupted.
+2 bad input (config, arguments, ids, a runtime dir with no ledger, a query `sql` refuses);
+3 a run is blocked and needs an operator (halt, pause, unknown outcome); 130 interrupted.
+
+Imports are kept to what each command needs: the heavy modules (SQLAlchemy's ORM, the
+pydantic config, alembic, the controller daemon, the worker service and psutil) are
+imported inside the commands that use them, so `status`, `sql` and `--help` start fast
+(tests/integration/test_cli_imports.py checks which modules each one loads).
 """
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import signal
@@ -16,24 +20,18 @@ import time
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
 
 from cli import render
-from controller import config as config_module
-from controller import daemon as daemon_module
-from controller import db, durable, ledger, pipeline
-from controller import report as report_module
+from controller import db
 from controller.clock import SystemClock, iso
-from controller.daemon import Controller
 from controller.errors import ConfigError, LanewayError, UsageError
 from controller.states import ControlKind, ControlScope
-from controller.status import build_status, explain_job
-from workers import identity
-from workers.service import WorkerService, psutil_memory
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 EXIT_BLOCKED = 3
 MAX_ID = 2**63 - 1
@@ -49,7 +47,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
-    rich_markup_mode="markdown",
+    # Plain click help: rich's renderer costs more to import than a read-only command
+    # takes to run.
+    rich_markup_mode=None,
 )
 
 RuntimeDir = Annotated[
@@ -66,6 +66,8 @@ DEFAULT_RUNTIME = Path(".laneway")
 
 
 def _actor() -> str:
+    import getpass
+
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
@@ -92,14 +94,20 @@ def _fail(error: LanewayError, as_json: bool = False) -> None:
     raise typer.Exit(error.exit_code)
 
 
-def _existing_ledger(runtime_dir: Path) -> Any:
-    url = db.ledger_url(runtime_dir)
-    if url.startswith("sqlite") and not (runtime_dir / db.LEDGER_FILENAME).exists():
-        raise UsageError(
-            f"no ledger at {runtime_dir / db.LEDGER_FILENAME}; pass --runtime-dir or run "
-            "`laneway start-pipeline` first"
-        )
-    return url
+def _writer(runtime_dir: Path) -> Engine:
+    """An engine on an existing ledger for an operator's write (controls, cancel,
+    reconcile, retry): no ledger is created, and an unknown revision is refused."""
+    engine = db.make_engine(db.existing_ledger_url(runtime_dir))
+    db.check_revision(engine)
+    return engine
+
+
+def _reader(runtime_dir: Path) -> Engine:
+    """A read-only engine on an existing ledger at the head revision (the ORM models
+    need its columns), checked without alembic."""
+    engine = db.make_engine(db.existing_ledger_url(runtime_dir), readonly=True)
+    db.check_known_revision(engine, head=True)
+    return engine
 
 
 @app.command()
@@ -107,6 +115,8 @@ def schema(
     as_json: Annotated[bool, typer.Option("--json", help="Accepted; the schema is JSON.")] = True,
 ) -> None:
     """Print the JSON Schema of a pipeline config."""
+    from controller import config as config_module
+
     typer.echo(render.as_json(config_module.json_schema()))
 
 
@@ -118,6 +128,10 @@ def dry_run(config: ConfigPath, as_json: JsonFlag = False) -> None:
     admission decisions with their reasons. Exit 1 if preflight refuses, 2 if the
     config is invalid.
     """
+    from controller import config as config_module
+    from controller import pipeline
+    from workers.service import psutil_memory
+
     try:
         parsed = config_module.load_config(config)
         reasons, _ = pipeline.preflight(parsed)
@@ -159,6 +173,10 @@ def start_pipeline(
     items and jobs (respecting batch_cap) and makes sure a controller runs. Never clears
     a pause or halt.
     """
+    from controller import config as config_module
+    from controller import daemon as daemon_module
+    from controller import pipeline
+
     try:
         parsed = config_module.load_config(config)
         run_id = pipeline.start(parsed, runtime_dir=runtime_dir, actor=_actor())
@@ -207,20 +225,19 @@ def status(
 
     Reads the ledger only (SQLite opened read-only).
     """
+    from controller.status import status_report
+
     try:
-        engine = db.make_engine(_existing_ledger(runtime_dir), readonly=True)
-        db.check_revision(engine)
-        while True:
-            with db.session_factory(engine)() as session:
-                report = build_status(
-                    session, ledger.get_run(session, run), now=SystemClock().now()
-                )
-            if watch and not as_json:
-                typer.echo("\x1b[2J\x1b[H", nl=False)
-            _emit(report, as_json, render.status_text)
-            if not watch:
-                return
-            time.sleep(2)
+        with db.ReadOnlyLedger(runtime_dir) as source:
+            while True:
+                with source.snapshot():
+                    report = status_report(source, run, now=SystemClock().now())
+                if watch and not as_json:
+                    typer.echo("\x1b[2J\x1b[H", nl=False)
+                _emit(report, as_json, render.status_text)
+                if not watch:
+                    return
+                time.sleep(2)
     except LanewayError as error:
         _fail(error, as_json)
     except KeyboardInterrupt:
@@ -250,9 +267,10 @@ def explain(
     as_json: JsonFlag = False,
 ) -> None:
     """List everything that blocks one job now, with the capacity arithmetic."""
+    from controller.status import explain_job
+
     try:
-        engine = db.make_engine(_existing_ledger(runtime_dir), readonly=True)
-        db.check_revision(engine)
+        engine = _reader(runtime_dir)
         with db.session_factory(engine)() as session:
             report = explain_job(session, job, now=SystemClock().now())
     except LanewayError as error:
@@ -282,9 +300,11 @@ def report(
     percentiles, queue wait, failures by class, idle periods with their recorded reasons.
     Writes the HTML atomically; reads the ledger only.
     """
+    from controller import durable, ledger
+    from controller import report as report_module
+
     try:
-        engine = db.make_engine(_existing_ledger(runtime_dir), readonly=True)
-        db.check_revision(engine)
+        engine = _reader(runtime_dir)
         with db.session_factory(engine)() as session:
             run_row = ledger.get_run(session, run)
             body = report_module.build_report(
@@ -330,10 +350,36 @@ class _Stopper:
         return self.signals > 1
 
 
+def _node_max_jobs(engine: Engine, node: str) -> int:
+    """The node's ``max_jobs`` from the ledger's ``nodes`` table (worker --slots default)."""
+    from sqlalchemy import text
+
+    with engine.connect() as connection:
+        found = connection.execute(
+            text("SELECT max_jobs FROM nodes WHERE name = :node"), {"node": node}
+        ).scalar()
+        if found is None:
+            names = connection.execute(text("SELECT name FROM nodes ORDER BY name")).scalars()
+            known = ", ".join(repr(name) for name in names) or "none yet"
+            raise UsageError(
+                f"--node: node {node!r} is not in the ledger (known: {known}); start a "
+                "pipeline that names it first"
+            )
+    return int(found)
+
+
 @app.command()
 def worker(
     node: Annotated[str, typer.Option("--node", help="The node this machine is.")],
-    slots: Annotated[int, typer.Option("--slots", min=1, help="Attempts at once.")] = 2,
+    slots: Annotated[
+        int | None,
+        typer.Option(
+            "--slots",
+            min=1,
+            help="Attempts at once (default: the node's max_jobs from the ledger).",
+            show_default=False,
+        ),
+    ] = None,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     as_json: Annotated[
         bool, typer.Option("--json", help="Log lifecycle lines as JSON on stderr.")
@@ -342,10 +388,15 @@ def worker(
     """Run the worker service of one node: lease, supervise, settle, heartbeat.
 
     TERM/INT drains: no new dispatch, running attempts finish and settle. A second
-    signal leaves them running under their supervisors.
+    signal leaves them running under their supervisors. The runtime dir must hold a
+    ledger already (`start-pipeline` or `run` creates it).
     """
+    from workers.service import WorkerService
+
     try:
-        engine = db.open_ledger(runtime_dir)
+        engine = db.open_existing_ledger(runtime_dir)
+        if slots is None:
+            slots = _node_max_jobs(engine, node)
         service = WorkerService(engine, node=node, slots=slots)
         worker_id = service.start()
     except LanewayError as error:
@@ -396,10 +447,13 @@ def controller(
     Each tick marks workers whose heartbeat stopped as lost, settles or marks unknown the
     attempts whose leases expired, promotes jobs whose needs succeeded (skips those whose
     needs did not), closes runs whose jobs are all terminal, and writes
-    runs/RUN/status.json and SUMMARY.json. One controller per runtime dir.
+    runs/RUN/status.json and SUMMARY.json. One controller per runtime dir; the runtime
+    dir must hold a ledger already (`start-pipeline` or `run` creates it).
     """
+    from controller import daemon as daemon_module
+
     try:
-        engine = db.open_ledger(runtime_dir)
+        engine = db.open_existing_ledger(runtime_dir)
     except LanewayError as error:
         _fail(error)
         return
@@ -412,7 +466,7 @@ def controller(
     log("controller_started", f"laneway controller: {runtime}", runtime_dir=str(runtime))
     stopper = _Stopper(log, drains=False)
     try:
-        Controller(engine).serve(stopper.stop, interval=interval)
+        daemon_module.Controller(engine).serve(stopper.stop, interval=interval)
     finally:
         daemon_module.release_pidfile(runtime)
     log("controller_stopped", "laneway controller: stopped")
@@ -428,13 +482,25 @@ def run_pipeline(
     """Start a pipeline and run it here, in the foreground, until it finishes.
 
     Starts the run, then the controller and one local worker per node, with live
-    progress. Exit 0 when every job is terminal, 3 when the run is blocked and needs an
-    operator (halt, pause, unknown outcome), 130 when interrupted.
+    progress. If another controller already serves the runtime dir (`laneway controller`,
+    or another `laneway run`), that one does the controller's work and this command
+    takes over only if it goes away. It ends when the run is finished in the ledger,
+    whoever closed it, and its closeout (if any) is done. A config that preflight refuses
+    creates nothing. Exit 0 when every job is terminal, 3 when the run is blocked and
+    needs an operator (halt, pause, unknown outcome), 130 when interrupted.
     """
+    from controller import config as config_module
+    from controller import daemon as daemon_module
+    from controller import ledger, pipeline
+    from controller.status import build_status
+    from workers.service import WorkerService
+
     try:
         parsed = config_module.load_config(config)
+        # Preflight first (pipeline.start refuses before it opens anything), then the
+        # ledger that start created or migrated.
+        run_id = pipeline.start(parsed, runtime_dir=runtime_dir, actor=_actor())
         engine = db.open_ledger(runtime_dir)
-        run_id = pipeline.start(parsed, runtime_dir=runtime_dir, actor=_actor(), engine=engine)
         services = [
             WorkerService(engine, node=node.name, slots=node.max_jobs) for node in parsed.nodes
         ]
@@ -443,26 +509,33 @@ def run_pipeline(
     except LanewayError as error:
         _fail(error, as_json)
         return
-    daemon = Controller(engine)
+    runtime = runtime_dir.resolve()
+    daemon = daemon_module.Controller(engine)
+    # One controller per runtime dir: if another holds the lock, it closes the run and
+    # runs its closeout; this loop only watches the ledger (and takes over if it can).
+    own = daemon_module.hold_controller_lock(runtime)
     stopper = _Stopper()
     progress = _Progress(run_id, quiet=quiet or as_json)
     blocked: str | None = None
     last_look = float("-inf")
     while True:
-        report = daemon.tick()
-        busy = bool(report.promoted or report.closed)
+        busy = False
+        if own:
+            report = daemon.tick()
+            busy = bool(report.promoted or report.closed)
         for service in services:
             tick = service.tick()
             busy = busy or bool(tick.claimed or tick.settled)
-        if run_id in report.closed:
-            break
-        if busy or time.monotonic() - last_look > 1.0:
+        if busy or time.monotonic() - last_look > LOOK_SECONDS:
             last_look = time.monotonic()
+            own = own or daemon_module.hold_controller_lock(runtime)
             with db.reader(engine)() as session:
                 snapshot = build_status(
                     session, ledger.get_run(session, run_id), now=daemon.clock.now()
                 )
             progress.show(snapshot)
+            if snapshot["run"]["state"] == "finished":
+                break
             in_flight = sum(len(s.in_flight) for s in services)
             blocked = _blocked_reason(snapshot) if in_flight == 0 else None
         if blocked or stopper.stop():
@@ -473,11 +546,25 @@ def run_pipeline(
         service.drain(should_abort=stopper.abort)
         if not service.in_flight:
             service.stop()
-    daemon.tick()
-    while daemon.closeout_pending(run_id) and not stopper.abort():
-        if not quiet and not as_json:
+    noted = False
+    while True:
+        own = own or daemon_module.hold_controller_lock(runtime)
+        if own:
+            daemon.tick()
+            if not daemon.closeout_pending(run_id):
+                break
+        else:
+            with db.reader(engine)() as session:
+                snapshot = build_status(
+                    session, ledger.get_run(session, run_id), now=daemon.clock.now()
+                )
+            if not _closeout_underway(snapshot):
+                break
+        if stopper.abort():
+            break
+        if not noted and not quiet and not as_json:
             progress.note("closeout running ...")
-        daemon.tick()
+            noted = True
         time.sleep(0.05)
     with db.session_factory(engine)() as session:
         final = build_status(session, ledger.get_run(session, run_id), now=daemon.clock.now())
@@ -487,6 +574,17 @@ def run_pipeline(
         raise typer.Exit(EXIT_BLOCKED)
     if final["run"]["state"] != "finished":
         raise typer.Exit(130 if stopper.stop() else 1)
+
+
+LOOK_SECONDS = 1.0
+"""How often `laneway run` reads the run's status from the ledger when nothing moved."""
+
+
+def _closeout_underway(snapshot: dict[str, Any]) -> bool:
+    """Is another controller running the run's closeout, or about to (the run finished)?"""
+    state: str = snapshot["closeout"]["state"]
+    finished: bool = snapshot["run"]["state"] == "finished"
+    return state == "running" or (state == "pending" and finished)
 
 
 def _blocked_reason(snapshot: dict[str, Any]) -> str | None:
@@ -543,13 +641,14 @@ def _control(
     lane: str | None = None,
     clear: tuple[ControlKind, ...] = (),
 ) -> None:
+    from controller import ledger
+
     try:
         if (run is None) == (not everything):
             raise UsageError("name a RUN, or pass --all for every run (not both)")
         if lane is not None and run is None:
             raise UsageError("--lane needs a RUN")
-        engine = db.make_engine(_existing_ledger(runtime_dir))
-        db.check_revision(engine)
+        engine = _writer(runtime_dir)
         now = SystemClock().now()
         with db.transaction(db.session_factory(engine)) as session:
             if run is not None:
@@ -688,11 +787,12 @@ def cancel(
     reports; the worker settles the attempt as cancelled. --run also stops the run's
     dispatch and cancels its waiting and ready jobs. Run it on the attempt's machine.
     """
+    from controller import ledger
+
     try:
         if (attempt is None) == (run is None):
             raise UsageError("name one ATTEMPT, or pass --run RUN (not both)")
-        engine = db.make_engine(_existing_ledger(runtime_dir))
-        db.check_revision(engine)
+        engine = _writer(runtime_dir)
         now = SystemClock().now()
         why, actor = _reason(reason), _actor()
         with db.transaction(db.session_factory(engine)) as session:
@@ -737,6 +837,8 @@ def cancel(
 
 def _check_local_supervisor(attempt: Any) -> None:
     """Refuse unless the attempt's supervisor is that very process on this machine."""
+    from workers import identity
+
     if attempt.state != "running":
         raise UsageError(
             f"attempt {attempt.id} is {attempt.state}; only a running attempt can be cancelled"
@@ -785,10 +887,11 @@ def reconcile(
     idempotency key). When a run has no unknown attempt left, its dispatch resumes;
     halts set by operators stay.
     """
+    from controller import ledger
+
     try:
         recorded = _read_result_file(result) if result else None
-        engine = db.make_engine(_existing_ledger(runtime_dir))
-        db.check_revision(engine)
+        engine = _writer(runtime_dir)
         with db.transaction(db.session_factory(engine)) as session:
             job_state = ledger.reconcile_attempt(
                 session,
@@ -823,9 +926,10 @@ def retry(
 
     Jobs of the same item skipped because of it wait again; a finished run reopens.
     """
+    from controller import ledger
+
     try:
-        engine = db.make_engine(_existing_ledger(runtime_dir))
-        db.check_revision(engine)
+        engine = _writer(runtime_dir)
         with db.transaction(db.session_factory(engine)) as session:
             moved = ledger.retry_job(
                 session, job, reason=_reason(reason), actor=_actor(), now=SystemClock().now()
@@ -866,31 +970,22 @@ def sql(
 ) -> None:
     """Run a read-only SQL query against the ledger.
 
-    SQLite is opened read-only. Tables and views are documented in docs/ledger.md.
+    SQLite is opened read-only, with PRAGMA query_only and an authorizer that allows
+    reads only: writes, ATTACH/DETACH, VACUUM (INTO), PRAGMAs that write and
+    load_extension are refused before they run, and nothing is created. On PostgreSQL
+    the query runs in a READ ONLY transaction. A refused or invalid query exits 2 with
+    one line. Tables and views are documented in docs/ledger.md.
     """
     try:
-        engine = db.make_engine(_existing_ledger(runtime_dir), readonly=True)
-        db.check_revision(engine)
-        with engine.connect() as connection:
-            if not db.is_sqlite(engine):
-                connection.execute(text("SET TRANSACTION READ ONLY"))
-            result = connection.exec_driver_sql(query)
-            if not result.returns_rows:
-                raise UsageError("the query returned no rows; `laneway sql` is for SELECTs")
-            headers = list(result.keys())
-            rows = [list(row) for row in result]
+        with db.ReadOnlyLedger(runtime_dir) as source:
+            headers, rows = source.query(query)
     except LanewayError as error:
         _fail(error, as_json)
-        return
-    except SQLAlchemyError as error:
-        origin = getattr(error, "orig", None) or error
-        message = (str(origin).splitlines() or [type(origin).__name__])[0]
-        _fail(UsageError(f"query refused: {message}"), as_json)
         return
     if as_json:
         typer.echo(render.as_json([dict(zip(headers, row, strict=True)) for row in rows]))
     else:
-        typer.echo(render.table(headers, rows))
+        typer.echo(render.table(headers, [list(row) for row in rows]))
 
 
 def main() -> None:

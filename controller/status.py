@@ -2,34 +2,106 @@
 
 ``build_status`` returns plain JSON-able data: ``laneway status --json`` prints it, the
 controller writes it to ``runs/<run>/status.json``, and ``cli.render`` turns it into text.
+
+The status report is plain, dialect-neutral SQL over a ``Rows`` source (anything with
+``rows(sql, params)``): ``laneway status`` reads a SQLite ledger through the stdlib
+``sqlite3`` (``db.ReadOnlyLedger``), without importing SQLAlchemy, the models or the
+config's pydantic models; the controller and ``laneway run`` pass their ORM session
+(``build_status``). Timestamps come back as text on SQLite and as datetimes elsewhere,
+JSON columns as text or as objects: ``_moment`` and ``_json`` take either.
 """
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
-
-from controller import admission, ledger
+from controller import admission
 from controller.clock import iso
 from controller.errors import NotFound
-from controller.models import Attempt, Control, Decision, Event, Item, Job, Lane, Node, Run
 from controller.states import AttemptState, JobState, Verdict
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from sqlalchemy.orm import Session
+
+    from controller.models import Run
+
 RECENT_EVENTS = 12
+CLOSEOUT_EVENTS = ("closeout_step_started", "closeout_step_finished", "closeout_finished")
+
+
+class Rows(Protocol):
+    def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]: ...
+
+
+class SessionRows:
+    """``Rows`` over an ORM session (the controller's and ``laneway run``'s)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        from sqlalchemy import text
+
+        return [tuple(row) for row in self.session.execute(text(sql), dict(params or {}))]
+
+
+def _moment(value: Any) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value))
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _states(*states: str) -> str:
+    """An SQL list of state literals (laneway's own constants, never user input)."""
+    return ", ".join(f"'{state}'" for state in states)
+
+
+IN_FLIGHT = _states(AttemptState.INTENT.value, AttemptState.RUNNING.value)
 
 
 def build_status(session: Session, run: Run, *, now: datetime) -> dict[str, Any]:
-    """Everything ``laneway status`` shows for one run."""
-    config = ledger.run_config(run)
-    stage_order = [stage.name for stage in config.stages]
-    jobs: dict[str, dict[str, int]] = {name: {} for name in stage_order}
-    for stage, state, count in session.execute(
-        select(Job.stage, Job.state, func.count())
-        .where(Job.run_id == run.id)
-        .group_by(Job.stage, Job.state)
+    """Everything ``laneway status`` shows for one run (through an ORM session)."""
+    return status_report(SessionRows(session), run.id, now=now)
+
+
+def find_run(source: Rows, run_id: int | None) -> dict[str, Any]:
+    """The run with ``run_id``, or the newest run when None (as ``ledger.get_run``)."""
+    columns = "id, name, state, config_json, config_sha256, runtime_dir, created_at, finished_at"
+    if run_id is None:
+        found = source.rows(f"SELECT {columns} FROM runs ORDER BY id DESC LIMIT 1")
+        if not found:
+            raise NotFound("the ledger has no runs yet; start one with `laneway start-pipeline`")
+    else:
+        found = source.rows(f"SELECT {columns} FROM runs WHERE id = :run", {"run": run_id})
+        if not found:
+            raise NotFound(f"run {run_id} is not in the ledger; `laneway status` lists the newest")
+    row = dict(zip(columns.split(", "), found[0], strict=True))
+    row["created_at"] = _moment(row["created_at"])
+    row["finished_at"] = _moment(row["finished_at"])
+    row["config"] = _json(row.pop("config_json"))
+    return row
+
+
+def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[str, Any]:
+    """Everything ``laneway status`` shows for one run (the newest when ``run_id`` is None).
+
+    ``source`` should be inside one read transaction, so every part sees one state."""
+    run = find_run(source, run_id)
+    rid = {"run": run["id"]}
+    config = run["config"]
+    stages = {stage["name"]: stage for stage in config["stages"]}
+    jobs: dict[str, dict[str, int]] = {name: {} for name in stages}
+    for stage, state, count in source.rows(
+        "SELECT stage, state, COUNT(*) FROM jobs WHERE run_id = :run GROUP BY stage, state",
+        rid,
     ):
         jobs.setdefault(stage, {})[state] = count
     totals: dict[str, int] = {}
@@ -37,116 +109,109 @@ def build_status(session: Session, run: Run, *, now: datetime) -> dict[str, Any]
         for state, count in by_state.items():
             totals[state] = totals.get(state, 0) + count
 
-    outcomes: dict[str, dict[str, int]] = {name: {} for name in stage_order}
-    for stage, outcome, count in session.execute(
-        select(Job.stage, Attempt.outcome, func.count())
-        .join(Job, Job.id == Attempt.job_id)
-        .where(Attempt.run_id == run.id, Attempt.state == AttemptState.SETTLED.value)
-        .group_by(Job.stage, Attempt.outcome)
+    outcomes: dict[str, dict[str, int]] = {name: {} for name in stages}
+    for stage, outcome, count in source.rows(
+        "SELECT j.stage, a.outcome, COUNT(*) FROM attempts a JOIN jobs j ON j.id = a.job_id "
+        f"WHERE a.run_id = :run AND a.state = '{AttemptState.SETTLED.value}' "
+        "GROUP BY j.stage, a.outcome",
+        rid,
     ):
         outcomes.setdefault(stage, {})[str(outcome)] = count
 
     running = []
-    for attempt, job, item in session.execute(
-        select(Attempt, Job, Item)
-        .join(Job, Job.id == Attempt.job_id)
-        .join(Item, Item.id == Job.item_id)
-        .where(
-            Attempt.run_id == run.id,
-            Attempt.state.in_([AttemptState.INTENT.value, AttemptState.RUNNING.value]),
-        )
-        .order_by(Attempt.id)
+    for attempt_id, job_id, item, stage, lane, node, state, pid, begun, rss in source.rows(
+        "SELECT a.id, j.id, i.key, j.stage, j.lane, a.node, a.state, a.child_pid, "
+        "COALESCE(a.started_at, a.intent_at), a.peak_rss_mib "
+        "FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN items i ON i.id = j.item_id "
+        f"WHERE a.run_id = :run AND a.state IN ({IN_FLIGHT}) ORDER BY a.id",
+        rid,
     ):
-        begun = attempt.started_at or attempt.intent_at
+        started = _moment(begun)
+        assert started is not None
         running.append(
             {
-                "attempt_id": attempt.id,
-                "job_id": job.id,
-                "item": item.key,
-                "stage": job.stage,
-                "lane": job.lane,
-                "node": attempt.node,
-                "state": attempt.state,
-                "pid": attempt.child_pid,
-                "elapsed_seconds": round((now - begun).total_seconds(), 1),
-                "timeout_seconds": config.stage(job.stage).timeout_seconds,
-                "peak_rss_mib": attempt.peak_rss_mib,
+                "attempt_id": attempt_id,
+                "job_id": job_id,
+                "item": item,
+                "stage": stage,
+                "lane": lane,
+                "node": node,
+                "state": state,
+                "pid": pid,
+                "elapsed_seconds": round((now - started).total_seconds(), 1),
+                "timeout_seconds": stages[stage]["timeout_seconds"] if stage in stages else None,
+                "peak_rss_mib": rss,
             }
         )
 
     unknown = [
         {
-            "attempt_id": attempt.id,
-            "job_id": job.id,
-            "item": item.key,
-            "stage": job.stage,
-            "reason": attempt.state_reason,
-            "evidence": attempt.attempt_dir,
+            "attempt_id": attempt_id,
+            "job_id": job_id,
+            "item": item,
+            "stage": stage,
+            "reason": reason,
+            "evidence": evidence,
             "reconcile": (
-                f"laneway reconcile {attempt.id} --as succeeded|failed|not-run --reason '...'"
-                f" --runtime-dir {run.runtime_dir}"
+                f"laneway reconcile {attempt_id} --as succeeded|failed|not-run --reason '...'"
+                f" --runtime-dir {run['runtime_dir']}"
             ),
         }
-        for attempt, job, item in session.execute(
-            select(Attempt, Job, Item)
-            .join(Job, Job.id == Attempt.job_id)
-            .join(Item, Item.id == Job.item_id)
-            .where(Attempt.run_id == run.id, Attempt.state == AttemptState.UNKNOWN.value)
-            .order_by(Attempt.id)
+        for attempt_id, job_id, item, stage, reason, evidence in source.rows(
+            "SELECT a.id, j.id, i.key, j.stage, a.state_reason, a.attempt_dir "
+            "FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN items i ON i.id = j.item_id "
+            f"WHERE a.run_id = :run AND a.state = '{AttemptState.UNKNOWN.value}' ORDER BY a.id",
+            rid,
         )
     ]
 
     controls = [
         {
-            "id": control.id,
-            "kind": control.kind,
-            "scope": control.scope,
-            "lane": control.lane,
-            "reason": control.reason,
-            "set_by": control.set_by,
-            "set_at": iso(control.set_at),
+            "id": control_id,
+            "kind": kind,
+            "scope": scope,
+            "lane": lane,
+            "reason": reason,
+            "set_by": set_by,
+            "set_at": iso(_moment(set_at)),
         }
-        for control in session.scalars(
-            select(Control)
-            .where(
-                Control.cleared_at.is_(None),
-                (Control.run_id == run.id) | Control.run_id.is_(None),
-            )
-            .order_by(Control.id)
+        for control_id, kind, scope, lane, reason, set_by, set_at in source.rows(
+            "SELECT id, kind, scope, lane, reason, set_by, set_at FROM controls "
+            "WHERE cleared_at IS NULL AND (run_id = :run OR run_id IS NULL) ORDER BY id",
+            rid,
         )
     ]
 
     settled_count = sum(sum(by.values()) for by in outcomes.values())
-    end = run.finished_at or now
-    hours = max((end - run.created_at).total_seconds() / 3600, 1e-9)
+    end = run["finished_at"] or now
+    hours = max((end - run["created_at"]).total_seconds() / 3600, 1e-9)
     events = [
         {
-            "id": event.id,
-            "at": iso(event.at),
-            "kind": event.kind,
-            "job_id": event.job_id,
-            "attempt_id": event.attempt_id,
-            "actor": event.actor,
-            "detail": event.detail,
+            "id": event_id,
+            "at": iso(_moment(at)),
+            "kind": kind,
+            "job_id": job_id,
+            "attempt_id": attempt_id,
+            "actor": actor,
+            "detail": _json(detail),
         }
-        for event in reversed(
-            session.scalars(
-                select(Event)
-                .where(Event.run_id == run.id)
-                .order_by(Event.id.desc())
-                .limit(RECENT_EVENTS)
-            ).all()
+        for event_id, at, kind, job_id, attempt_id, actor, detail in reversed(
+            source.rows(
+                "SELECT id, at, kind, job_id, attempt_id, actor, detail FROM events "
+                f"WHERE run_id = :run ORDER BY id DESC LIMIT {RECENT_EVENTS}",
+                rid,
+            )
         )
     ]
     return {
         "run": {
-            "id": run.id,
-            "name": run.name,
-            "state": run.state,
-            "created_at": iso(run.created_at),
-            "finished_at": iso(run.finished_at),
-            "config_sha256": run.config_sha256,
-            "runtime_dir": run.runtime_dir,
+            "id": run["id"],
+            "name": run["name"],
+            "state": run["state"],
+            "created_at": iso(run["created_at"]),
+            "finished_at": iso(run["finished_at"]),
+            "config_sha256": run["config_sha256"],
+            "runtime_dir": run["runtime_dir"],
         },
         "generated_at": iso(now),
         "controls": controls,
@@ -155,53 +220,55 @@ def build_status(session: Session, run: Run, *, now: datetime) -> dict[str, Any]
         "totals": totals,
         "outcomes": outcomes,
         "running": running,
-        "lanes": _lanes(session, run, now=now),
+        "lanes": _lanes(source, run, now=now),
         "throughput": {
             "settled_attempts": settled_count,
             "per_hour": round(settled_count / hours, 1),
         },
+        "closeout": closeout_state(source, run),
         "recent_events": events,
     }
 
 
-def _lanes(session: Session, run: Run, *, now: datetime) -> list[dict[str, Any]]:
+def _lanes(source: Rows, run: dict[str, Any], *, now: datetime) -> list[dict[str, Any]]:
+    counts: dict[str, dict[str, int]] = {}
+    for lane, state, count in source.rows(
+        "SELECT lane, state, COUNT(*) FROM jobs WHERE run_id = :run GROUP BY lane, state",
+        {"run": run["id"]},
+    ):
+        counts.setdefault(lane, {})[state] = count
+    times = {
+        lane: (_moment(last_start), _moment(last_end))
+        for lane, last_start, last_end in source.rows(
+            "SELECT j.lane, MAX(a.started_at), MAX(a.settled_at) FROM attempts a "
+            "JOIN jobs j ON j.id = a.job_id WHERE a.run_id = :run GROUP BY j.lane",
+            {"run": run["id"]},
+        )
+    }
     lanes = []
-    for lane in session.scalars(select(Lane).where(Lane.run_id == run.id).order_by(Lane.name)):
-        counts = dict(
-            session.execute(
-                select(Job.state, func.count())
-                .where(Job.run_id == run.id, Job.lane == lane.name)
-                .group_by(Job.state)
-            ).all()
-        )
-        last_start = session.scalar(
-            select(func.max(Attempt.started_at))
-            .join(Job, Job.id == Attempt.job_id)
-            .where(Job.run_id == run.id, Job.lane == lane.name)
-        )
-        last_end = session.scalar(
-            select(func.max(Attempt.settled_at))
-            .join(Job, Job.id == Attempt.job_id)
-            .where(Job.run_id == run.id, Job.lane == lane.name)
-        )
-        running = counts.get(JobState.RUNNING.value, 0)
-        pending = counts.get(JobState.READY.value, 0) + counts.get(JobState.WAITING.value, 0)
+    for name, node in source.rows(
+        "SELECT name, node FROM lanes WHERE run_id = :run ORDER BY name", {"run": run["id"]}
+    ):
+        by_state = counts.get(name, {})
+        last_start, last_end = times.get(name, (None, None))
+        running = by_state.get(JobState.RUNNING.value, 0)
+        pending = by_state.get(JobState.READY.value, 0) + by_state.get(JobState.WAITING.value, 0)
         reason = None
-        if running == 0 and pending and run.state != "finished":
-            reason = _current_refusal(session, run.id, lane.name)
+        if running == 0 and pending and run["state"] != "finished":
+            reason = _current_refusal(source, run["id"], name)
         idle_since = None
         if running == 0 and pending:
-            idle_since = last_end or run.created_at
+            idle_since = last_end or run["created_at"]
         lanes.append(
             {
-                "lane": lane.name,
-                "node": lane.node,
+                "lane": name,
+                "node": node,
                 "running": running,
-                "ready": counts.get(JobState.READY.value, 0),
-                "waiting": counts.get(JobState.WAITING.value, 0),
+                "ready": by_state.get(JobState.READY.value, 0),
+                "waiting": by_state.get(JobState.WAITING.value, 0),
                 "done": sum(
                     count
-                    for state, count in counts.items()
+                    for state, count in by_state.items()
                     if state
                     not in (
                         JobState.RUNNING.value,
@@ -221,28 +288,95 @@ def _lanes(session: Session, run: Run, *, now: datetime) -> list[dict[str, Any]]
     return lanes
 
 
-def _current_refusal(session: Session, run_id: int, lane: str) -> dict[str, Any] | None:
+def _current_refusal(source: Rows, run_id: int, lane: str) -> dict[str, Any] | None:
     """The newest recorded refusal for the lane, if no dispatch came after it."""
-    decision = session.scalars(
-        select(Decision)
-        .where(Decision.run_id == run_id, Decision.lane == lane)
-        .order_by(Decision.id.desc())
-        .limit(1)
-    ).first()
-    if decision is None or decision.verdict != Verdict.REFUSED.value:
+    found = source.rows(
+        "SELECT verdict, reason_code, stage, decided_at, detail FROM decisions "
+        "WHERE run_id = :run AND lane = :lane ORDER BY id DESC LIMIT 1",
+        {"run": run_id, "lane": lane},
+    )
+    if not found or found[0][0] != Verdict.REFUSED.value:
         return None
-    code = decision.reason_code or "refused"
+    _verdict, reason_code, stage, decided_at, detail = found[0]
+    code = reason_code or "refused"
+    detail = _json(detail) or {}
     return {
         "code": code,
-        "stage": decision.stage,
-        "since": iso(decision.decided_at),
-        "detail": decision.detail,
-        "words": admission.describe(code, decision.detail),
+        "stage": stage,
+        "since": iso(_moment(decided_at)),
+        "detail": detail,
+        "words": admission.describe(code, detail),
+    }
+
+
+def closeout_state(source: Rows, run: dict[str, Any]) -> dict[str, Any]:
+    """The run's closeout, from its ``closeout_*`` events (controller/closeout.py).
+
+    ``state``: ``none`` (no closeout steps), ``pending`` (not begun: it runs when the run
+    finishes, or is stopped and drained), ``running`` (``step`` k of ``step_count``, named
+    in ``current``), ``finished`` (every step succeeded) or ``failed`` (it ended and
+    ``failed_steps`` did not succeed: failed, timed out, or interrupted by a controller
+    that died while they ran).
+    """
+    names = [step["name"] for step in run["config"].get("closeout") or []]
+    steps = [{"name": name, "state": "pending", "exit_code": None} for name in names]
+    body: dict[str, Any] = {
+        "state": "none",
+        "step": None,
+        "step_count": len(steps),
+        "current": None,
+        "failed_steps": [],
+        "steps": steps,
+    }
+    if not steps:
+        return body
+    by_name = {step["name"]: step for step in steps}
+    finished = None
+    kinds = _states(*CLOSEOUT_EVENTS)
+    for kind, detail in source.rows(
+        f"SELECT kind, detail FROM events WHERE run_id = :run AND kind IN ({kinds}) ORDER BY id",
+        {"run": run["id"]},
+    ):
+        detail = _json(detail) or {}
+        if kind == "closeout_finished":
+            finished = detail
+            continue
+        step = by_name.get(detail.get("step"))
+        if step is None:
+            continue
+        if kind == "closeout_step_started":
+            step["state"] = "running"
+        else:
+            step.update(state=detail.get("state"), exit_code=detail.get("exit_code"))
+    if finished is not None:
+        for name, state in (finished.get("steps") or {}).items():
+            if name in by_name:
+                by_name[name]["state"] = state
+        failed = [s["name"] for s in steps if s["state"] != "succeeded"]
+        body.update(state="failed" if failed else "finished", failed_steps=failed)
+        return body
+    failed = [s["name"] for s in steps if s["state"] not in ("succeeded", "running", "pending")]
+    body["failed_steps"] = failed
+    current = next((s for s in steps if s["state"] == "running"), None)
+    if current is None and all(s["state"] == "pending" for s in steps):
+        return {**body, "state": "pending"}
+    if current is None:  # between two steps: the next pending one starts on the next tick
+        current = next((s for s in steps if s["state"] == "pending"), steps[-1])
+    return {
+        **body,
+        "state": "running",
+        "step": steps.index(current) + 1,
+        "current": current["name"],
     }
 
 
 def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, Any]:
     """Everything that blocks one job now, with the capacity arithmetic (read-only)."""
+    from sqlalchemy import func, select
+
+    from controller import ledger
+    from controller.models import Attempt, Item, Job, Node
+
     job = session.get(Job, job_id)
     if job is None:
         raise NotFound(f"job {job_id} is not in the ledger; `laneway sql` lists jobs")

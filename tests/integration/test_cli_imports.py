@@ -1,0 +1,97 @@
+"""Read-only commands import only what they need: what a `laneway` call costs is mostly
+imports, so `status`, `sql`, `explain` and `--help` must not load the worker service,
+psutil, alembic, the controller daemon (nor, for `status`/`sql`/`--help`, SQLAlchemy
+and the pydantic config models). A test on what is imported, not on time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from alembic.script import ScriptDirectory
+from typer.testing import CliRunner
+
+from cli.main import app
+from controller import db
+from tests.integration.test_cli import GOOD
+
+ROOT = Path(__file__).resolve().parents[2]
+NEVER = {"workers.service", "psutil", "alembic", "controller.daemon", "controller.report", "rich"}
+"""Never imported by a read-only command."""
+FAST = NEVER | {"sqlalchemy", "controller.models", "controller.config", "controller.ledger"}
+"""Not imported by `status`, `sql` or `--help` either (plain sqlite3 is enough). pydantic
+is not listed: typer itself (0.29) parses parameters with it."""
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("imports")
+    config = base / "good.toml"
+    config.write_text(GOOD)
+    runtime = base / "rt"
+    result = CliRunner().invoke(
+        app, ["start-pipeline", str(config), "--runtime-dir", str(runtime), "--no-controller"]
+    )
+    assert result.exit_code == 0, result.output
+    return runtime
+
+
+def imported(*args: str) -> tuple[set[str], subprocess.CompletedProcess[str]]:
+    """The modules a `laneway ARGS` process imports (from ``-X importtime``)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "cli.main", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    names = {
+        line.rsplit("|", 1)[1].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:") and line.count("|") == 2
+    }
+    return names, done
+
+
+def heavy(names: set[str], forbidden: set[str]) -> set[str]:
+    return {n for n in names if n in forbidden or any(n.startswith(f + ".") for f in forbidden)}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["status", "--help"],
+        ["status"],
+        ["status", "--json"],
+        ["sql", "SELECT COUNT(*) AS n FROM jobs", "--json"],
+    ],
+)
+def test_status_sql_and_help_import_no_heavy_module(runtime, args):
+    extra = [] if "--help" in args else ["--runtime-dir", str(runtime)]
+    names, done = imported(*args, *extra)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert {"typer", "cli.render"} <= names  # the command line was parsed
+    assert heavy(names, FAST) == set()
+    if args[:2] == ["sql", "SELECT COUNT(*) AS n FROM jobs"]:
+        assert json.loads(done.stdout) == [{"n": 2}]
+
+
+def test_explain_imports_no_service_daemon_or_alembic(runtime):
+    names, done = imported("explain", "1", "--runtime-dir", str(runtime), "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["job_id"] == 1
+    assert heavy(names, NEVER) == set()
+
+
+def test_known_revisions_agree_with_alembic():
+    """The read-only revision check reads migrations/versions without alembic; it must
+    know exactly what alembic knows, and the same head."""
+    script = ScriptDirectory.from_config(db.alembic_config())
+    known, head = db.known_revisions()
+    assert set(known) == {rev.revision for rev in script.walk_revisions()}
+    assert head == script.get_current_head()
