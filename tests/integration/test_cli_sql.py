@@ -1,0 +1,117 @@
+"""`laneway sql` is read-only for real: nothing it is given creates a file anywhere or
+changes the ledger; a refused query is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from controller import db
+from tests.integration.test_cli import assert_clean_error, good_config, invoke
+
+__all__ = ["good_config"]  # the fixture, shared with test_cli
+
+
+@pytest.fixture
+def runtime(good_config: Path, tmp_path: Path) -> Path:
+    runtime = tmp_path / "rt"
+    result = invoke(
+        "start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--no-controller"
+    )
+    assert result.exit_code == 0, result.output
+    return runtime
+
+
+def dump(runtime: Path) -> list[str]:
+    connection = sqlite3.connect(f"file:{runtime / db.LEDGER_FILENAME}?mode=ro", uri=True)
+    try:
+        return [*connection.iterdump(), str(connection.execute("PRAGMA user_version").fetchall())]
+    finally:
+        connection.close()
+
+
+def files(root: Path) -> set[Path]:
+    # The -shm index is SQLite's shared-memory file: readers may map it.
+    return {p for p in root.rglob("*") if not p.name.endswith("-shm")}
+
+
+ATTEMPTS = {
+    "attach_path": "ATTACH DATABASE '{target}' AS x",
+    "attach_uri": "ATTACH DATABASE 'file:{target}?mode=rwc' AS x",
+    "vacuum_into": "VACUUM INTO '{target}'",
+    "vacuum": "VACUUM",
+    "pragma_user_version": "PRAGMA user_version = 7",
+    "pragma_journal_mode": "PRAGMA journal_mode = DELETE",
+    "pragma_query_only_off": "PRAGMA query_only = OFF",
+    "pragma_writable_schema": "PRAGMA writable_schema = ON",
+    "insert": "INSERT INTO nodes (name, memory_floor_mib, max_jobs) VALUES ('z', 0, 1)",
+    "update": "UPDATE jobs SET state = 'succeeded'",
+    "delete": "DELETE FROM events",
+    "drop": "DROP TABLE events",
+    "create_temp": "CREATE TEMP TABLE t AS SELECT * FROM jobs",
+    "load_extension": "SELECT load_extension('{target}')",
+    "detach": "DETACH DATABASE main",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTEMPTS))
+def test_sql_refuses_every_write_and_creates_nothing(runtime, tmp_path, name):
+    target = tmp_path / "elsewhere" / "x.db"
+    target.parent.mkdir()
+    before, ledger_before = files(tmp_path), dump(runtime)
+    result = invoke("sql", ATTEMPTS[name].format(target=target), "--runtime-dir", str(runtime))
+    assert_clean_error(result, 2)
+    assert result.stderr.startswith("laneway: query refused: ")
+    assert len(result.stderr.splitlines()) == 1
+    assert "read-only" in result.stderr or "readonly" in result.stderr
+    assert not target.exists()
+    assert files(tmp_path) == before
+    assert dump(runtime) == ledger_before
+
+
+def test_sql_names_what_it_refused(runtime, tmp_path):
+    attach = invoke("sql", f"ATTACH '{tmp_path / 'a.db'}' AS a", "--runtime-dir", str(runtime))
+    assert "ATTACH" in attach.stderr
+    pragma = invoke("sql", "PRAGMA user_version = 7", "--runtime-dir", str(runtime))
+    assert "PRAGMA user_version = 7 is not allowed" in pragma.stderr
+    load = invoke("sql", "SELECT load_extension('x')", "--runtime-dir", str(runtime))
+    assert "load_extension" in load.stderr
+
+
+def test_sql_still_reads_and_reading_pragmas_work(runtime):
+    rows = json.loads(
+        invoke(
+            "sql",
+            "SELECT COUNT(*) AS n FROM v_job_current",
+            "--runtime-dir",
+            str(runtime),
+            "--json",
+        ).stdout
+    )
+    assert rows == [{"n": 2}]
+    info = invoke("sql", "PRAGMA table_info(jobs)", "--runtime-dir", str(runtime), "--json")
+    assert info.exit_code == 0, info.output
+    assert "state" in {column["name"] for column in json.loads(info.stdout)}
+    recursive = invoke(
+        "sql",
+        "WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r WHERE x < 3) "
+        "SELECT SUM(x) AS s FROM r",
+        "--runtime-dir",
+        str(runtime),
+        "--json",
+    )
+    assert json.loads(recursive.stdout) == [{"s": 6}]
+
+
+def test_unknown_revision_is_still_refused_by_read_only_commands(runtime):
+    path = runtime / db.LEDGER_FILENAME
+    with sqlite3.connect(path) as connection:
+        connection.execute("UPDATE alembic_version SET version_num = 'ffff_future'")
+    connection.close()
+    for args in (["status"], ["sql", "SELECT 1"], ["explain", "1"]):
+        result = invoke(*args, "--runtime-dir", str(runtime))
+        assert_clean_error(result, 1)
+        assert "'ffff_future', which this laneway does not know" in result.stderr
