@@ -135,6 +135,12 @@ class StageConfig(_Strict):
     cap: int | None = Field(None, ge=0, description="Most running at once across all lanes.")
     exit_codes: dict[int, Outcome] = Field(default_factory=_default_exit_codes)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    result: Literal["optional", "required"] = Field(
+        "optional",
+        description='"required": an attempt settles succeeded only with a result.json '
+        "carrying job_id, infrastructure_failure and fatal_failure (booleans); without "
+        "one, an exit that maps to success is a harness_failure naming what is missing.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> StageConfig:

@@ -13,17 +13,26 @@ Pure policy over what the supervisor and the job left on disk. The rules, in ord
 7. Otherwise the stage's exit-code map (unlisted non-zero codes → ``failed``).
 8. A result that is present but invalid can never be "succeeded": ``failed``, with the
    problem kept as a diagnostic. Never turn a crash or an unreadable result into success.
+9. A stage with ``result = "required"``: a missing, invalid or incomplete result.json
+   (it must carry ``job_id`` and both ``infrastructure_failure`` and ``fatal_failure``
+   as booleans) can never be "succeeded" either: an exit that maps to success becomes
+   ``harness_failure``, its reason naming what is missing; any other class is kept
+   (a ``true`` flag that is there still counts, rule 5), with the problem as a
+   diagnostic.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from controller import faults
 from controller.durable import read_json
 from controller.states import Outcome
+
+ResultRequirement = Literal["optional", "required"]
+REQUIRED_FIELDS = ("job_id", "infrastructure_failure", "fatal_failure")
 
 
 @dataclass
@@ -46,6 +55,17 @@ def check_result(result: Any, job_id: int) -> str | None:
     return None
 
 
+def missing_fields(result: dict[str, Any]) -> str | None:
+    """What a valid result lacks for a stage with ``result = "required"``, or None."""
+    missing = [name for name in REQUIRED_FIELDS if name not in result]
+    if missing:
+        return (
+            f"result.json lacks {', '.join(missing)}, which the stage requires "
+            '(result = "required")'
+        )
+    return None
+
+
 def classify(
     exit_record: dict[str, Any] | None,
     *,
@@ -54,11 +74,14 @@ def classify(
     result_problem: str | None,
     exit_codes: dict[int, Outcome],
     result_unreadable: bool = False,
+    required_problem: str | None = None,
 ) -> Verdict:
     """The outcome of one attempt; see the module docstring for the rules."""
     if exit_record is None:
         return Verdict(None, exit_problem or "no exit record")
     diagnostics = [result_problem] if result_problem else []
+    if required_problem and required_problem != result_problem:
+        diagnostics.append(required_problem)
     if exit_record.get("spawn_error"):
         return Verdict(
             Outcome.HARNESS_FAILURE, f"could not start: {exit_record['spawn_error']}", diagnostics
@@ -96,6 +119,8 @@ def classify(
     outcome = exit_codes.get(code, Outcome.SUCCEEDED if code == 0 and 0 not in exit_codes else None)
     if outcome is None:
         outcome = Outcome.FAILED
+    if outcome is Outcome.SUCCEEDED and required_problem:
+        return Verdict(Outcome.HARNESS_FAILURE, f"exit {code} but {required_problem}", diagnostics)
     if outcome is Outcome.SUCCEEDED and result_problem:
         return Verdict(Outcome.FAILED, f"exit {code} but {result_problem}", diagnostics)
     return Verdict(outcome, f"exit code {code}", diagnostics)
@@ -107,12 +132,20 @@ def read_outcome(
     job_id: int,
     exit_codes: dict[int, Outcome],
     missing_exit: str,
+    result_requirement: ResultRequirement = "optional",
 ) -> tuple[Verdict, dict[str, Any] | None, dict[str, Any] | None]:
     """Classify an attempt from what its supervisor and job left in ``attempt_dir``.
 
     Returns (verdict, exit record, result). ``missing_exit`` is the reason used when
     there is no exit.json. A torn or unreadable exit.json is never trusted: unknown.
+    ``result_requirement`` is the stage's ``result`` option (rule 9).
     """
+    if result_requirement not in ("optional", "required"):
+        raise ValueError(
+            f"result_requirement: {result_requirement!r} is not allowed; use 'optional' or "
+            "'required'"
+        )
+    required = result_requirement == "required"
     directory = Path(attempt_dir)
     exit_record: dict[str, Any] | None = None
     exit_problem = None
@@ -144,6 +177,16 @@ def read_outcome(
         result_unreadable = True
         result = None
     valid = result if isinstance(result, dict) else None
+    required_problem = None
+    if required:
+        if valid is not None and missing_fields(valid):
+            required_problem = missing_fields(valid)  # names the field, not its effect
+        elif result_problem:
+            required_problem = result_problem
+        elif valid is None:
+            required_problem = (
+                'result.json is missing; the stage requires one (result = "required")'
+            )
     verdict = classify(
         exit_record,
         exit_problem=exit_problem,
@@ -151,5 +194,6 @@ def read_outcome(
         result_problem=result_problem,
         exit_codes=exit_codes,
         result_unreadable=result_unreadable,
+        required_problem=required_problem,
     )
     return verdict, exit_record, valid
