@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from controller import ledger
 from controller.clock import iso
 from controller.config import CloseoutStep, render_closeout
-from controller.durable import write_json
+from controller.durable import make_private_dir, open_private, write_json
 from controller.models import Attempt, Control, Event, Run
 from controller.states import AttemptState, ControlKind, RunState
 
@@ -187,8 +187,8 @@ def _spawn(
     """Render and start one step (argv[0] and cwd were made absolute against the
     config file when it was loaded; the default cwd is ``runs/<run>/``)."""
     argv, cwd = render_closeout(spec, run_id=run.id, runtime_dir=run.runtime_dir)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
+    make_private_dir(log_path.parent)
+    with open_private(log_path, "ab") as log:
         return subprocess.Popen(
             argv,
             cwd=cwd or str(directory),
@@ -216,7 +216,7 @@ def _why(exc: BaseException) -> str:
 
 def write_progress(closeout: Closeout) -> None:
     """``closeout_progress.json``, atomically (a failure propagates to the caller)."""
-    closeout.directory.mkdir(parents=True, exist_ok=True)
+    make_private_dir(closeout.directory)
     write_json(
         closeout.directory / "closeout_progress.json",
         {"run_id": closeout.run_id, "done": closeout.done, "steps": closeout.steps},

@@ -20,6 +20,7 @@ from sqlalchemy import Engine
 from controller import admission, db, ledger
 from controller.clock import Clock, SystemClock
 from controller.config import ENV_REF, PipelineConfig, placeholders, render, render_values
+from controller.durable import make_private_dir
 from controller.errors import PreflightError
 
 
@@ -264,5 +265,5 @@ def start(
             now=clock.now(),
         )
         run_id = run.id
-    (runtime / "runs" / str(run_id)).mkdir(parents=True, exist_ok=True)
+    make_private_dir(runtime / "runs" / str(run_id))
     return run_id

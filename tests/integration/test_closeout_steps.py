@@ -169,3 +169,28 @@ def test_preflight_checks_closeout_executables_and_cwds(tmp_path):
         f"closeout.2.argv.0: {tmp_path / 'plain.sh'} is not executable (chmod +x) (step noexec)",
         "closeout.3.argv.0: 'no-such-program-laneway' is not on PATH (step nopath)",
     ]
+
+
+def test_closeout_logs_and_run_dirs_are_owner_only(engine, runtime, make_run, clock, tmp_path):
+    import stat
+
+    from controller import pipeline
+
+    run_id = pipeline.start(
+        make_config(closeout=[{"name": "agg", "argv": ["sh", "-c", "echo hi"]}]),
+        runtime_dir=runtime,
+        actor="test",
+        clock=clock,
+        engine=engine,
+    )
+    run_dir = runtime / "runs" / str(run_id)
+    state = drive(engine, run_id, clock)
+    closeout.write_progress(state)
+
+    def mode(path):
+        return stat.S_IMODE(path.stat().st_mode)
+
+    assert mode(run_dir) == 0o700 and mode(run_dir / "closeout") == 0o700
+    assert (run_dir / "closeout" / "agg.log").read_text() == "hi\n"
+    assert mode(run_dir / "closeout" / "agg.log") == 0o600
+    assert mode(run_dir / "closeout_progress.json") == 0o600
