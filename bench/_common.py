@@ -5,7 +5,7 @@ Stdlib only, so it can be imported before laneway's code is put on sys.path:
 - ``--project DIR`` / ``--reps N`` arguments and ``use_project`` (sys.path[0] = DIR);
 - how to run laneway's CLI from a checkout (``laneway_cli``) and its Python
   (``project_python``);
-- median and min–max formatting, plain-text tables;
+- median and min-max formatting, plain-text tables;
 - the peers' binaries (task-spooler, GNU parallel, huey's venv);
 - CPU accounting: child-subreaper, reaping orphans, /proc/PID/stat.
 """
@@ -93,14 +93,14 @@ def stats(values: Sequence[float]) -> tuple[float, float, float]:
 
 
 def fmt(values: Sequence[float] | None, digits: int = 1, width: int = 0) -> str:
-    """``median (min–max)``, or ``-`` for no values."""
+    """``median (min-max)``, or ``-`` for no values."""
     if not values:
         return "-".rjust(width)
     median, low, high = stats(values)
     if len(values) == 1:
         text = f"{median:.{digits}f}"
     else:
-        text = f"{median:.{digits}f} ({low:.{digits}f}–{high:.{digits}f})"
+        text = f"{median:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
     return text.rjust(width)
 
 
@@ -112,7 +112,8 @@ def percentile(sorted_values: Sequence[float], p: float) -> float:
     return sorted_values[rank - 1]
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
+    """Plain-text table: the first ``left`` columns left-aligned, the rest right-aligned."""
     widths = [len(h) for h in headers]
     for row in rows:
         for i, cell in enumerate(row):
@@ -120,7 +121,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = []
     for n, row in enumerate([headers, *rows]):
         cells = [
-            cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i])
+            cell.ljust(widths[i]) if i < left else cell.rjust(widths[i])
             for i, cell in enumerate(row)
         ]
         lines.append("  ".join(cells).rstrip())

@@ -1,6 +1,7 @@
 """N no-op jobs (`true`) on 2 slots: laneway beside xargs, task-spooler and GNU parallel.
 
-    .venv/bin/python bench/bench_peers.py [--sizes 200,1000] [--reps 3] [--project DIR]
+    .venv/bin/python bench/bench_peers.py
+    (options: --sizes 200,1000  --reps 3  --project DIR)
 
 (peers: `bash bench/setup_peers.sh` first; a missing one prints "not installed".)
 
@@ -22,7 +23,7 @@ For each size N and each repetition, in one invocation and interleaved, it runs:
   and its jobs', count. The polls' own CPU is subtracted;
 - GNU parallel: `seq N | parallel -j2 --joblog LOG true`; the joblog is checked.
 
-Per tool: jobs/s (median and min–max over reps), CPU seconds per job (children's
+Per tool: jobs/s (median and min-max over reps), CPU seconds per job (children's
 user+sys from getrusage(RUSAGE_CHILDREN) deltas), and both as ratios vs laneway.
 No assertions: numbers to compare.
 """
@@ -42,7 +43,7 @@ from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common as common  # noqa: E402
+import _common as common
 
 SLOTS = 2
 
@@ -121,7 +122,9 @@ def run_laneway(project: Path, n: int, root: Path) -> dict:
     try:
         with sqlite3.connect(f"file:{runtime / 'ledger.sqlite3'}?mode=ro", uri=True) as db:
             succeeded = db.execute("select count(*) from jobs where state='succeeded'").fetchone()
-            attempts = db.execute("select count(*), count(distinct job_id) from attempts").fetchone()
+            attempts = db.execute(
+                "select count(*), count(distinct job_id) from attempts"
+            ).fetchone()
             span = db.execute("select min(intent_at), max(settled_at) from attempts").fetchone()
         result["check"] = f"{succeeded[0]} ok, {attempts[0] - attempts[1]} dup"
         result["ok"] = result["ok"] and succeeded[0] == n and attempts[0] == n
@@ -291,14 +294,21 @@ def print_size(n: int, samples: dict[str, list[dict]]) -> None:
         if tool == "laneway":
             span = rates(runs, "span")
             rows.append(
-                ["  laneway, ledger span", common.fmt(span), "", "", "", "first intent..last settle"]
+                [
+                    "  laneway, ledger span",
+                    common.fmt(span),
+                    "",
+                    "",
+                    "",
+                    "first intent..last settle",
+                ]
             )
             rows.append(["  laneway process", "", common.fmt(cpus(runs, "self"), 2), "", "", ""])
             rows.append(
                 ["  supervisors + jobs", "", common.fmt(cpus(runs, "children"), 2), "", "", ""]
             )
     print()
-    print(f"N = {n} no-op jobs, {SLOTS} slots (median (min–max) over reps)")
+    print(f"N = {n} no-op jobs, {SLOTS} slots (median (min-max) over reps)")
     print(common.table(headers, rows))
 
 

@@ -1,12 +1,14 @@
 """Slot-refill latency of laneway: one child's exit -> the next child's exec, p50/p99/max.
 
-    .venv/bin/python bench/bench_refill.py [--sizes 100,500] [--slots 1,2] [--reps 3] [--project DIR]
+    .venv/bin/python bench/bench_refill.py
+    (options: --sizes 100,500  --slots 1,2  --reps 3  --project DIR)
 
 For each size N and slot count S it runs `laneway run CONFIG --runtime-dir DIR --quiet`
 on a generated config: one node with max_jobs=S, one lane, N items, one stage whose
 command stamps the wall clock when it starts and again just before it exits:
 
-    bash -c 'echo $EPOCHREALTIME > "$STAMP_DIR/$ID.start"; echo $EPOCHREALTIME > "$STAMP_DIR/$ID.end"'
+    bash -c 'echo $EPOCHREALTIME > "$STAMP_DIR/$ID.start";
+             echo $EPOCHREALTIME > "$STAMP_DIR/$ID.end"'
 
 (ID is LANEWAY_JOB_ID; STAMP_DIR comes from the stage's `env`; `sh` with `date +%s%N`
 where bash is missing). The refill latency of a start is that start minus the latest
@@ -18,7 +20,7 @@ child, plus the stamping command's own start (bash exec).
 
 Beside it, the same stamping command under `xargs -P S` (the floor of the method: a
 fork+exec and the stamping itself). Per row: p50, p99 and max of the refill latency,
-each as median (min–max) over reps, in ms. No assertions: numbers to compare.
+each as median (min-max) over reps, in ms. No assertions: numbers to compare.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common as common  # noqa: E402
+import _common as common
 
 BASH_STAMP = (
     'ID="$LANEWAY_JOB_ID$1"; echo $EPOCHREALTIME > "$STAMP_DIR/$ID.start"; '
@@ -173,8 +175,8 @@ def main() -> None:
                         check,
                     ]
                 )
-    print("refill latency, ms: median (min–max) over reps")
-    print(common.table(headers, rows))
+    print("refill latency, ms: median (min-max) over reps")
+    print(common.table(headers, rows, left=3))
 
 
 if __name__ == "__main__":
