@@ -10,6 +10,13 @@ PASSWORD, PASSWD, CREDENTIAL(S), AUTH or AUTHORIZATION: ``OPENAI_API_KEY`` and
 and no argv or env value may contain a literal that looks like a credential
 (``Bearer …``, ``sk-…``, ``ghp_…``, ``AKIA…``, ``xoxb-…``).
 ``${ENV_NAME}`` references are resolved from the worker's environment at spawn time.
+
+Shell rule: a value substituted into a shell's ``-c`` script (argv[0] ``sh``, ``bash``,
+``zsh``, ``dash``, ``ksh``, ``ash`` or ``mksh``, also behind ``env`` or ``busybox``) is
+shell-quoted for the place it lands in (``render_argv``), so item data is never run as
+code; ``{name:raw}`` inserts it unquoted, as code. Where a script cannot be quoted
+(backquotes, here-documents, ...) only plain values are accepted, checked for every
+item when the config is loaded. See docs/security.md.
 """
 
 from __future__ import annotations
@@ -109,7 +116,11 @@ def _default_exit_codes() -> dict[int, Outcome]:
 
 class StageConfig(_Strict):
     name: Name
-    argv: list[str] = Field(min_length=1, description="{item}, {lane}, {<item field>} expand.")
+    argv: list[str] = Field(
+        min_length=1,
+        description="{item}, {lane}, {<item field>} expand; inside a shell's -c script "
+        "each value is shell-quoted, {name:raw} inserts it unquoted.",
+    )
     cwd: str | None = Field(None, description="Defaults to the attempt's workspace/.")
     env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str] = Field(default_factory=dict)
     timeout_seconds: int = Field(3600, ge=1, le=172800)
