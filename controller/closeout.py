@@ -29,7 +29,7 @@ from controller.clock import iso
 from controller.config import CloseoutStep, render_closeout
 from controller.durable import make_private_dir, open_private, write_json
 from controller.models import Attempt, Control, Event, Run
-from controller.states import AttemptState, ControlKind, RunState
+from controller.states import AttemptState, ControlKind, EventKind, RunState
 
 ACTOR = "controller"
 GRACE_SECONDS = 5.0
@@ -59,10 +59,7 @@ def needs_closeout(session: Session, run: Run) -> bool:
     """Finished, or stopped and drained, with closeout steps not yet finished."""
     if not ledger.run_config(run).closeout:
         return False
-    finished = session.scalar(
-        select(Event.id).where(Event.run_id == run.id, Event.kind == "closeout_finished")
-    )
-    if finished is not None:
+    if run.closeout_finished_at is not None:
         return False
     if run.state == RunState.FINISHED.value:
         return True
@@ -101,14 +98,14 @@ def load(session: Session, run: Run) -> Closeout:
         select(Event)
         .where(
             Event.run_id == run.id,
-            Event.kind.in_(["closeout_step_started", "closeout_step_finished"]),
+            Event.kind.in_([EventKind.CLOSEOUT_STEP_STARTED, EventKind.CLOSEOUT_STEP_FINISHED]),
         )
         .order_by(Event.id)
     ):
         step = by_name.get(event.detail.get("step"))
         if step is None:
             continue
-        if event.kind == "closeout_step_started":
+        if event.kind == EventKind.CLOSEOUT_STEP_STARTED:
             # Started but never finished: the controller died while it ran.
             step.update(state="interrupted", started_at=iso(event.at))
         else:
@@ -159,7 +156,7 @@ def advance(session: Session, closeout: Closeout, run: Run, *, now: datetime) ->
         closeout.running = _Running(step["name"], process, time.monotonic() + spec.timeout_seconds)
         ledger.append_event(
             session,
-            "closeout_step_started",
+            EventKind.CLOSEOUT_STEP_STARTED,
             actor=ACTOR,
             now=now,
             run_id=run.id,
@@ -171,7 +168,7 @@ def advance(session: Session, closeout: Closeout, run: Run, *, now: datetime) ->
         closeout.done = True
         ledger.append_event(
             session,
-            "closeout_finished",
+            EventKind.CLOSEOUT_FINISHED,
             actor=ACTOR,
             now=now,
             run_id=run.id,
@@ -241,7 +238,7 @@ def _finish(
     extra: dict[str, Any] = {"error": error} if error else {}
     ledger.append_event(
         session,
-        "closeout_step_finished",
+        EventKind.CLOSEOUT_STEP_FINISHED,
         actor=ACTOR,
         now=now,
         run_id=closeout.run_id,

@@ -1,10 +1,20 @@
 """The controller daemon. ``Controller.tick(now)`` is the loop body; ``serve`` the loop.
 
-Each tick, in one transaction: mark workers whose heartbeat stopped as lost; handle
-expired leases (settle the attempt from its exit record, or mark it unknown); for every
-active run, promote waiting jobs whose needs succeeded (or skip them when a need did
-not) and close the run when every job is terminal. Then write the derived
-``runs/<run>/status.json`` snapshot (and ``SUMMARY.json`` at close).
+Each tick runs named steps, each in its own short transaction and only when it has
+something to do (each first looks with a read-only session, which takes no write lock):
+
+- ``lost_workers``: active workers whose heartbeat stopped become lost;
+- ``expired_leases``: an expired lease's attempt is settled from its exit record (read
+  before the write transaction), or marked unknown;
+- ``promotion``: the safety net behind in-transaction promotion. It follows the event
+  log from a cursor, so it looks only at what changed since the last tick; the first
+  tick of a controller makes one full pass;
+- ``closing``: runs whose jobs changed are closed when every job is terminal;
+- ``closeouts``: closeout steps of finished or stopped runs are started and polled.
+
+Then the derived ``runs/<run>/status.json`` snapshot (and ``SUMMARY.json`` at close) is
+written. ``serve`` ticks when the ledger file changed (``controller.watch``) or a
+periodic step is due, so an idle controller does almost nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
@@ -26,8 +37,11 @@ from controller.clock import Clock, SystemClock
 from controller.crashpoints import crash_point
 from controller.durable import read_json, write_json
 from controller.models import Attempt, Job
+from controller.outcome import Verdict as OutcomeVerdict
 from controller.outcome import read_outcome
+from controller.states import EventKind
 from controller.status import build_status
+from controller.watch import ChangeWatch
 from workers import identity
 
 ACTOR = "controller"
@@ -51,90 +65,184 @@ class Controller:
         clock: Clock | None = None,
         snapshot_seconds: float = 1.0,
         lost_after_seconds: float = 30.0,
+        recovery_seconds: float = 1.0,
     ) -> None:
         self.engine = engine
         self.lost_after_seconds = lost_after_seconds
+        self.recovery_seconds = recovery_seconds
+        """How often the lost-worker and expired-lease steps look (they depend on time
+        passing, not on a change in the ledger)."""
         self.factory = db.session_factory(engine)
+        self.reader = db.reader(engine)
         self.clock = clock or SystemClock()
         self.snapshot_seconds = snapshot_seconds
+        self.watch = ChangeWatch(engine)
+        self._cursor: int | None = None
+        """The newest event the promotion step has looked at (None: not yet started)."""
+        self._active: set[int] = set()
         self._last_snapshot: dict[int, tuple[int, float]] = {}
         self._snapshot_errors: dict[int, str] = {}
+        self._snapshot_owed: set[int] = set()
         self._closeouts: dict[int, closeout.Closeout] = {}
+        self._closeout_runs: list[int] | None = None
+        self._last_recovery = float("-inf")
 
     def tick(self, now: datetime | None = None) -> ControllerReport:
         now = now or self.clock.now()
         report = ControllerReport()
-        with db.transaction(self.factory) as session:
-            report.lost = ledger.mark_lost_workers(
-                session, now=now, lost_after=self.lost_after_seconds, actor=ACTOR
-            )
-            report.expired = ledger.expire_leases(
-                session, now=now, actor=ACTOR, settle=_settle_from_exit_record
-            )
-            run_ids = ledger.active_run_ids(session)
-            for run_id in run_ids:
-                report.promoted += ledger.promote_run(session, run_id, now=now, actor=ACTOR)
-                if ledger.close_run_if_done(session, run_id, now=now, actor=ACTOR):
-                    report.closed.append(run_id)
-                    # Invariant 12 "and at the end": a change during the run is recorded.
-                    drift = pipeline.source_drift(ledger.get_run(session, run_id).source_hashes)
-                    if drift:
-                        ledger.append_event(
-                            session,
-                            "sources_changed",
-                            actor=ACTOR,
-                            now=now,
-                            run_id=run_id,
-                            problems=drift,
-                        )
-                else:
-                    report.active.append(run_id)
-            crash_point("controller_mid_tick")  # inside the transaction: rolls back
-        for run_id in run_ids:
+        self._recovery_step(now, report)
+        touched = self._promotion_step(now, report)
+        self._closing_step(touched, now, report)
+        for run_id in sorted(self._active | set(report.closed)):
             self.write_snapshots(run_id, now=now, final=run_id in report.closed)
-        self._advance_closeouts(now)
+        self._active -= set(report.closed)
+        report.active = sorted(self._active)
+        self._advance_closeouts(now, changed=bool(touched or report.closed))
         return report
+
+    # -- steps -----------------------------------------------------------------
+
+    def _recovery_step(self, now: datetime, report: ControllerReport) -> None:
+        """Lost workers, then expired leases: only the live rows are looked at."""
+        self._last_recovery = time.monotonic()
+        with self.reader() as session:
+            stale = ledger.stale_workers(session, now=now, lost_after=self.lost_after_seconds)
+            expired = ledger.expired_leases(session, now=now)
+        if stale:
+            with db.transaction(self.factory) as session:
+                report.lost = ledger.mark_lost_workers(
+                    session, now=now, lost_after=self.lost_after_seconds, actor=ACTOR
+                )
+        if expired:
+            # Exit records are read here, outside the write lock; the settle re-checks
+            # every fence inside it.
+            records = {
+                row.attempt_id: _read_exit_record(self.reader, row.attempt_id) for row in expired
+            }
+            with db.transaction(self.factory) as session:
+                report.expired = ledger.expire_leases(
+                    session,
+                    now=now,
+                    actor=ACTOR,
+                    settle=lambda s, attempt, when: _settle_from_exit_record(
+                        s, attempt, when, records.get(attempt.id)
+                    ),
+                    only=set(records),
+                )
+
+    def _promotion_step(self, now: datetime, report: ControllerReport) -> set[int]:
+        """Promote what the events since the cursor made possible; returns the runs
+        touched. The first call makes one full pass (a restarted controller catches up
+        on whatever happened while it was away)."""
+        if self._cursor is None:
+            with self.reader() as session:
+                cursor = ledger.latest_event_id(session)
+                active = set(ledger.active_run_ids(session))
+            with db.transaction(self.factory) as session:
+                for run_id in sorted(active):
+                    report.promoted += ledger.promote_run(session, run_id, now=now, actor=ACTOR)
+            self._cursor = cursor
+            self._active = active
+            return set(active)
+        touched: set[int] = set()
+        items: set[int] = set()
+        more = True
+        while more:
+            with self.reader() as session:
+                changes = ledger.changes_after(session, self._cursor)
+                waiting = ledger.items_with_waiting(session, changes.items)
+            touched |= changes.runs
+            items.update(waiting)
+            self._cursor, more = changes.cursor, changes.more
+        if items:
+            with db.transaction(self.factory) as session:
+                for item_id in sorted(items):
+                    report.promoted += ledger.promote_item(session, item_id, now=now, actor=ACTOR)
+        self._active |= touched
+        return touched
+
+    def _closing_step(self, touched: set[int], now: datetime, report: ControllerReport) -> None:
+        """Close runs whose jobs changed and are all terminal now."""
+        with self.reader() as session:
+            candidates = [
+                run_id
+                for run_id in sorted(touched)
+                if not ledger.run_has_open_jobs(session, run_id)
+                and ledger.get_run(session, run_id).state == "active"
+            ]
+        for run_id in candidates:
+            with db.transaction(self.factory) as session:
+                if not ledger.close_run_if_done(session, run_id, now=now, actor=ACTOR):
+                    continue
+                crash_point("controller_mid_tick")  # inside the transaction: rolls back
+                report.closed.append(run_id)
+                # Invariant 12 "and at the end": a change during the run is recorded.
+                drift = pipeline.source_drift(ledger.get_run(session, run_id).source_hashes)
+                if drift:
+                    ledger.append_event(
+                        session,
+                        EventKind.SOURCES_CHANGED,
+                        actor=ACTOR,
+                        now=now,
+                        run_id=run_id,
+                        problems=drift,
+                    )
 
     def closeout_pending(self, run_id: int) -> bool:
         """Is the run's closeout started and not yet finished, or due?"""
         if run_id in self._closeouts:
             return True
-        with db.reader(self.engine)() as session:
+        with self.reader() as session:
             run = ledger.get_run(session, run_id)
             return closeout.needs_closeout(session, run)
 
-    def _advance_closeouts(self, now: datetime) -> None:
-        """Start, poll and record closeout steps of finished or stopped runs."""
-        with db.transaction(self.factory) as session:
-            for run in ledger.closeout_candidates(session):
-                if run.id not in self._closeouts:
+    def _advance_closeouts(self, now: datetime, *, changed: bool) -> None:
+        """Start, poll and record closeout steps of finished or stopped runs. The list of
+        candidates is read again only when something changed (or a step is running)."""
+        if self._closeout_runs is None or changed or self._closeouts:
+            with self.reader() as session:
+                self._closeout_runs = [
+                    run.id
+                    for run in ledger.closeout_candidates(session)
+                    if run.id in self._closeouts or closeout.needs_closeout(session, run)
+                ]
+        for run_id in list(self._closeout_runs):
+            with db.transaction(self.factory) as session:
+                run = ledger.get_run(session, run_id)
+                if run_id not in self._closeouts:
                     if not closeout.needs_closeout(session, run):
+                        self._closeout_runs.remove(run_id)
                         continue
-                    self._closeouts[run.id] = closeout.load(session, run)
-                state = self._closeouts[run.id]
+                    self._closeouts[run_id] = closeout.load(session, run)
+                state = self._closeouts[run_id]
                 if closeout.advance(session, state, run, now=now):
                     try:
                         closeout.write_progress(state)
                     except OSError as exc:
                         ledger.append_event(
                             session,
-                            "snapshot_failed",
+                            EventKind.SNAPSHOT_FAILED,
                             actor=ACTOR,
                             now=now,
-                            run_id=run.id,
+                            run_id=run_id,
                             error=f"{exc.strerror or exc}",
                             file="closeout_progress.json",
                         )
                 if state.done:
-                    del self._closeouts[run.id]
+                    ledger.mark_closeout_finished(session, run_id, now=now)
+                    del self._closeouts[run_id]
+                    self._closeout_runs.remove(run_id)
 
     def write_snapshots(self, run_id: int, *, now: datetime, final: bool = False) -> None:
         """Write status.json (and SUMMARY.json when ``final``) if the ledger changed."""
-        with db.reader(self.engine)() as session:
+        with self.reader() as session:
             latest = ledger.latest_event_id(session)
             seen, at = self._last_snapshot.get(run_id, (-1, float("-inf")))
-            fresh = latest == seen or time.monotonic() - at < self.snapshot_seconds
-            if fresh and not final:
+            if latest == seen and not final:
+                self._snapshot_owed.discard(run_id)
+                return
+            if time.monotonic() - at < self.snapshot_seconds and not final:
+                self._snapshot_owed.add(run_id)  # written by a later tick
                 return
             run = ledger.get_run(session, run_id)
             status = build_status(session, run, now=now)
@@ -153,7 +261,7 @@ class Controller:
                 with db.transaction(self.factory) as session:
                     ledger.append_event(
                         session,
-                        "snapshot_failed",
+                        EventKind.SNAPSHOT_FAILED,
                         actor=ACTOR,
                         now=now,
                         run_id=run_id,
@@ -162,27 +270,62 @@ class Controller:
                     )
             return
         self._snapshot_errors.pop(run_id, None)
+        self._snapshot_owed.discard(run_id)
         self._last_snapshot[run_id] = (latest, time.monotonic())
 
-    def serve(self, should_stop: Callable[[], bool], interval: float = 0.25) -> None:
+    def due(self) -> bool:
+        """Is a tick worth running now? The ledger changed, a periodic step is due, a
+        closeout step is running, or a snapshot is still owed."""
+        if self._cursor is None or self._closeouts:
+            return True
+        if time.monotonic() - self._last_recovery >= self.recovery_seconds:
+            return True
+        if self.watch.changed():
+            return True
+        return any(
+            time.monotonic() - self._last_snapshot.get(run_id, (-1, float("-inf")))[1]
+            >= self.snapshot_seconds
+            for run_id in self._snapshot_owed
+        )
+
+    def serve(self, should_stop: Callable[[], bool], interval: float = 0.05) -> None:
+        """Tick whenever ``due()``; in between, a stat of the ledger files every
+        ``interval`` seconds is all an idle controller does."""
         while not should_stop():
-            self.tick()
+            if self.due():
+                self.tick()
             time.sleep(interval)
 
 
-def _settle_from_exit_record(session: Session, attempt: Attempt, now: datetime) -> bool:
-    """For an attempt whose lease expired: settle it if its exit record establishes the
-    outcome (the process finished; only the settle was lost). True if settled."""
-    run = ledger.get_run(session, attempt.run_id)
-    job = session.get(Job, attempt.job_id)
-    assert job is not None
-    stage = ledger.run_config(run).stage(job.stage)
-    verdict, exit_record, result = read_outcome(
+Classified = tuple[OutcomeVerdict, dict[str, Any] | None, dict[str, Any] | None]
+
+
+def _read_exit_record(reader: Callable[[], Session], attempt_id: int) -> Classified | None:
+    """Classify an expired attempt's exit record (file reads, no write lock)."""
+    with reader() as session:
+        attempt = session.get(Attempt, attempt_id)
+        if attempt is None:
+            return None
+        job = session.get(Job, attempt.job_id)
+        assert job is not None
+        stage = ledger.run_config(ledger.get_run(session, attempt.run_id)).stage(job.stage)
+    return read_outcome(
         attempt.attempt_dir,
         job_id=attempt.job_id,
         exit_codes=dict(stage.exit_codes),
         missing_exit="no exit.json",
     )
+
+
+def _settle_from_exit_record(
+    session: Session, attempt: Attempt, now: datetime, classified: Classified | None
+) -> bool:
+    """For an attempt whose lease expired: settle it if its exit record (classified
+    before the transaction) establishes the outcome (the process finished; only the
+    settle was lost). True if settled."""
+    if classified is None:
+        return False
+    verdict, exit_record, result = classified
     if verdict.outcome is None:
         return False
     ledger.settle_from_verdict(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -25,8 +25,10 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    TypeDecorator,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from controller.states import (
@@ -54,6 +56,27 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime()}  # noqa: RUF012
 
 
+E = TypeVar("E", bound=StrEnum)
+
+
+class EnumText(TypeDecorator[E], Generic[E]):
+    """A state column: stored as its plain text value (the CHECK constraint names the
+    set), read back as its enum, so a bare ``"running"`` in code is a type error."""
+
+    impl = String
+    cache_ok = True
+
+    def __init__(self, enum: type[E], length: int) -> None:
+        super().__init__(length)
+        self.enum = enum
+
+    def process_bind_param(self, value: E | str | None, dialect: Dialect) -> str | None:
+        return None if value is None else self.enum(value).value
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> E | None:
+        return None if value is None else self.enum(value)
+
+
 def one_of(column: str, enum: type[StrEnum], name: str) -> CheckConstraint:
     values = ", ".join(f"'{member.value}'" for member in enum)
     return CheckConstraint(f"{column} IN ({values})", name=name)
@@ -67,7 +90,7 @@ class Run(Base):
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(64))
-    state: Mapped[str] = mapped_column(String(16), default=RunState.ACTIVE.value)
+    state: Mapped[RunState] = mapped_column(EnumText(RunState, 16), default=RunState.ACTIVE.value)
     config_json: Mapped[str] = mapped_column(Text)
     config_sha256: Mapped[str] = mapped_column(String(64))
     source_hashes: Mapped[dict[str, Any]] = mapped_column(JSON)
@@ -75,6 +98,8 @@ class Run(Base):
     created_by: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(DateTime())
     finished_at: Mapped[datetime | None] = mapped_column(DateTime())
+    closeout_finished_at: Mapped[datetime | None] = mapped_column(DateTime())
+    """When its closeout steps all ended (None: none ran yet, or it has none)."""
 
 
 class Lane(Base):
@@ -110,6 +135,8 @@ class Job(Base):
         ),
         CheckConstraint("fence >= 0", name="fence"),
         Index("ix_jobs_run_state", "run_id", "state"),
+        # Claims: the first ready jobs of one (run, lane, stage), in item order.
+        Index("ix_jobs_dispatch", "run_id", "state", "lane", "stage", "id"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
@@ -117,7 +144,7 @@ class Job(Base):
     stage: Mapped[str] = mapped_column(String(64))
     stage_position: Mapped[int] = mapped_column(Integer)
     lane: Mapped[str] = mapped_column(String(64))
-    state: Mapped[str] = mapped_column(String(16))
+    state: Mapped[JobState] = mapped_column(EnumText(JobState, 16))
     fence: Mapped[int] = mapped_column(Integer, default=0)
     """Only grows: bumped on every lease grant and every revocation (invariant 4)."""
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)
@@ -143,14 +170,16 @@ class Attempt(Base):
         CheckConstraint("(state = 'settled') = (settled_at IS NOT NULL)", name="settled_at"),
         CheckConstraint("state <> 'running' OR started_at IS NOT NULL", name="started_at"),
         Index("ix_attempts_state", "state"),
+        # The infrastructure breaker reads a run's newest settles, newest first.
+        Index("ix_attempts_run_settled", "run_id", "settled_at", "id"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     number: Mapped[int] = mapped_column(Integer)
     idempotency_key: Mapped[str] = mapped_column(String(64))
-    state: Mapped[str] = mapped_column(String(16))
-    outcome: Mapped[str | None] = mapped_column(String(32))
+    state: Mapped[AttemptState] = mapped_column(EnumText(AttemptState, 16))
+    outcome: Mapped[Outcome | None] = mapped_column(EnumText(Outcome, 32))
     state_reason: Mapped[str | None] = mapped_column(Text)
     fence: Mapped[int] = mapped_column(Integer)
     worker_id: Mapped[str] = mapped_column(ForeignKey("workers.id"))
@@ -194,6 +223,9 @@ class Lease(Base):
         UniqueConstraint("job_id", "fence"),
         CheckConstraint("released_at IS NULL OR released_at >= granted_at", name="released_at"),
         Index("ix_leases_worker_active", "worker_id", "released_at"),
+        Index("ix_leases_attempt", "attempt_id"),
+        # Expiry: only live leases (released_at NULL) are looked at.
+        Index("ix_leases_open", "released_at", "expires_at"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
@@ -228,6 +260,7 @@ class Worker(Base):
     __table_args__ = (
         one_of("state", WorkerState, "state"),
         CheckConstraint("(state = 'active') = (stopped_at IS NULL)", name="stopped_at"),
+        Index("ix_workers_state", "state", "node"),
     )
     id: Mapped[str] = mapped_column(String(96), primary_key=True)
     node: Mapped[str] = mapped_column(ForeignKey("nodes.name"))
@@ -236,7 +269,7 @@ class Worker(Base):
     boot_id: Mapped[str] = mapped_column(String(64))
     process_start_time: Mapped[int | None] = mapped_column(BigInteger)
     slots: Mapped[int] = mapped_column(Integer)
-    state: Mapped[str] = mapped_column(String(16))
+    state: Mapped[WorkerState] = mapped_column(EnumText(WorkerState, 16))
     started_at: Mapped[datetime] = mapped_column(DateTime())
     heartbeat_at: Mapped[datetime] = mapped_column(DateTime())
     stopped_at: Mapped[datetime | None] = mapped_column(DateTime())
@@ -270,10 +303,10 @@ class Control(Base):
         CheckConstraint("(cleared_at IS NULL) = (cleared_by IS NULL)", name="cleared"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    scope: Mapped[str] = mapped_column(String(16))
+    scope: Mapped[ControlScope] = mapped_column(EnumText(ControlScope, 16))
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
     lane: Mapped[str | None] = mapped_column(String(64))
-    kind: Mapped[str] = mapped_column(String(16))
+    kind: Mapped[ControlKind] = mapped_column(EnumText(ControlKind, 16))
     reason: Mapped[str] = mapped_column(Text)
     set_by: Mapped[str] = mapped_column(String(128))
     set_at: Mapped[datetime] = mapped_column(DateTime())
@@ -290,6 +323,8 @@ class Decision(Base):
     __table_args__ = (
         one_of("verdict", Verdict, "verdict"),
         Index("ix_decisions_run_lane", "run_id", "lane", "id"),
+        # Deduplication reads the newest decision of one (run, lane, stage).
+        Index("ix_decisions_key", "run_id", "lane", "stage", "id"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
@@ -297,7 +332,7 @@ class Decision(Base):
     stage: Mapped[str | None] = mapped_column(String(64))
     node: Mapped[str] = mapped_column(String(64))
     worker_id: Mapped[str | None] = mapped_column(String(96))
-    verdict: Mapped[str] = mapped_column(String(16))
+    verdict: Mapped[Verdict] = mapped_column(EnumText(Verdict, 16))
     reason_code: Mapped[str | None] = mapped_column(String(32))
     detail: Mapped[dict[str, Any]] = mapped_column(JSON)
     job_id: Mapped[int | None] = mapped_column(Integer)
@@ -310,6 +345,7 @@ class Event(Base):
     __tablename__ = "events"
     __table_args__ = (
         Index("ix_events_run", "run_id", "id"),
+        Index("ix_events_run_kind", "run_id", "kind", "id"),
         {"sqlite_autoincrement": True},
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -320,3 +356,15 @@ class Event(Base):
     kind: Mapped[str] = mapped_column(String(48))
     actor: Mapped[str] = mapped_column(String(128))
     detail: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class StageStats(Base):
+    """Per (run, stage): what its settled attempts measured, kept by the settle that
+    measured it, so admission reads one row instead of every attempt of the stage."""
+
+    __tablename__ = "stage_stats"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    stage: Mapped[str] = mapped_column(String(64), primary_key=True)
+    settled: Mapped[int] = mapped_column(Integer, default=0)
+    peak_rss_mib: Mapped[float | None] = mapped_column(Float)
+    peak_gpu_mib: Mapped[float | None] = mapped_column(Float)

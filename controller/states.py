@@ -108,3 +108,123 @@ class WorkerState(StrEnum):
     """Terminal: exited cleanly."""
     LOST = "lost"
     """Terminal: heartbeat stopped; its attempts are reconciled."""
+
+
+class StepState(StrEnum):
+    """The state of one closeout step (``closeout_progress.json`` and its events)."""
+
+    PENDING = "pending"
+    """Not started. The controller starts it when the steps before it have ended."""
+    RUNNING = "running"
+    """Its process runs. The controller's poll moves it to an end state."""
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    INTERRUPTED = "interrupted"
+    """It was running when the controller died; never run again."""
+
+
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.WAITING: frozenset({JobState.READY, JobState.SKIPPED, JobState.CANCELLED}),
+    JobState.READY: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.RUNNING: frozenset(
+        {
+            JobState.SUCCEEDED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+            JobState.READY,  # the stage's retry policy allows another attempt
+            JobState.UNKNOWN,
+        }
+    ),
+    JobState.UNKNOWN: frozenset(
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.READY, JobState.CANCELLED}
+    ),
+    JobState.FAILED: frozenset({JobState.READY}),  # only an operator's retry
+    JobState.SUCCEEDED: frozenset(),
+    JobState.SKIPPED: frozenset({JobState.WAITING}),  # only an operator's retry upstream
+    JobState.CANCELLED: frozenset(),
+}
+"""Every legal job transition; the ledger's ``move_job`` refuses anything else."""
+
+ATTEMPT_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
+    AttemptState.INTENT: frozenset(
+        {AttemptState.RUNNING, AttemptState.SETTLED, AttemptState.UNKNOWN}
+    ),
+    AttemptState.RUNNING: frozenset({AttemptState.SETTLED, AttemptState.UNKNOWN}),
+    AttemptState.UNKNOWN: frozenset({AttemptState.SETTLED}),
+    AttemptState.SETTLED: frozenset(),
+}
+"""Every legal attempt transition; the ledger's ``move_attempt`` refuses anything else."""
+
+IN_FLIGHT_ATTEMPT_STATES = (AttemptState.INTENT, AttemptState.RUNNING)
+"""An attempt whose process may be starting or running under a live lease."""
+HELD_ATTEMPT_STATES = (AttemptState.INTENT, AttemptState.RUNNING, AttemptState.UNKNOWN)
+"""An attempt that holds a slot on its node: unknown ones too (their process may run)."""
+OPEN_JOB_STATES = (JobState.WAITING, JobState.READY, JobState.RUNNING, JobState.UNKNOWN)
+"""The complement of TERMINAL_JOB_STATES: a run with one of these is not finished."""
+
+
+class EventKind(StrEnum):
+    """Every kind of row in the append-only ``events`` table; nothing else writes one.
+
+    Job and attempt transitions map to their kind through ``job_event`` and
+    ``attempt_event``, so no kind is built from a string anywhere else.
+    """
+
+    RUN_CREATED = "run_created"
+    RUN_FINISHED = "run_finished"
+    RUN_REOPENED = "run_reopened"
+    SOURCES_CHANGED = "sources_changed"
+    SNAPSHOT_FAILED = "snapshot_failed"
+
+    JOB_WAITING = "job_waiting"
+    JOB_READY = "job_ready"
+    JOB_RUNNING = "job_running"
+    JOB_UNKNOWN = "job_unknown"
+    JOB_SUCCEEDED = "job_succeeded"
+    JOB_FAILED = "job_failed"
+    JOB_SKIPPED = "job_skipped"
+    JOB_CANCELLED = "job_cancelled"
+    JOB_RETRY = "job_retry"
+
+    ATTEMPT_INTENT = "attempt_intent"
+    ATTEMPT_RUNNING = "attempt_running"
+    ATTEMPT_SETTLED = "attempt_settled"
+    ATTEMPT_UNKNOWN = "attempt_unknown"
+    ATTEMPT_ADOPTED = "attempt_adopted"
+    CANCEL_REQUESTED = "cancel_requested"
+    CAPTURE_RECORDED = "capture_recorded"
+    CAPTURE_FAILED = "capture_failed"
+
+    WORKER_STARTED = "worker_started"
+    WORKER_STOPPED = "worker_stopped"
+    WORKER_LOST = "worker_lost"
+
+    CONTROL_PAUSE = "control_pause"
+    CONTROL_STOP = "control_stop"
+    CONTROL_HALT = "control_halt"
+    CONTROL_PAUSE_CLEARED = "control_pause_cleared"
+    CONTROL_STOP_CLEARED = "control_stop_cleared"
+    CONTROL_HALT_CLEARED = "control_halt_cleared"
+
+    CLOSEOUT_STEP_STARTED = "closeout_step_started"
+    CLOSEOUT_STEP_FINISHED = "closeout_step_finished"
+    CLOSEOUT_FINISHED = "closeout_finished"
+
+
+JOB_EVENT: dict[JobState, EventKind] = {
+    state: EventKind(f"job_{state.value}") for state in JobState
+}
+"""The event a job's move into each state appends."""
+ATTEMPT_EVENT: dict[AttemptState, EventKind] = {
+    state: EventKind(f"attempt_{state.value}") for state in AttemptState
+}
+"""The event an attempt's move into each state appends."""
+CONTROL_SET_EVENT: dict[ControlKind, EventKind] = {
+    kind: EventKind(f"control_{kind.value}") for kind in ControlKind
+}
+CONTROL_CLEARED_EVENT: dict[ControlKind, EventKind] = {
+    kind: EventKind(f"control_{kind.value}_cleared") for kind in ControlKind
+}
+TERMINAL_JOB_EVENTS = frozenset(JOB_EVENT[state] for state in TERMINAL_JOB_STATES)
+"""Events after which an item's waiting jobs may move, or its run may be finished."""

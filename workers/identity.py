@@ -8,7 +8,6 @@ that got the same number". Stdlib only: the supervisor imports this.
 from __future__ import annotations
 
 import os
-import socket
 
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
@@ -35,7 +34,7 @@ def process_start_time(pid: int) -> int | None:
 
 
 def host() -> str:
-    return socket.gethostname()
+    return os.uname().nodename
 
 
 def same_process(pid: int, start_time: int | None) -> bool:

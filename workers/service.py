@@ -19,9 +19,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
+import selectors
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,32 +41,16 @@ from controller.errors import StaleLease
 from controller.models import Job
 from controller.outcome import read_outcome
 from controller.states import Outcome
+from controller.watch import ChangeWatch
 from workers import identity
+from workers import supervisor as supervisor_module
 from workers.capture import capture_workspace
 from workers.gpu import GpuProbe, GpuReading, NvmlGpu
+from workers.ports import free_ports
 from workers.sampler import Peaks, Sampler
 
 MIB = 1024 * 1024
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def free_ports(count: int, taken: set[int]) -> list[int]:
-    """``count`` distinct TCP ports that are free on this machine now (the kernel picks
-    them: bind to port 0) and not in ``taken``."""
-    ports: list[int] = []
-    held: list[socket.socket] = []
-    try:
-        while len(ports) < count:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            held.append(sock)  # kept open until all are chosen: no duplicates
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-            if port not in taken and port not in ports:
-                ports.append(port)
-    finally:
-        for sock in held:
-            sock.close()
-    return ports
 
 
 def psutil_memory() -> tuple[float, float]:
@@ -215,6 +198,9 @@ class WorkerService:
         self._last_heartbeat = float("-inf")
         self._last_claim = float("-inf")
         self._seen_event = -1
+        self.watch = ChangeWatch(engine)
+        self._selector = selectors.DefaultSelector()
+        self._pidfds: dict[int, int] = {}
         self._exit_codes: dict[int, dict[str, dict[int, Outcome]]] = {}
         self._captures: dict[tuple[int, str], CaptureConfig | None] = {}
         self.recovered: list[str] = []
@@ -342,17 +328,20 @@ class WorkerService:
             attempt_dir=attempt.attempt_dir,
         )
         if found is not None:
-            self.in_flight[attempt.id] = InFlight(
-                claim,
-                AdoptedSupervisor(*found),
-                dict(stage.exit_codes),
-                # Peaks measured by the previous worker carry over; they only grow.
-                peaks=Peaks(
-                    current_rss_mib=attempt.current_rss_mib,
-                    peak_rss_mib=attempt.peak_rss_mib,
-                    peak_rss_at=attempt.peak_rss_at,
-                    peak_gpu_mib=attempt.peak_gpu_mib,
-                    peak_gpu_at=attempt.peak_gpu_at,
+            self._track(
+                attempt.id,
+                InFlight(
+                    claim,
+                    AdoptedSupervisor(*found),
+                    dict(stage.exit_codes),
+                    # Peaks measured by the previous worker carry over; they only grow.
+                    peaks=Peaks(
+                        current_rss_mib=attempt.current_rss_mib,
+                        peak_rss_mib=attempt.peak_rss_mib,
+                        peak_rss_at=attempt.peak_rss_at,
+                        peak_gpu_mib=attempt.peak_gpu_mib,
+                        peak_gpu_at=attempt.peak_gpu_at,
+                    ),
                 ),
             )
             return f"{label}: adopted live supervisor pid {found[0]}"
@@ -400,18 +389,26 @@ class WorkerService:
         while self.in_flight and not should_abort():
             self._settle_finished()
             self._heartbeat_if_due()
-            time.sleep(poll)
+            if self.in_flight:
+                self.wait(poll)
 
     # -- the loop body -------------------------------------------------------
 
     def tick(self) -> TickReport:
+        """Settle what finished and claim for the free slots, in one transaction; then
+        start the claimed attempts' supervisors."""
         report = TickReport()
-        report.settled, report.outcomes = self._settle_finished()
+        finished = self._finished()
         self._sample_if_due()
         self._heartbeat_if_due()
-        free = self.slots - len(self.in_flight)
-        if free > 0 and self.trusts_its_leases() and self._worth_claiming():
-            claims = self._claim(free)
+        free = self.slots - len(self.in_flight) + len(finished)
+        claiming = (
+            free > 0 and self.trusts_its_leases() and (bool(finished) or self._worth_claiming())
+        )
+        if finished or claiming:
+            report.settled, report.outcomes, claims = self._settle_and_claim(
+                finished, free if claiming else 0
+            )
             report.claimed = len(claims)
             if claims:
                 self._spawn_all(claims)
@@ -426,12 +423,16 @@ class WorkerService:
         return time.monotonic() - self._last_heartbeat < self.lease_seconds
 
     def _worth_claiming(self) -> bool:
-        """Claim when the ledger changed since the last claim, or every rescan period
-        (free memory changes without an event)."""
+        """Claim when an event was appended since the last claim, or every rescan period
+        (free memory changes without an event). The ledger is only asked when its files
+        changed (``ChangeWatch``: a stat), so an idle worker costs almost nothing."""
+        if time.monotonic() - self._last_claim >= self.rescan_seconds:
+            return True
+        if not self.watch.changed():
+            return False
         with db.reader(self.engine)() as session:
             latest = ledger.latest_event_id(session)
-        due = time.monotonic() - self._last_claim >= self.rescan_seconds
-        return latest != self._seen_event or due
+        return latest != self._seen_event
 
     def _sample_if_due(self) -> None:
         """Sample every in-flight attempt's tree each ``sample_seconds`` (and at once for
@@ -527,31 +528,103 @@ class WorkerService:
 
     # -- claim and spawn -----------------------------------------------------
 
-    def _claim(self, free: int) -> list[ledger.Claim]:
-        available, _ = self.memory_probe()
+    def _source_problems(self) -> dict[int, list[str]]:
+        """Invariant 12, checked before the claim's transaction (hashing files is not
+        work for the write lock): run id -> what changed in its frozen sources."""
+        problems: dict[int, list[str]] = {}
+        with db.reader(self.engine)() as session:
+            runs = ledger.node_runs(session, node=self.node)
+        for run_id, hashes in runs:
+            drift = pipeline.source_drift(hashes) if hashes else []
+            if drift:
+                problems[run_id] = drift
+        return problems
+
+    def _settle_and_claim(
+        self, finished: list[tuple[int, InFlight]], free: int
+    ) -> tuple[int, list[str], list[ledger.Claim]]:
+        """One write transaction: settle every finished attempt (each in a savepoint, so
+        a stale one does not undo the others), then lease work for ``free`` slots and
+        write its intents. Exit records and source files are read before it begins."""
+        outcomes: list[str] = []
+        settled_failures: list[InFlight] = []
+        classified = [
+            (attempt_id, flight, self._read_outcome(flight))
+            for attempt_id, flight in finished
+            if not flight.marked_unknown
+        ]
+        sources = self._source_problems() if free > 0 else {}
+        available = self.memory_probe()[0] if free > 0 else None
+        if finished:
+            crash_point("worker_before_settle")
+        now = self.clock.now()
+        claims: list[ledger.Claim] = []
         with db.transaction(self.factory) as session:
-            claims = ledger.claim_jobs(
-                session,
-                worker_id=self.worker_id,
-                node=self.node,
-                free_slots=free,
-                mem_available_mib=available,
-                now=self.clock.now(),
-                lease_seconds=self.lease_seconds,
-                check_sources=lambda run: pipeline.source_drift(run.source_hashes),
-                pick_ports=free_ports,
-            )
-            for claim in claims:
-                self._exit_codes.setdefault(claim.run_id, {})
-                if claim.stage not in self._exit_codes[claim.run_id]:
-                    run = ledger.get_run(session, claim.run_id)
-                    stage = ledger.run_config(run).stage(claim.stage)
-                    self._exit_codes[claim.run_id][claim.stage] = dict(stage.exit_codes)
-                    self._captures[(claim.run_id, claim.stage)] = stage.capture
-            self._seen_event = ledger.latest_event_id(session)
-        self._last_claim = time.monotonic()
-        crash_point("worker_after_intent_commit")
-        return claims
+            for attempt_id, flight, (verdict, exit_record, result) in classified:
+                try:
+                    with session.begin_nested():
+                        if verdict.outcome is None:
+                            ledger.mark_unknown(
+                                session,
+                                attempt_id,
+                                reason=verdict.reason,
+                                actor=self.worker_id,
+                                now=now,
+                                fence=flight.claim.fence,
+                            )
+                        else:
+                            ledger.settle_from_verdict(
+                                session,
+                                attempt_id,
+                                fence=flight.claim.fence,
+                                verdict=verdict,
+                                exit_record=exit_record,
+                                result=result,
+                                actor=self.worker_id,
+                                now=now,
+                                measured=measurements(flight.peaks),
+                            )
+                    outcomes.append(verdict.outcome.value if verdict.outcome else "unknown")
+                    if verdict.outcome not in (None, Outcome.SUCCEEDED):
+                        settled_failures.append(flight)
+                except StaleLease:
+                    # A zombie: our lease was revoked while we were away. The evidence
+                    # files stay on disk; the ledger belongs to whoever revoked us.
+                    outcomes.append("stale")
+            if classified:
+                crash_point("worker_mid_settle")  # inside the transaction: rolls back
+            if free > 0:
+                claims = ledger.claim_jobs(
+                    session,
+                    worker_id=self.worker_id,
+                    node=self.node,
+                    free_slots=free,
+                    mem_available_mib=available,
+                    now=now,
+                    lease_seconds=self.lease_seconds,
+                    source_problems=sources,
+                    pick_ports=free_ports,
+                )
+                for claim in claims:
+                    self._remember_stage(session, claim)
+                self._seen_event = ledger.latest_event_id(session)
+        for attempt_id, _ in finished:
+            self._forget(attempt_id)
+        for flight in settled_failures:
+            self._capture(flight)  # after the commit: it cannot touch the outcome
+        if free > 0:
+            self._last_claim = time.monotonic()
+            crash_point("worker_after_intent_commit")
+        return len(finished), outcomes, claims
+
+    def _remember_stage(self, session: Any, claim: ledger.Claim) -> None:
+        """Cache a stage's exit-code map and capture settings (frozen with the run)."""
+        by_stage = self._exit_codes.setdefault(claim.run_id, {})
+        if claim.stage not in by_stage:
+            run = ledger.get_run(session, claim.run_id)
+            stage = ledger.run_config(run).stage(claim.stage)
+            by_stage[claim.stage] = dict(stage.exit_codes)
+            self._captures[(claim.run_id, claim.stage)] = stage.capture
 
     def _spawn_all(self, claims: list[ledger.Claim]) -> None:
         """Start every claimed attempt's supervisor, then record all identities at once."""
@@ -578,8 +651,9 @@ class WorkerService:
             except json.JSONDecodeError:
                 reported = {}
             identities.append((claim, supervisor, reported))
-            self.in_flight[claim.attempt_id] = InFlight(
-                claim, supervisor, self._exit_codes[claim.run_id][claim.stage]
+            self._track(
+                claim.attempt_id,
+                InFlight(claim, supervisor, self._exit_codes[claim.run_id][claim.stage]),
             )
         crash_point("worker_after_spawn_before_identity")
         boot = identity.boot_id()
@@ -636,7 +710,7 @@ class WorkerService:
         }
         with open(directory / "supervisor.log", "ab") as supervisor_log:
             return subprocess.Popen(
-                [sys.executable, "-m", "workers.supervisor", json.dumps(spec)],
+                supervisor_module.launch_argv(json.dumps(spec)),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=supervisor_log,
@@ -711,53 +785,49 @@ class WorkerService:
 
     # -- settle --------------------------------------------------------------
 
+    def _finished(self) -> list[tuple[int, InFlight]]:
+        """In-flight attempts whose supervisor has exited (its exit record is written)."""
+        return [
+            (attempt_id, flight)
+            for attempt_id, flight in list(self.in_flight.items())
+            if flight.supervisor.poll() is not None
+        ]
+
     def _settle_finished(self) -> tuple[int, list[str]]:
-        settled = 0
-        outcomes: list[str] = []
-        for attempt_id, flight in list(self.in_flight.items()):
-            if flight.supervisor.poll() is None:
-                continue
-            if flight.marked_unknown:
-                del self.in_flight[attempt_id]
-                continue
-            verdict, exit_record, result = self._read_outcome(flight)
-            crash_point("worker_before_settle")
-            now = self.clock.now()
-            try:
-                with db.transaction(self.factory) as session:
-                    if verdict.outcome is None:
-                        ledger.mark_unknown(
-                            session,
-                            attempt_id,
-                            reason=verdict.reason,
-                            actor=self.worker_id,
-                            now=now,
-                            fence=flight.claim.fence,
-                        )
-                        outcomes.append("unknown")
-                    else:
-                        ledger.settle_from_verdict(
-                            session,
-                            attempt_id,
-                            fence=flight.claim.fence,
-                            verdict=verdict,
-                            exit_record=exit_record,
-                            result=result,
-                            actor=self.worker_id,
-                            now=now,
-                            measured=measurements(flight.peaks),
-                        )
-                        outcomes.append(verdict.outcome.value)
-                    crash_point("worker_mid_settle")  # inside the transaction: rolls back
-                if verdict.outcome not in (None, Outcome.SUCCEEDED):
-                    self._capture(flight)  # after the commit: it cannot touch the outcome
-            except StaleLease:
-                # A zombie: our lease was revoked while we were away. The evidence files
-                # stay on disk; the ledger belongs to whoever revoked us.
-                outcomes.append("stale")
-            del self.in_flight[attempt_id]
-            settled += 1
+        """Settle what finished, claiming nothing (draining)."""
+        finished = self._finished()
+        if not finished:
+            return 0, []
+        settled, outcomes, _ = self._settle_and_claim(finished, 0)
         return settled, outcomes
+
+    def _track(self, attempt_id: int, flight: InFlight) -> None:
+        """Watch a supervisor: its pidfd wakes ``wait`` the moment it exits."""
+        self.in_flight[attempt_id] = flight
+        try:
+            fd = os.pidfd_open(flight.supervisor.pid)
+        except OSError:
+            return  # already gone (poll() will see it) or no pidfd: the poll interval
+        if flight.supervisor.poll() is not None:
+            os.close(fd)
+            return
+        self._pidfds[attempt_id] = fd
+        self._selector.register(fd, selectors.EVENT_READ, attempt_id)
+
+    def _forget(self, attempt_id: int) -> None:
+        self.in_flight.pop(attempt_id, None)
+        fd = self._pidfds.pop(attempt_id, None)
+        if fd is not None:
+            self._selector.unregister(fd)
+            os.close(fd)
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until a supervisor exits or ``timeout`` passes (a slot is refilled the
+        moment its attempt ends, not at the next poll)."""
+        if self._pidfds:
+            self._selector.select(timeout)
+        else:
+            time.sleep(timeout)
 
     def _capture(self, flight: InFlight) -> None:
         """The optional bounded capture of a failed attempt's workspace; its result or
@@ -801,8 +871,10 @@ class WorkerService:
     # -- the loop ------------------------------------------------------------
 
     def serve(self, should_stop: Callable[[], bool], poll_seconds: float = 0.02) -> None:
-        """Tick until ``should_stop()``. The caller drains (``drain``) or leaves."""
+        """Tick until ``should_stop()``. Between ticks it waits on its supervisors'
+        pidfds, at most ``poll_seconds`` (work from elsewhere is seen by a stat of the
+        ledger files). The caller drains (``drain``) or leaves."""
         while not should_stop() and self.revoked is None:
             report = self.tick()
             if not report.claimed and not report.settled:
-                time.sleep(poll_seconds)
+                self.wait(poll_seconds)

@@ -32,13 +32,33 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from controller import faults
 from controller.crashpoints import crash_point
 from controller.durable import write_json
 from workers.identity import boot_id, process_start_time
 from workers.redact import Redactor
+
+if TYPE_CHECKING:
+    from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""The directory that holds the ``controller`` and ``workers`` packages."""
+BOOTSTRAP = (
+    "import sys; sys.path.insert(0, sys.argv[2]); "
+    "from workers.supervisor import main; sys.exit(main(sys.argv[3:]))"
+)
+
+
+def launch_argv(spec_json: str) -> list[str]:
+    """How the worker starts a supervisor: ``python -I -S``, so the interpreter reads no
+    environment variables and skips site-packages (the supervisor needs only the
+    standard library and laneway's own small modules, found through ``ROOT``). That
+    keeps its start to a few milliseconds. ``workers.supervisor`` stays in the command
+    line: a restarted worker finds supervisors by it (``service.find_supervisor``)."""
+    return [sys.executable, "-I", "-S", "-c", BOOTSTRAP, "workers.supervisor", ROOT, spec_json]
+
 
 EXIT_RECORD = "exit.json"
 EXIT_RECORD_FAILED = 3

@@ -68,7 +68,9 @@ def test_closeout_runs_every_step_once_after_the_run_finishes(tmp_path):
         controller.tick()
     assert (tmp_path / "marks").read_text() == "aggregate 1\nreport\n"
     with db.session_factory(engine)() as session:
-        kinds = session.scalars(select(Event.kind).where(Event.kind.like("closeout%"))).all()
+        kinds = session.scalars(
+            select(Event.kind).where(Event.kind.like("closeout%")).order_by(Event.id)
+        ).all()
     assert kinds.count("closeout_step_started") == 3 and kinds[-1] == "closeout_finished"
 
 

@@ -13,7 +13,8 @@ from controller.daemon import Controller
 from controller.models import Attempt, Run
 from tests.support import make_config, py_stage, wait_until
 from workers.gpu import FakeGpu
-from workers.service import WorkerService, free_ports
+from workers.ports import free_ports
+from workers.service import WorkerService
 
 
 def test_free_ports_are_distinct_and_avoid_taken():

@@ -1,0 +1,42 @@
+"""What an attempt is launched with: its directory, its rendered command, its hash.
+
+Pure functions over a stage and an item (no ledger access): the claim calls them while
+it writes the intent, the worker and the CLI's dry-run can call them anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from controller.config import ItemConfig, StageConfig, render
+
+
+def attempt_dir(runtime_dir: str, run_id: int, item: str, stage: str, number: int) -> str:
+    """``<runtime>/runs/<run>/jobs/<item>.<stage>/attempt-<n>``."""
+    return str(
+        Path(runtime_dir) / "runs" / str(run_id) / "jobs" / f"{item}.{stage}" / f"attempt-{number}"
+    )
+
+
+def argv_hash(argv: list[str], cwd: str | None) -> str:
+    """The sha256 of what runs (recorded on the intent and in the receipt)."""
+    return hashlib.sha256(json.dumps([argv, cwd]).encode()).hexdigest()
+
+
+def item_config(key: str, lane: str, fields: dict[str, Any] | None) -> ItemConfig:
+    """An item as the config knew it, rebuilt from its ledger row."""
+    return ItemConfig.model_validate({**(fields or {}), "key": key, "lane": lane})
+
+
+def render_command(
+    stage: StageConfig, item: ItemConfig
+) -> tuple[list[str], dict[str, str], str | None]:
+    """The stage's argv, env and cwd for one item; ``${NAME}`` references are left for
+    the worker to resolve at spawn time (secrets are never in the ledger)."""
+    argv = [render(part, item) for part in stage.argv]
+    env = {name: render(value, item) for name, value in stage.env.items()}
+    cwd = render(stage.cwd, item) if stage.cwd else None
+    return argv, env, cwd

@@ -1,0 +1,159 @@
+"""The ledger: the one package that writes state.
+
+Every change to a run, job, attempt, lease, reservation, control, decision or worker row
+happens here, as a compare-and-set (``UPDATE ... WHERE id = :id AND state = :expected
+[AND fence = :fence]``) whose result is checked, with its event appended in the same
+transaction. Callers pass an open Session (see ``controller.db.transaction``) and
+``now`` from a Clock; nothing here commits or reads the wall clock.
+
+One module per phase of an attempt's life, each importing only those listed before it:
+
+- ``tables`` / ``statements``: the Core tables and the named hot-path statements;
+- ``transitions``: ``move_job``, ``move_attempt`` and the event log;
+- ``runs``: creating runs, frozen configs, workers and their liveness;
+- ``controls``: pause, stop, halt;
+- ``promotion``: waiting jobs move on, finished runs close;
+- ``snapshot``: what admission sees for a node;
+- ``claim``: leases and intents;
+- ``settle``: spawn identity, outcomes, breakers;
+- ``recovery``: expired leases, orphans, adoption (the lease design note is there);
+- ``operator``: reconcile, retry, cancel, closeout bookkeeping.
+
+Callers import this package (``from controller import ledger``) and use the names below.
+"""
+
+from controller.launch import argv_hash, attempt_dir
+from controller.ledger.claim import DEFAULT_LEASE_SECONDS, Claim, claim_jobs, record_decisions
+from controller.ledger.controls import clear_controls, run_paused, set_control
+from controller.ledger.operator import (
+    RECONCILE_AS,
+    cancel_pending,
+    closeout_candidates,
+    get_attempt,
+    mark_closeout_finished,
+    reconcile_attempt,
+    record_capture,
+    request_cancel,
+    retry_job,
+    running_attempts,
+)
+from controller.ledger.promotion import (
+    Changes,
+    changes_after,
+    close_run_if_done,
+    items_with_waiting,
+    promote_item,
+    promote_run,
+    run_has_open_jobs,
+)
+from controller.ledger.recovery import (
+    adopt_attempt,
+    expire_leases,
+    expired_leases,
+    orphaned_attempts,
+)
+from controller.ledger.runs import (
+    active_run_ids,
+    active_workers,
+    create_run,
+    frozen_config,
+    get_run,
+    heartbeat,
+    job_item_key,
+    mark_lost_workers,
+    mark_worker_lost,
+    node_runs,
+    register_worker,
+    run_config,
+    stale_workers,
+    stop_worker,
+    upsert_node,
+)
+from controller.ledger.settle import (
+    MEASURED_COLUMNS,
+    fold_peaks,
+    mark_unknown,
+    record_samples,
+    record_spawn,
+    release,
+    settle_attempt,
+    settle_from_verdict,
+)
+from controller.ledger.snapshot import RunInfo, admission_snapshot, reservation_mib, stage_peaks
+from controller.ledger.transitions import (
+    append_event,
+    append_events,
+    event_row,
+    latest_event_id,
+    move_attempt,
+    move_job,
+)
+from controller.states import ATTEMPT_TRANSITIONS, JOB_TRANSITIONS
+
+__all__ = [
+    "ATTEMPT_TRANSITIONS",
+    "DEFAULT_LEASE_SECONDS",
+    "JOB_TRANSITIONS",
+    "MEASURED_COLUMNS",
+    "RECONCILE_AS",
+    "Changes",
+    "Claim",
+    "RunInfo",
+    "active_run_ids",
+    "active_workers",
+    "admission_snapshot",
+    "adopt_attempt",
+    "append_event",
+    "append_events",
+    "argv_hash",
+    "attempt_dir",
+    "cancel_pending",
+    "changes_after",
+    "claim_jobs",
+    "clear_controls",
+    "close_run_if_done",
+    "closeout_candidates",
+    "create_run",
+    "event_row",
+    "expire_leases",
+    "expired_leases",
+    "fold_peaks",
+    "frozen_config",
+    "get_attempt",
+    "get_run",
+    "heartbeat",
+    "items_with_waiting",
+    "job_item_key",
+    "latest_event_id",
+    "mark_closeout_finished",
+    "mark_lost_workers",
+    "mark_unknown",
+    "mark_worker_lost",
+    "move_attempt",
+    "move_job",
+    "node_runs",
+    "orphaned_attempts",
+    "promote_item",
+    "promote_run",
+    "reconcile_attempt",
+    "record_capture",
+    "record_decisions",
+    "record_samples",
+    "record_spawn",
+    "register_worker",
+    "release",
+    "request_cancel",
+    "reservation_mib",
+    "retry_job",
+    "run_config",
+    "run_has_open_jobs",
+    "run_paused",
+    "running_attempts",
+    "set_control",
+    "settle_attempt",
+    "settle_from_verdict",
+    "stage_peaks",
+    "stale_workers",
+    "stop_worker",
+    "upsert_node",
+]

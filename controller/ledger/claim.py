@@ -1,0 +1,337 @@
+"""Claim: lease admissible jobs and commit their intents (invariant 1).
+
+One write transaction per claim, for all of the worker's free slots at once: build the
+admission snapshot (``controller.ledger.snapshot``), ask ``admission.admit``, then for
+each job to start move it to running with a new fence, insert the attempt (the intent,
+with a fresh idempotency key), its lease and its reservation, and record the decisions.
+The caller commits before anything is spawned.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from controller import admission, launch
+from controller.errors import IllegalTransition
+from controller.ledger import statements
+from controller.ledger.controls import set_control
+from controller.ledger.snapshot import RunInfo, admission_snapshot
+from controller.ledger.tables import decisions
+from controller.ledger.transitions import append_events, event_row, move_job
+from controller.states import (
+    AttemptState,
+    ControlKind,
+    ControlScope,
+    EventKind,
+    JobState,
+    Verdict,
+)
+
+DEFAULT_LEASE_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Everything a worker needs to spawn one attempt whose intent is committed."""
+
+    run_id: int
+    job_id: int
+    attempt_id: int
+    number: int
+    fence: int
+    idempotency_key: str
+    item: str
+    stage: str
+    lane: str
+    argv: list[str]
+    env: dict[str, str]
+    """Templates rendered; ``${NAME}`` secret references still unresolved."""
+    cwd: str | None
+    timeout_seconds: int
+    grace_seconds: float
+    attempt_dir: str
+    log_cap_bytes: int = 1 << 30
+    ports: list[int] = field(default_factory=list)
+
+
+PortPicker = Callable[[int, set[int]], list[int]]
+
+
+def claim_jobs(
+    session: Session,
+    *,
+    worker_id: str,
+    node: str,
+    free_slots: int,
+    mem_available_mib: float | None,
+    now: datetime,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    candidate_limit: int | None = None,
+    check_sources: Callable[[RunInfo], list[str]] | None = None,
+    source_problems: dict[int, list[str]] | None = None,
+    pick_ports: PortPicker | None = None,
+) -> list[Claim]:
+    """Lease admissible jobs for up to ``free_slots`` and write their intents.
+
+    ``pick_ports(n, taken)`` returns ``n`` free ports not in ``taken`` (the ports of the
+    node's in-flight attempts); they are recorded on the attempt in this transaction.
+
+    Invariant 12: a run whose frozen source files changed dispatches nothing; the run is
+    halted, naming the file and both hashes. ``source_problems`` (run id -> problems) is
+    that check done by the caller before the transaction, so no file is hashed under the
+    write lock; ``check_sources(run)`` does it here instead, for runs about to dispatch.
+    """
+    snapshot, jobs_by_id = admission_snapshot(
+        session,
+        node=node,
+        free_slots=free_slots,
+        mem=mem_available_mib,
+        limit=candidate_limit,
+    )
+    verdict = admission.admit(snapshot)
+    if verdict.starts and (check_sources is not None or source_problems):
+        drifted = _halt_on_source_drift(
+            session,
+            {jobs_by_id[c.job_id][1].id: jobs_by_id[c.job_id][1] for c in verdict.starts},
+            check_sources,
+            source_problems or {},
+            now=now,
+            actor=worker_id,
+        )
+        if drifted:
+            snapshot.controls += [
+                admission.ControlView("halt", "run", run_id, None, "frozen sources changed")
+                for run_id in drifted
+            ]
+            verdict = admission.admit(snapshot)
+    claims = []
+    taken = _ports_in_use(session, node) if verdict.starts else set()
+    event_rows: list[dict[str, Any]] = []
+    for candidate in verdict.starts:
+        job, run = jobs_by_id[candidate.job_id]
+        claims.append(
+            _grant(
+                session,
+                job,
+                run,
+                memory_mib=candidate.memory_mib,
+                pick_ports=pick_ports,
+                taken_ports=taken,
+                worker_id=worker_id,
+                node=node,
+                now=now,
+                lease_seconds=lease_seconds,
+                event_rows=event_rows,
+            )
+        )
+    append_events(session, event_rows)
+    # Refusals after dispatches: when a lane dispatched one job and must refuse the next
+    # (e.g. its cap is now reached), the refusal is the lane's state from now on.
+    dispatched = [
+        admission.Refusal(c.run_id, c.lane, c.stage, "", {}, c.job_id) for c in verdict.starts
+    ]
+    record_decisions(
+        session,
+        [(r, Verdict.DISPATCHED) for r in dispatched]
+        + [(r, Verdict.REFUSED) for r in verdict.refusals],
+        node=node,
+        worker_id=worker_id,
+        now=now,
+    )
+    return claims
+
+
+def _ports_in_use(session: Session, node: str) -> set[int]:
+    """Ports held by the node's in-flight (and unknown) attempts."""
+    used: set[int] = set()
+    for ports in session.execute(statements.NODE_PORTS, {"node": node}).scalars():
+        used.update(int(port) for port in ports or [])
+    return used
+
+
+def _halt_on_source_drift(
+    session: Session,
+    runs: dict[int, RunInfo],
+    check_sources: Callable[[RunInfo], list[str]] | None,
+    known: dict[int, list[str]],
+    *,
+    now: datetime,
+    actor: str,
+) -> set[int]:
+    """Halt every run about to dispatch whose frozen sources changed; their ids."""
+    drifted: set[int] = set()
+    for _, run in sorted(runs.items()):
+        problems = known.get(run.id) or (check_sources(run) if check_sources else [])
+        if problems:
+            set_control(
+                session,
+                ControlKind.HALT,
+                scope=ControlScope.RUN,
+                run_id=run.id,
+                reason="frozen sources changed: " + "; ".join(problems),
+                actor=actor,
+                now=now,
+            )
+            drifted.add(run.id)
+    return drifted
+
+
+def _grant(
+    session: Session,
+    job: Any,
+    run: RunInfo,
+    *,
+    memory_mib: float,
+    pick_ports: PortPicker | None,
+    taken_ports: set[int],
+    worker_id: str,
+    node: str,
+    now: datetime,
+    lease_seconds: float,
+    event_rows: list[dict[str, Any]],
+) -> Claim:
+    stage = run.config.stage(job.stage)
+    number = job.attempt_count + 1
+    moved = move_job(
+        session,
+        job.id,
+        JobState.READY,
+        JobState.RUNNING,
+        now=now,
+        actor=worker_id,
+        bump_fence=True,
+        attempt_count=number,
+    )
+    fence = moved.fence
+    argv, env, cwd = launch.render_command(
+        stage, launch.item_config(job.item_key, job.item_lane, job.item_fields)
+    )
+    directory = launch.attempt_dir(run.runtime_dir, run.id, job.item_key, job.stage, number)
+    key = f"lw-{run.id}-{job.id}-{number}-{uuid.uuid4().hex[:12]}"
+    ports: list[int] | None = None
+    if stage.ports:
+        if pick_ports is None:
+            raise IllegalTransition(f"stage {stage.name} asks for ports; no port picker given")
+        ports = pick_ports(stage.ports, taken_ports)
+        taken_ports.update(ports)
+    attempt_id = session.execute(
+        statements.INSERT_ATTEMPT,
+        {
+            "ports": ports,
+            "job_id": job.id,
+            "run_id": run.id,
+            "number": number,
+            "idempotency_key": key,
+            "state": AttemptState.INTENT,
+            "fence": fence,
+            "worker_id": worker_id,
+            "node": node,
+            "argv_hash": launch.argv_hash(argv, cwd),
+            "attempt_dir": directory,
+            "intent_at": now,
+            "diagnostics": [],
+        },
+    ).scalar_one()
+    session.execute(
+        statements.INSERT_LEASE,
+        {
+            "job_id": job.id,
+            "attempt_id": attempt_id,
+            "worker_id": worker_id,
+            "fence": fence,
+            "granted_at": now,
+            "expires_at": now + timedelta(seconds=lease_seconds),
+        },
+    )
+    session.execute(
+        statements.INSERT_RESERVATION,
+        {
+            "attempt_id": attempt_id,
+            "node": node,
+            "memory_mib": math.ceil(memory_mib),
+            "gpu_mib": stage.gpu_mib,
+            "created_at": now,
+        },
+    )
+    event_rows.append(
+        event_row(
+            EventKind.ATTEMPT_INTENT,
+            actor=worker_id,
+            now=now,
+            run_id=run.id,
+            job_id=job.id,
+            attempt_id=attempt_id,
+            number=number,
+            fence=fence,
+            idempotency_key=key,
+        )
+    )
+    return Claim(
+        run_id=run.id,
+        job_id=job.id,
+        attempt_id=attempt_id,
+        number=number,
+        fence=fence,
+        idempotency_key=key,
+        item=job.item_key,
+        stage=job.stage,
+        lane=job.lane,
+        argv=argv,
+        env=env,
+        cwd=cwd,
+        timeout_seconds=stage.timeout_seconds,
+        grace_seconds=stage.grace_seconds,
+        attempt_dir=directory,
+        log_cap_bytes=int(stage.log_cap_mib * 1024 * 1024),
+        ports=list(ports or []),
+    )
+
+
+def record_decisions(
+    session: Session,
+    verdicts: list[tuple[admission.Refusal, Verdict]],
+    *,
+    node: str,
+    worker_id: str | None,
+    now: datetime,
+) -> int:
+    """Insert a decision for each (run, lane, stage) whose verdict or reason changed
+    since its newest decision (invariant 10: one row per change). Returns rows added."""
+    if not verdicts:
+        return 0
+    keys = sorted({(r.run_id, r.lane, r.stage) for r, _ in verdicts}, key=str)
+    last: dict[tuple[int, str, str | None], tuple[str, str | None]] = {}
+    for chunk in statements.chunks(keys):
+        for row in session.execute(statements.last_decisions(chunk)):
+            last[(row.k_run, row.k_lane, row.k_stage)] = (str(row.verdict), row.reason_code)
+    rows = []
+    for refusal, verdict in verdicts:
+        key = (refusal.run_id, refusal.lane, refusal.stage)
+        code = refusal.code or None
+        if last.get(key) == (verdict.value, code):
+            continue
+        last[key] = (verdict.value, code)
+        rows.append(
+            {
+                "run_id": refusal.run_id,
+                "lane": refusal.lane,
+                "stage": refusal.stage,
+                "node": node,
+                "worker_id": worker_id,
+                "verdict": verdict,
+                "reason_code": code,
+                "detail": refusal.detail,
+                "job_id": refusal.job_id,
+                "decided_at": now,
+            }
+        )
+    if rows:
+        session.execute(decisions.insert(), rows)
+    return len(rows)

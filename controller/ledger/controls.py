@@ -1,0 +1,109 @@
+"""Controls: pause, stop and halt, each set and cleared with who, why and when."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import and_, select, update
+from sqlalchemy.orm import Session
+
+from controller.ledger.tables import controls
+from controller.ledger.transitions import append_event, rowcount
+from controller.models import Control
+from controller.states import (
+    CONTROL_CLEARED_EVENT,
+    CONTROL_SET_EVENT,
+    ControlKind,
+    ControlScope,
+)
+
+
+def set_control(
+    session: Session,
+    kind: ControlKind,
+    *,
+    scope: ControlScope,
+    reason: str,
+    actor: str,
+    now: datetime,
+    run_id: int | None = None,
+    lane: str | None = None,
+) -> int:
+    """Set a pause, stop or halt; it stays until cleared (``clear_controls``)."""
+    control = Control(
+        kind=kind,
+        scope=scope,
+        run_id=run_id,
+        lane=lane,
+        reason=reason,
+        set_by=actor,
+        set_at=now,
+    )
+    session.add(control)
+    session.flush()
+    append_event(
+        session,
+        CONTROL_SET_EVENT[kind],
+        actor=actor,
+        now=now,
+        run_id=run_id,
+        scope=scope.value,
+        lane=lane,
+        reason=reason,
+        control_id=control.id,
+    )
+    return control.id
+
+
+def run_paused(session: Session, run_id: int) -> bool:
+    """Does the run carry an active pause?"""
+    return (
+        session.execute(
+            select(controls.c.id).where(
+                controls.c.run_id == run_id,
+                controls.c.kind == ControlKind.PAUSE.value,
+                controls.c.cleared_at.is_(None),
+            )
+        ).first()
+        is not None
+    )
+
+
+def clear_controls(
+    session: Session,
+    kinds: tuple[ControlKind, ...],
+    *,
+    reason: str,
+    actor: str,
+    now: datetime,
+    run_id: int | None = None,
+) -> int:
+    """Clear active controls of ``kinds`` on a run (or global ones when run_id is None).
+    Returns how many were cleared; each clear is an event with who and why."""
+    scope_match = Control.run_id.is_(None) if run_id is None else Control.run_id == run_id
+    rows = session.execute(
+        select(Control.id, Control.kind, Control.run_id).where(
+            Control.cleared_at.is_(None),
+            Control.kind.in_([k.value for k in kinds]),
+            scope_match,
+        )
+    ).all()
+    for control in rows:
+        changed = rowcount(
+            session.execute(
+                update(controls)
+                .where(and_(controls.c.id == control.id, controls.c.cleared_at.is_(None)))
+                .values(cleared_at=now, cleared_by=actor, clear_reason=reason)
+            )
+        )
+        if changed == 1:
+            append_event(
+                session,
+                CONTROL_CLEARED_EVENT[ControlKind(control.kind)],
+                actor=actor,
+                now=now,
+                run_id=control.run_id,
+                control_id=control.id,
+                reason=reason,
+            )
+    return len(rows)

@@ -1,0 +1,133 @@
+"""Promotion: waiting jobs move on when their needs end, and finished runs close.
+
+Promotion happens in the transaction that made it possible: a settle, a reconcile or a
+retry promotes the item it touched (``promote_item``). The controller's safety net
+(``promote_after``) follows the event log from a cursor, so its cost follows what
+changed since its last look, never the size of the backlog.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from controller.ledger import statements
+from controller.ledger.runs import frozen_config
+from controller.ledger.tables import jobs, runs
+from controller.ledger.transitions import append_event, move_job, rowcount
+from controller.states import (
+    TERMINAL_JOB_EVENTS,
+    TERMINAL_JOB_STATES,
+    EventKind,
+    JobState,
+    RunState,
+)
+
+
+def promote_item(session: Session, item_id: int, *, now: datetime, actor: str) -> int:
+    """Move the item's waiting jobs to ready when every need succeeded, or to skipped
+    (with the reason) when a need ended without success. Returns how many moved."""
+    rows = session.execute(statements.ITEM_JOBS, {"item_id": item_id}).all()
+    if not any(row.state == JobState.WAITING for row in rows):
+        return 0
+    states = {row.stage: JobState(row.state) for row in rows}
+    run_id = rows[0].run_id
+    sha = session.execute(select(runs.c.config_sha256).where(runs.c.id == run_id)).scalar_one()
+    config = frozen_config(session, run_id, sha)
+    moved = 0
+    for row in rows:
+        if states[row.stage] is not JobState.WAITING:
+            continue
+        needs = {need: states[need] for need in config.stage(row.stage).needs}
+        blocked = [
+            f"{need} {state.value}"
+            for need, state in needs.items()
+            if state in TERMINAL_JOB_STATES and state is not JobState.SUCCEEDED
+        ]
+        if blocked:
+            target = JobState.SKIPPED
+            reason: str | None = "needed stage did not succeed: " + ", ".join(blocked)
+        elif all(state is JobState.SUCCEEDED for state in needs.values()):
+            target, reason = JobState.READY, None
+        else:
+            continue
+        move_job(session, row.id, JobState.WAITING, target, now=now, actor=actor, reason=reason)
+        states[row.stage] = target  # a skip cascades to later stages in this pass
+        moved += 1
+    return moved
+
+
+def promote_run(session: Session, run_id: int, *, now: datetime, actor: str) -> int:
+    """``promote_item`` for every item of the run that still has waiting jobs: a full
+    pass, for the controller's start only (``promote_after`` follows changes)."""
+    item_ids = session.scalars(
+        select(jobs.c.item_id)
+        .where(jobs.c.run_id == run_id, jobs.c.state == JobState.WAITING.value)
+        .distinct()
+    ).all()
+    return sum(promote_item(session, item_id, now=now, actor=actor) for item_id in item_ids)
+
+
+@dataclass
+class Changes:
+    """What the events after a cursor touched."""
+
+    cursor: int
+    items: set[int] = field(default_factory=set)
+    """Items with a job that reached a terminal state: their waiting jobs may move."""
+    runs: set[int] = field(default_factory=set)
+    """Runs whose jobs changed, or that were created or reopened: they may be done."""
+    more: bool = False
+    """The page was full: call again."""
+
+
+def changes_after(session: Session, cursor: int, *, batch: int = 1000) -> Changes:
+    """Read (no writes) one page of events after ``cursor``: an index range on the
+    primary key, as long as what happened since, not as long as the log."""
+    rows = session.execute(statements.EVENTS_AFTER, {"cursor": cursor, "batch": batch}).all()
+    changes = Changes(cursor=rows[-1].id if rows else cursor, more=len(rows) == batch)
+    for row in rows:
+        if row.kind in TERMINAL_JOB_EVENTS and row.item_id is not None:
+            changes.items.add(row.item_id)
+            changes.runs.add(row.run_id)
+        elif row.kind in (EventKind.RUN_CREATED, EventKind.RUN_REOPENED, EventKind.JOB_RETRY):
+            changes.runs.add(row.run_id)
+    return changes
+
+
+def items_with_waiting(session: Session, item_ids: set[int]) -> list[int]:
+    """Which of these items still have a waiting job (read-only)."""
+    if not item_ids:
+        return []
+    return list(session.execute(statements.ITEMS_WAITING, {"item_ids": sorted(item_ids)}).scalars())
+
+
+def run_has_open_jobs(session: Session, run_id: int) -> bool:
+    """One index probe: is any job of the run not terminal?"""
+    return bool(session.execute(statements.RUN_OPEN_JOB, {"run_id": run_id}).scalar())
+
+
+def close_run_if_done(session: Session, run_id: int, *, now: datetime, actor: str) -> bool:
+    """Active -> finished when every job of the run is terminal. Returns True if closed."""
+    if run_has_open_jobs(session, run_id):
+        return False
+    changed = rowcount(
+        session.execute(
+            update(runs)
+            .where(runs.c.id == run_id, runs.c.state == RunState.ACTIVE.value)
+            .values(state=RunState.FINISHED.value, finished_at=now)
+        )
+    )
+    if changed != 1:
+        return False
+    counts = {
+        str(state): count
+        for state, count in session.execute(
+            select(jobs.c.state, func.count()).where(jobs.c.run_id == run_id).group_by(jobs.c.state)
+        ).all()
+    }
+    append_event(session, EventKind.RUN_FINISHED, actor=actor, now=now, run_id=run_id, jobs=counts)
+    return True

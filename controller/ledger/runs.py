@@ -1,0 +1,316 @@
+"""Runs, nodes and workers: creating a run, reading its frozen config, worker liveness.
+
+A run's config is frozen as JSON when the run is created and never changes, so it is
+parsed once per process per config hash (``frozen_config``); a claim or settle reads
+only the hash.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from controller.config import PipelineConfig, config_from_frozen
+from controller.errors import IllegalTransition, NotFound, StaleLease
+from controller.ledger import statements
+from controller.ledger.tables import leases, nodes, workers
+from controller.ledger.transitions import append_event, rowcount
+from controller.models import Item, Job, Lane, Node, Run, Worker
+from controller.states import EventKind, JobState, RunState, WorkerState
+
+_config_cache: dict[str, PipelineConfig] = {}
+
+
+def frozen_config(session: Session, run_id: int, config_sha256: str) -> PipelineConfig:
+    """The frozen config of a run whose hash the caller has read (parsed on a miss)."""
+    cached = _config_cache.get(config_sha256)
+    if cached is None:
+        text = session.execute(statements.RUN_CONFIG_JSON, {"run_id": run_id}).scalar_one()
+        cached = _config_cache[config_sha256] = config_from_frozen(text)
+    return cached
+
+
+def run_config(run: Run) -> PipelineConfig:
+    """The frozen config of a run (parsed once per process per config hash)."""
+    cached = _config_cache.get(run.config_sha256)
+    if cached is None:
+        cached = _config_cache[run.config_sha256] = config_from_frozen(run.config_json)
+    return cached
+
+
+def upsert_node(session: Session, node: Any, *, now: datetime) -> None:
+    """Create or refresh a node's configured capacity (from a config's NodeConfig)."""
+    row = session.get(Node, node.name)
+    gpu = node.gpu
+    values = {
+        "memory_floor_mib": node.memory_floor_mib,
+        "max_jobs": node.max_jobs,
+        "gpu_total_mib": gpu.total_mib if gpu else None,
+        "gpu_fraction": gpu.fraction if gpu else None,
+        "gpu_baseline_mib": gpu.baseline_mib if gpu else None,
+        "updated_at": now,
+    }
+    if row is None:
+        session.add(Node(name=node.name, **values))
+    else:
+        for key, value in values.items():
+            setattr(row, key, value)
+
+
+def create_run(
+    session: Session,
+    config: PipelineConfig,
+    *,
+    runtime_dir: str,
+    source_hashes: dict[str, str],
+    actor: str,
+    now: datetime,
+) -> Run:
+    """Freeze ``config`` into a new run with its lanes, items and jobs.
+
+    Only the first ``batch_cap`` items (in config order) are taken on. A job with no
+    ``needs`` starts ready; the rest wait until promotion (``controller.ledger.
+    promotion``) moves them. Job ids follow item order within each stage: claims rely on
+    it (``statements.ready_candidates``).
+    """
+    for node in config.nodes:
+        upsert_node(session, node, now=now)
+    run = Run(
+        name=config.name,
+        state=RunState.ACTIVE,
+        config_json=config.canonical_json(),
+        config_sha256=config.sha256(),
+        source_hashes=source_hashes,
+        runtime_dir=runtime_dir,
+        created_by=actor,
+        created_at=now,
+    )
+    session.add(run)
+    session.flush()
+    for lane in config.lanes:
+        session.add(Lane(run_id=run.id, name=lane.name, node=lane.node, caps=dict(lane.caps)))
+    items = config.items[: config.batch_cap] if config.batch_cap else config.items
+    for position, item_config in enumerate(items):
+        item = Item(
+            run_id=run.id,
+            key=item_config.key,
+            lane=item_config.lane,
+            position=position,
+            fields=item_config.fields,
+        )
+        session.add(item)
+        session.flush()
+        for stage_position, stage in enumerate(config.stages):
+            state = JobState.WAITING if stage.needs else JobState.READY
+            session.add(
+                Job(
+                    run_id=run.id,
+                    item_id=item.id,
+                    stage=stage.name,
+                    stage_position=stage_position,
+                    lane=item.lane,
+                    state=state,
+                    fence=0,
+                    attempt_count=0,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+    session.flush()
+    session.execute(
+        statements.INSERT_STAGE_STATS,
+        [{"run_id": run.id, "stage": stage.name, "settled": 0} for stage in config.stages],
+    )
+    append_event(
+        session,
+        EventKind.RUN_CREATED,
+        actor=actor,
+        now=now,
+        run_id=run.id,
+        config_sha256=run.config_sha256,
+        items=len(items),
+        deferred_by_batch_cap=len(config.items) - len(items),
+    )
+    return run
+
+
+def get_run(session: Session, run_id: int | None = None) -> Run:
+    """The run with ``run_id``, or the newest run when None."""
+    if run_id is None:
+        run = session.scalars(select(Run).order_by(Run.id.desc()).limit(1)).first()
+        if run is None:
+            raise NotFound("the ledger has no runs yet; start one with `laneway start-pipeline`")
+        return run
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} is not in the ledger; `laneway status` lists the newest")
+    return run
+
+
+def active_run_ids(session: Session) -> list[int]:
+    return list(session.scalars(select(Run.id).where(Run.state == RunState.ACTIVE)))
+
+
+def job_item_key(session: Session, job_id: int) -> str:
+    """The key of the item a job belongs to."""
+    return session.execute(
+        select(Item.key).join(Job, Job.item_id == Item.id).where(Job.id == job_id)
+    ).scalar_one()
+
+
+# -------------------------------------------------------------------------- workers
+
+
+def register_worker(
+    session: Session,
+    *,
+    node: str,
+    host: str,
+    pid: int,
+    boot_id: str,
+    process_start_time: int | None,
+    slots: int,
+    now: datetime,
+) -> str:
+    """Record a starting worker and return its id."""
+    if session.get(Node, node) is None:
+        raise NotFound(f"node {node!r} is not in the ledger; start a pipeline that names it first")
+    worker_id = f"{node}-{pid}-{uuid.uuid4().hex[:8]}"
+    session.add(
+        Worker(
+            id=worker_id,
+            node=node,
+            host=host,
+            pid=pid,
+            boot_id=boot_id,
+            process_start_time=process_start_time,
+            slots=slots,
+            state=WorkerState.ACTIVE,
+            started_at=now,
+            heartbeat_at=now,
+        )
+    )
+    append_event(session, EventKind.WORKER_STARTED, actor=worker_id, now=now, node=node, pid=pid)
+    return worker_id
+
+
+def heartbeat(
+    session: Session,
+    worker_id: str,
+    *,
+    now: datetime,
+    lease_seconds: float,
+    mem_available_mib: float | None,
+    mem_total_mib: float | None,
+    gpus: list[dict[str, float]] | None = None,
+    gpu_note: str | None = None,
+) -> int:
+    """Renew the worker's heartbeat, its live leases, and its node's memory sample.
+
+    Returns how many leases were renewed. Raises StaleLease if the worker is no longer
+    active (the controller declared it lost).
+    """
+    node = session.execute(
+        update(workers)
+        .where(workers.c.id == worker_id, workers.c.state == WorkerState.ACTIVE.value)
+        .values(heartbeat_at=now)
+        .returning(workers.c.node)
+    ).scalar()
+    if node is None:
+        raise StaleLease(f"worker {worker_id} is no longer active; it must stop writing")
+    renewed = rowcount(
+        session.execute(
+            update(leases)
+            .where(
+                leases.c.worker_id == worker_id,
+                leases.c.released_at.is_(None),
+                leases.c.expires_at > now,
+            )
+            .values(expires_at=now + timedelta(seconds=lease_seconds))
+        )
+    )
+    session.execute(
+        update(nodes)
+        .where(nodes.c.name == node)
+        .values(
+            mem_available_mib=mem_available_mib,
+            mem_total_mib=mem_total_mib,
+            gpus=gpus,
+            gpu_note=gpu_note,
+            sampled_at=now,
+            updated_at=now,
+        )
+    )
+    return renewed
+
+
+def stop_worker(session: Session, worker_id: str, *, now: datetime) -> None:
+    """A worker's clean exit."""
+    changed = rowcount(
+        session.execute(
+            update(workers)
+            .where(workers.c.id == worker_id, workers.c.state == WorkerState.ACTIVE.value)
+            .values(state=WorkerState.STOPPED.value, stopped_at=now)
+        )
+    )
+    if changed != 1:
+        raise IllegalTransition(f"worker {worker_id} is not active")
+    append_event(session, EventKind.WORKER_STOPPED, actor=worker_id, now=now)
+
+
+def mark_worker_lost(
+    session: Session, worker_id: str, *, now: datetime, actor: str, reason: str
+) -> bool:
+    """Active -> lost (compare-and-set). Returns False if it was no longer active."""
+    changed = rowcount(
+        session.execute(
+            update(workers)
+            .where(workers.c.id == worker_id, workers.c.state == WorkerState.ACTIVE.value)
+            .values(state=WorkerState.LOST.value, stopped_at=now)
+        )
+    )
+    if changed:
+        append_event(
+            session, EventKind.WORKER_LOST, actor=actor, now=now, worker=worker_id, reason=reason
+        )
+    return bool(changed)
+
+
+def stale_workers(session: Session, *, now: datetime, lost_after: float) -> list[str]:
+    """Active workers whose heartbeat is older than ``lost_after`` seconds (read-only)."""
+    cutoff = now - timedelta(seconds=lost_after)
+    return list(session.execute(statements.STALE_WORKERS, {"cutoff": cutoff}).scalars())
+
+
+def mark_lost_workers(
+    session: Session, *, now: datetime, lost_after: float, actor: str
+) -> list[str]:
+    """Active workers whose heartbeat is older than ``lost_after`` seconds become lost.
+    Their leases are left to expire (``expire_leases``) rather than revoked here."""
+    lost = stale_workers(session, now=now, lost_after=lost_after)
+    for worker_id in lost:
+        mark_worker_lost(session, worker_id, now=now, actor=actor, reason="heartbeat stopped")
+    return lost
+
+
+def active_workers(session: Session, *, node: str) -> list[Worker]:
+    return list(
+        session.scalars(
+            select(Worker).where(Worker.node == node, Worker.state == WorkerState.ACTIVE)
+        )
+    )
+
+
+def node_runs(session: Session, *, node: str) -> list[tuple[int, dict[str, str]]]:
+    """(run id, frozen source hashes) of the active runs with a lane on ``node``."""
+    rows = session.execute(
+        select(Run.id, Run.source_hashes)
+        .join(Lane, Lane.run_id == Run.id)
+        .where(Lane.node == node, Run.state == RunState.ACTIVE)
+        .distinct()
+    ).all()
+    return [(run_id, dict(hashes or {})) for run_id, hashes in rows]

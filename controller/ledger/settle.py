@@ -1,0 +1,336 @@
+"""Spawn and settle: an attempt's identity is recorded, then its outcome.
+
+A settle is one transaction: the attempt moves to settled (fenced), its job moves on
+(``controller.policy`` decides where), lease and reservation are released, the stage's
+measured peaks are folded into ``stage_stats``, the item's waiting jobs are promoted,
+and the circuit breakers are applied (invariant 11).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from controller import breakers, policy
+from controller.ledger import statements
+from controller.ledger.controls import run_paused, set_control
+from controller.ledger.promotion import promote_item
+from controller.ledger.runs import frozen_config
+from controller.ledger.tables import attempts, items, jobs
+from controller.ledger.transitions import move_attempt, move_job, rowcount
+from controller.outcome import Verdict as OutcomeVerdict
+from controller.states import (
+    IN_FLIGHT_ATTEMPT_STATES,
+    AttemptState,
+    ControlKind,
+    ControlScope,
+    JobState,
+    Outcome,
+)
+
+
+def record_spawn(
+    session: Session,
+    attempt_id: int,
+    *,
+    fence: int,
+    actor: str,
+    now: datetime,
+    boot_id: str,
+    supervisor_pid: int,
+    supervisor_start_time: int | None,
+    child_pid: int | None,
+    child_start_time: int | None,
+) -> None:
+    """Intent -> running: the supervisor (and child) identity is now in the ledger."""
+    move_attempt(
+        session,
+        attempt_id,
+        AttemptState.INTENT,
+        AttemptState.RUNNING,
+        now=now,
+        actor=actor,
+        fence=fence,
+        values={
+            "started_at": now,
+            "boot_id": boot_id,
+            "supervisor_pid": supervisor_pid,
+            "supervisor_start_time": supervisor_start_time,
+            "child_pid": child_pid,
+            "child_start_time": child_start_time,
+        },
+        event_detail={"supervisor_pid": supervisor_pid, "child_pid": child_pid},
+    )
+
+
+def settle_attempt(
+    session: Session,
+    attempt_id: int,
+    *,
+    fence: int,
+    outcome: Outcome,
+    actor: str,
+    now: datetime,
+    reason: str | None = None,
+    exit_code: int | None = None,
+    exit_signal: int | None = None,
+    result: dict[str, Any] | None = None,
+    diagnostics: list[str] | None = None,
+    revoke: bool = False,
+    measured: dict[str, Any] | None = None,
+) -> JobState:
+    """Settle an attempt into ``outcome``, move its job on, release lease and reservation.
+
+    ``revoke``: settling on the lease holder's behalf (the controller, after the lease
+    expired) bumps the fence, so the holder, should it return, gets StaleLease.
+
+    The job's next state comes from ``policy.next_job_state``. Downstream jobs of the
+    item are promoted or skipped in the same transaction. Returns the job's new state.
+    StaleLease if ``fence`` is no longer current.
+    """
+    columns = _measured_columns(measured)
+    attempt = move_attempt(
+        session,
+        attempt_id,
+        IN_FLIGHT_ATTEMPT_STATES,
+        AttemptState.SETTLED,
+        now=now,
+        actor=actor,
+        fence=fence,
+        values={
+            "outcome": outcome.value,
+            "settled_at": now,
+            "state_reason": reason,
+            "exit_code": exit_code,
+            "exit_signal": exit_signal,
+            "result": result,
+            "diagnostics": diagnostics or [],
+            **columns,
+        },
+        event_detail={"outcome": outcome.value, "exit_code": exit_code, "reason": reason},
+    )
+    job = session.execute(statements.JOB_CONTEXT, {"job_id": attempt.job_id}).one()
+    config = frozen_config(session, job.run_id, job.config_sha256)
+    new_state = policy.next_job_state(config.stage(job.stage), outcome, job.attempt_count)
+    move_job(
+        session,
+        job.id,
+        JobState.RUNNING,
+        new_state,
+        now=now,
+        actor=actor,
+        fence=fence,
+        bump_fence=revoke,
+        reason=None
+        if new_state is JobState.SUCCEEDED
+        else f"attempt {attempt.number}: {outcome.value}",
+    )
+    release(session, attempt_id, now=now)
+    fold_peaks(session, job.run_id, job.stage, attempt_id, columns)
+    promote_item(session, job.item_id, now=now, actor=actor)
+    _trip_breaker(session, attempt, outcome, reason, now=now, actor=actor)
+    return new_state
+
+
+def fold_peaks(
+    session: Session, run_id: int, stage: str, attempt_id: int, columns: dict[str, Any]
+) -> None:
+    """Fold a settled attempt's peaks into its stage's row (what admission reads)."""
+    if columns:
+        rss, gpu = columns.get("peak_rss_mib"), columns.get("peak_gpu_mib")
+    else:  # measured earlier by record_samples
+        row = session.execute(
+            select(attempts.c.peak_rss_mib, attempts.c.peak_gpu_mib).where(
+                attempts.c.id == attempt_id
+            )
+        ).one()
+        rss, gpu = row.peak_rss_mib, row.peak_gpu_mib
+    session.execute(
+        statements.STAGE_MEASURED, {"b_run_id": run_id, "b_stage": stage, "rss": rss, "gpu": gpu}
+    )
+
+
+def _trip_infra_breaker(session: Session, run_id: int, *, now: datetime, actor: str) -> None:
+    sha = session.execute(statements.RUN_FROZEN, {"run_id": run_id}).one().config_sha256
+    limit = frozen_config(session, run_id, sha).infra_breaker
+    # Newest first, and only back to the last success: the cost follows the streak.
+    newest_first: list[tuple[str, Outcome]] = []
+    result = session.execute(
+        select(items.c.key, attempts.c.outcome)
+        .join(jobs, jobs.c.id == attempts.c.job_id)
+        .join(items, items.c.id == jobs.c.item_id)
+        .where(attempts.c.run_id == run_id, attempts.c.state == AttemptState.SETTLED.value)
+        .order_by(attempts.c.settled_at.desc(), attempts.c.id.desc())
+        .execution_options(yield_per=64)
+    )
+    for key, outcome in result:
+        newest_first.append((key, Outcome(str(outcome))))
+        if outcome == Outcome.SUCCEEDED:
+            break
+    result.close()
+    history = list(reversed(newest_first))
+    if not breakers.infra_breaker_trips(history, limit) or run_paused(session, run_id):
+        return
+    streak = sorted(breakers.infra_streak(history))
+    set_control(
+        session,
+        ControlKind.PAUSE,
+        scope=ControlScope.RUN,
+        run_id=run_id,
+        reason=(
+            f"infrastructure failures of {len(streak)} distinct items in a row "
+            f"({', '.join(streak)}); breaker threshold {limit}"
+        ),
+        actor=actor,
+        now=now,
+    )
+
+
+def _trip_breaker(
+    session: Session,
+    attempt: Any,
+    outcome: Outcome,
+    reason: str | None,
+    *,
+    now: datetime,
+    actor: str,
+) -> None:
+    """Invariant 11, in the settle's own transaction: a fatal outcome halts the run, a
+    harness failure (laneway's own side broke) pauses it. Ordinary failures never trip."""
+    if outcome is Outcome.INFRA_FAILURE:
+        _trip_infra_breaker(session, attempt.run_id, now=now, actor=actor)
+        return
+    kind = {Outcome.FATAL: ControlKind.HALT, Outcome.HARNESS_FAILURE: ControlKind.PAUSE}.get(
+        outcome
+    )
+    if kind is None:
+        return
+    set_control(
+        session,
+        kind,
+        scope=ControlScope.RUN,
+        run_id=attempt.run_id,
+        reason=f"attempt {attempt.id} settled {outcome.value}: {reason or 'no reason given'}",
+        actor=actor,
+        now=now,
+    )
+
+
+def settle_from_verdict(
+    session: Session,
+    attempt_id: int,
+    *,
+    fence: int,
+    verdict: OutcomeVerdict,
+    exit_record: dict[str, Any] | None,
+    result: dict[str, Any] | None,
+    actor: str,
+    now: datetime,
+    measured: dict[str, Any] | None = None,
+    revoke: bool = False,
+    reason_suffix: str = "",
+) -> JobState:
+    """``settle_attempt`` from a classified outcome (``controller.outcome``) and the exit
+    record it came from. The verdict must have an outcome (unknown goes to mark_unknown)."""
+    assert verdict.outcome is not None
+    record = exit_record or {}
+    return settle_attempt(
+        session,
+        attempt_id,
+        fence=fence,
+        outcome=verdict.outcome,
+        actor=actor,
+        now=now,
+        reason=verdict.reason + reason_suffix,
+        exit_code=record.get("exit_code"),
+        exit_signal=record.get("signal"),
+        result=result,
+        diagnostics=verdict.diagnostics,
+        measured=measured,
+        revoke=revoke,
+    )
+
+
+MEASURED_COLUMNS = (
+    "current_rss_mib",
+    "peak_rss_mib",
+    "peak_rss_at",
+    "peak_gpu_mib",
+    "peak_gpu_at",
+    "gpu_note",
+    "sampled_at",
+)
+
+
+def _measured_columns(measured: dict[str, Any] | None) -> dict[str, Any]:
+    if not measured or measured.get("sampled_at") is None:
+        return {}
+    return {column: measured.get(column) for column in MEASURED_COLUMNS}
+
+
+def record_samples(session: Session, attempt_id: int, *, fence: int, **measured: Any) -> bool:
+    """Store an in-flight attempt's latest and peak measurements (fenced; no state change
+    and no event: samples are evidence, written often). False if the fence is stale or
+    the attempt is no longer in flight."""
+    values = _measured_columns(measured)
+    if not values:
+        return False
+    current_fence = select(jobs.c.fence).where(jobs.c.id == attempts.c.job_id).scalar_subquery()
+    changed = rowcount(
+        session.execute(
+            update(attempts)
+            .where(
+                attempts.c.id == attempt_id,
+                attempts.c.fence == fence,
+                current_fence == fence,
+                attempts.c.state.in_([s.value for s in IN_FLIGHT_ATTEMPT_STATES]),
+            )
+            .values(**values)
+        )
+    )
+    return changed == 1
+
+
+def mark_unknown(
+    session: Session,
+    attempt_id: int,
+    *,
+    reason: str,
+    actor: str,
+    now: datetime,
+    fence: int | None = None,
+) -> None:
+    """The attempt's outcome cannot be established: attempt and job become unknown, the
+    lease is revoked (fence bumped), and dispatch for the run halts until reconciled.
+    The reservation stays held: the process may still be running."""
+    attempt = move_attempt(
+        session,
+        attempt_id,
+        IN_FLIGHT_ATTEMPT_STATES,
+        AttemptState.UNKNOWN,
+        now=now,
+        actor=actor,
+        fence=fence,
+        values={"state_reason": reason},
+        event_detail={"reason": reason},
+    )
+    move_job(
+        session,
+        attempt.job_id,
+        JobState.RUNNING,
+        JobState.UNKNOWN,
+        now=now,
+        actor=actor,
+        reason=reason,
+        bump_fence=True,
+    )
+    session.execute(statements.RELEASE_LEASE, {"b_attempt_id": attempt_id, "b_now": now})
+
+
+def release(session: Session, attempt_id: int, *, now: datetime) -> None:
+    """An attempt's lease and reservation end (it settled)."""
+    session.execute(statements.RELEASE_LEASE, {"b_attempt_id": attempt_id, "b_now": now})
+    session.execute(statements.RELEASE_RESERVATION, {"b_attempt_id": attempt_id, "b_now": now})

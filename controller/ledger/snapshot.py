@@ -1,0 +1,238 @@
+"""The admission snapshot: what ``controller.admission`` sees for one node, now.
+
+Read-only. Every query here is bounded by what is live (the node's lanes, its running
+and unknown attempts, its live reservations, active controls) or by the free slots (the
+ready candidates), never by the number of jobs or events in the ledger.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Row
+from sqlalchemy.orm import Session
+
+from controller import admission
+from controller.config import PipelineConfig
+from controller.errors import NotFound
+from controller.ledger import statements
+from controller.ledger.runs import frozen_config
+from controller.ledger.tables import jobs
+from controller.models import Run
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a claim needs of a run: never its whole frozen config text."""
+
+    id: int
+    config_sha256: str
+    runtime_dir: str
+    source_hashes: dict[str, str]
+    config: PipelineConfig
+
+
+def stage_peaks(
+    session: Session, run_ids: list[int]
+) -> dict[tuple[int, str], tuple[float | None, float | None]]:
+    """(run, stage) -> (peak RSS MiB, peak GPU MiB) over the stage's settled attempts
+    (kept per stage by each settle: one row per stage, however many attempts)."""
+    if not run_ids:
+        return {}
+    rows = session.execute(statements.STAGE_PEAKS, {"run_ids": run_ids}).all()
+    return {(r.run_id, r.stage): (r.peak_rss_mib, r.peak_gpu_mib) for r in rows}
+
+
+def reservation_mib(stage: Any, peak_rss_mib: float | None) -> float:
+    """The memory a stage reserves: configured, or with ``learn_memory`` the larger of
+    that minimum and the measured peak times the margin."""
+    if stage.learn_memory and peak_rss_mib is not None:
+        return float(max(stage.memory_mib, peak_rss_mib * stage.memory_margin))
+    return float(stage.memory_mib)
+
+
+def _gpu_capacity(node: Row[Any]) -> dict[str, float]:
+    """Total and baseline GPU memory: measured by the node's worker when it can, else as
+    configured; the usable fraction is always configured."""
+    if node.gpus:
+        total = sum(float(d["total_mib"]) for d in node.gpus)
+        baseline = sum(float(d["baseline_mib"]) for d in node.gpus)
+    else:
+        total = float(node.gpu_total_mib or 0)
+        baseline = float(node.gpu_baseline_mib or 0)
+    return {
+        "gpu_total_mib": total,
+        "gpu_fraction": float(node.gpu_fraction or 1.0),
+        "gpu_baseline_mib": baseline,
+    }
+
+
+def admission_snapshot(
+    session: Session,
+    *,
+    node: str,
+    free_slots: int,
+    mem: float | None,
+    limit: int | None = None,
+    lock: bool = True,
+    job_id: int | None = None,
+) -> tuple[admission.Snapshot, dict[int, tuple[Any, RunInfo]]]:
+    """What admission sees for ``node`` now. Read-only; ``lock`` takes row locks on
+    PostgreSQL (claims), ``job_id`` narrows the candidates to one job (explain).
+
+    Candidates: the first ``free_slots + 1`` ready jobs of each (run, lane, stage) of
+    the node (``limit`` overrides the per-partition count).
+    """
+    node_row = session.execute(statements.NODE_ROW, {"node": node}).first()
+    if node_row is None:
+        raise NotFound(f"node {node!r} is not in the ledger")
+    run_infos: dict[int, RunInfo] = {}
+    lane_caps: dict[tuple[int, str], dict[str, int]] = {}
+    for lane in session.execute(statements.NODE_LANES, {"node": node}).all():
+        if lane.run_id not in run_infos:
+            run_infos[lane.run_id] = RunInfo(
+                lane.run_id,
+                lane.config_sha256,
+                lane.runtime_dir,
+                dict(lane.source_hashes or {}),
+                frozen_config(session, lane.run_id, lane.config_sha256),
+            )
+        lane_caps[(lane.run_id, lane.name)] = dict(lane.caps)
+    run_ids = sorted(run_infos)
+    stage_caps: dict[tuple[int, str], int | None] = {}
+    partitions: list[tuple[int, str, str]] = []
+    for run_id, info in run_infos.items():
+        for stage in info.config.stages:
+            stage_caps[(run_id, stage.name)] = stage.cap
+    for run_id, lane_name in sorted(lane_caps):
+        for stage in run_infos[run_id].config.stages:
+            partitions.append((run_id, lane_name, stage.name))
+
+    per_partition = limit if limit is not None else free_slots + 1
+    ready_rows = _ready_rows(session, partitions, per_partition, job_id=job_id, lock=lock)
+    peaks = stage_peaks(session, run_ids)
+    candidates = []
+    jobs_by_id: dict[int, tuple[Any, RunInfo]] = {}
+    for job in ready_rows:
+        info = run_infos[job.run_id]
+        stage = info.config.stage(job.stage)
+        rss_peak, gpu_peak = peaks.get((job.run_id, job.stage), (None, None))
+        candidates.append(
+            admission.Candidate(
+                job_id=job.id,
+                run_id=job.run_id,
+                lane=job.lane,
+                stage=job.stage,
+                memory_mib=reservation_mib(stage, rss_peak),
+                gpu_mib=stage.gpu_mib,
+                gpu_peak_mib=gpu_peak,
+            )
+        )
+        jobs_by_id[job.id] = (job, info)
+
+    running_lane_stage: Counter[tuple[int, str, str]] = Counter()
+    running_stage: Counter[tuple[int, str]] = Counter()
+    if run_ids:
+        for run_id, lane, stage_name, count in session.execute(
+            statements.RUNNING_BY_LANE_STAGE, {"run_ids": run_ids}
+        ):
+            running_lane_stage[(run_id, lane, stage_name)] += count
+            running_stage[(run_id, stage_name)] += count
+
+    node_running = session.execute(statements.NODE_HELD, {"node": node}).scalar() or 0
+    # "Unreleased": the part of each live reservation its attempt has not yet grown into
+    # (free memory already shows what it uses). Never sampled: the whole reservation.
+    reserved = 0.0
+    gpu_running_peaks: list[float | None] = []
+    for memory_mib, gpu_mib, current_rss, run_id, stage_name in session.execute(
+        statements.NODE_RESERVATIONS, {"node": node}
+    ).all():
+        reserved += max(0.0, memory_mib - (current_rss or 0.0))
+        if gpu_mib > 0:
+            if (run_id, stage_name) not in peaks:
+                peaks.update(stage_peaks(session, [run_id]))
+            gpu_running_peaks.append(peaks.get((run_id, stage_name), (None, None))[1])
+    controls = [
+        admission.ControlView(c.kind, c.scope, c.run_id, c.lane, c.reason)
+        for c in session.execute(statements.ACTIVE_CONTROLS).all()
+    ]
+    unknown_runs: dict[int, int] = {}
+    unknown_everywhere = 0
+    for run_id, count in session.execute(statements.UNKNOWN_BY_RUN).all():
+        if run_id in run_infos:
+            unknown_runs[run_id] = count
+            scope = run_infos[run_id].config.unknown_scope
+        else:
+            owner = session.get(Run, run_id)
+            sha = owner.config_sha256 if owner is not None else None
+            scope = frozen_config(session, run_id, sha).unknown_scope if sha else "run"
+        # A run configured with unknown_scope = "everything" halts every run's dispatch.
+        if scope == "everything":
+            unknown_everywhere += count
+    waiting: set[tuple[int, str]] = set()
+    for chunk in statements.chunks(sorted(lane_caps)):
+        waiting.update((r.run_id, r.lane) for r in session.execute(statements.waiting_lanes(chunk)))
+    snapshot = admission.Snapshot(
+        node=admission.NodeView(
+            name=node,
+            max_jobs=node_row.max_jobs,
+            memory_floor_mib=node_row.memory_floor_mib,
+            mem_available_mib=mem,
+            reserved_mib=reserved,
+            running=node_running,
+            has_gpu=node_row.gpu_total_mib is not None or bool(node_row.gpus),
+            gpu_running_peaks=tuple(gpu_running_peaks),
+            **_gpu_capacity(node_row),
+        ),
+        free_slots=free_slots,
+        candidates=candidates,
+        lane_caps=lane_caps,
+        stage_caps=stage_caps,
+        running_lane_stage=running_lane_stage,
+        running_stage=running_stage,
+        controls=controls,
+        unknown_runs=unknown_runs,
+        unknown_everywhere=unknown_everywhere,
+        waiting_lanes=waiting,
+    )
+    return snapshot, jobs_by_id
+
+
+def _ready_rows(
+    session: Session,
+    partitions: list[tuple[int, str, str]],
+    per_partition: int,
+    *,
+    job_id: int | None,
+    lock: bool,
+) -> list[Any]:
+    """The candidates, in dispatch order: run, later stages first, then item order."""
+    if not partitions or per_partition <= 0:
+        return []
+    rows: list[Any] = []
+    if job_id is not None:
+        wanted = set(partitions)
+        rows = [
+            row
+            for row in session.execute(statements.READY_JOB, {"job_id": job_id}).all()
+            if (row.run_id, row.lane, row.stage) in wanted
+        ]
+    else:
+        for chunk in statements.chunks(partitions):
+            rows += session.execute(statements.ready_candidates(chunk, per_partition)).all()
+    if lock and rows and session.get_bind().dialect.name != "sqlite":
+        # PostgreSQL: racing workers skip rows another claim holds (SQLite's BEGIN
+        # IMMEDIATE already serialises claims).
+        locked = set(
+            session.execute(
+                jobs.select()
+                .with_only_columns(jobs.c.id)
+                .where(jobs.c.id.in_([row.id for row in rows]))
+                .with_for_update(skip_locked=True)
+            ).scalars()
+        )
+        rows = [row for row in rows if row.id in locked]
+    rows.sort(key=lambda r: (r.run_id, -r.stage_position, r.item_position))
+    return rows

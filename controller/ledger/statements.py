@@ -1,0 +1,392 @@
+"""The hot path's statements, each named, built once, with bind parameters.
+
+A claim, a spawn record and a settle run only these (plus event inserts); each is a
+Core statement on the tables (no ORM entities are built), dialect-neutral, and uses
+``RETURNING`` instead of reading back what the same transaction just wrote. Statements
+that vary with the number of lanes or runs are built by the functions at the bottom,
+sized to what the claim can use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    and_,
+    bindparam,
+    case,
+    exists,
+    func,
+    insert,
+    literal,
+    select,
+    union_all,
+    update,
+)
+
+from controller.ledger.tables import (
+    attempts,
+    controls,
+    decisions,
+    events,
+    items,
+    jobs,
+    lanes,
+    leases,
+    nodes,
+    reservations,
+    runs,
+    stage_stats,
+    workers,
+)
+from controller.states import (
+    HELD_ATTEMPT_STATES,
+    IN_FLIGHT_ATTEMPT_STATES,
+    OPEN_JOB_STATES,
+    AttemptState,
+    JobState,
+    RunState,
+    WorkerState,
+)
+
+# -- events
+
+# insert_event: one append-only event row (executemany for a batch).
+INSERT_EVENT = insert(events)
+
+# latest_event_id: the newest event id, a cheap "did anything change?" probe.
+LATEST_EVENT_ID = select(func.max(events.c.id))
+
+# events_after: the next page of events after a cursor, with the item of each job event.
+EVENTS_AFTER = (
+    select(events.c.id, events.c.kind, events.c.run_id, jobs.c.item_id)
+    .outerjoin(jobs, jobs.c.id == events.c.job_id)
+    .where(events.c.id > bindparam("cursor"))
+    .order_by(events.c.id)
+    .limit(bindparam("batch"))
+)
+
+# -- runs and nodes
+
+# run_frozen: what a claim or settle needs of a run (its config is parsed once per hash).
+RUN_FROZEN = select(
+    runs.c.id, runs.c.config_sha256, runs.c.runtime_dir, runs.c.source_hashes
+).where(runs.c.id == bindparam("run_id"))
+
+# run_config_json: a run's frozen config text, read only when the parse cache misses.
+RUN_CONFIG_JSON = select(runs.c.config_json).where(runs.c.id == bindparam("run_id"))
+
+# node_row: the node's configured and last-sampled capacity.
+NODE_ROW = select(nodes).where(nodes.c.name == bindparam("node"))
+
+# node_lanes: the node's lanes in active runs, with what admission needs of each run.
+NODE_LANES = (
+    select(
+        lanes.c.run_id,
+        lanes.c.name,
+        lanes.c.caps,
+        runs.c.config_sha256,
+        runs.c.runtime_dir,
+        runs.c.source_hashes,
+    )
+    .join(runs, runs.c.id == lanes.c.run_id)
+    .where(lanes.c.node == bindparam("node"), runs.c.state == RunState.ACTIVE.value)
+)
+
+# -- jobs
+
+# job_move: compare-and-set a job's state; returns what the caller needs next.
+JOB_MOVE_RETURNING = (
+    jobs.c.run_id,
+    jobs.c.item_id,
+    jobs.c.stage,
+    jobs.c.fence,
+    jobs.c.attempt_count,
+)
+
+# job_context: a job's stage, item, attempts so far and its run's config hash.
+JOB_CONTEXT = (
+    select(
+        jobs.c.id,
+        jobs.c.run_id,
+        jobs.c.item_id,
+        jobs.c.stage,
+        jobs.c.lane,
+        jobs.c.attempt_count,
+        runs.c.config_sha256,
+    )
+    .join(runs, runs.c.id == jobs.c.run_id)
+    .where(jobs.c.id == bindparam("job_id"))
+)
+
+# item_jobs: every job of one item (promotion decides on the whole item at once).
+ITEM_JOBS = (
+    select(jobs.c.id, jobs.c.run_id, jobs.c.stage, jobs.c.state, jobs.c.stage_position)
+    .where(jobs.c.item_id == bindparam("item_id"))
+    .order_by(jobs.c.stage_position)
+)
+
+# items_waiting: which of these items still have a waiting job.
+ITEMS_WAITING = (
+    select(jobs.c.item_id)
+    .where(
+        jobs.c.item_id.in_(bindparam("item_ids", expanding=True)),
+        jobs.c.state == JobState.WAITING.value,
+    )
+    .distinct()
+)
+
+# run_open_job: does the run still have a job that is not terminal? (one index probe)
+RUN_OPEN_JOB = select(
+    exists().where(
+        jobs.c.run_id == bindparam("run_id"),
+        jobs.c.state.in_([s.value for s in OPEN_JOB_STATES]),
+    )
+)
+
+# running_by_lane_stage: running jobs per (run, lane, stage) of the node's runs.
+RUNNING_BY_LANE_STAGE = (
+    select(jobs.c.run_id, jobs.c.lane, jobs.c.stage, func.count())
+    .where(
+        jobs.c.run_id.in_(bindparam("run_ids", expanding=True)),
+        jobs.c.state == JobState.RUNNING.value,
+    )
+    .group_by(jobs.c.run_id, jobs.c.lane, jobs.c.stage)
+)
+
+# -- attempts, leases, reservations
+
+# insert_attempt: the intent row (invariant 1), returning its id.
+INSERT_ATTEMPT = insert(attempts).returning(attempts.c.id)
+
+# insert_lease / insert_reservation: granted in the same transaction as the intent.
+INSERT_LEASE = insert(leases)
+INSERT_RESERVATION = insert(reservations)
+
+# attempt_move_returning: what a settle or spawn needs of the attempt it moved.
+ATTEMPT_MOVE_RETURNING = (
+    attempts.c.id,
+    attempts.c.job_id,
+    attempts.c.run_id,
+    attempts.c.number,
+    attempts.c.fence,
+    attempts.c.worker_id,
+)
+
+# release_lease / release_reservation: an attempt's lease and reservation end.
+RELEASE_LEASE = (
+    update(leases)
+    .where(leases.c.attempt_id == bindparam("b_attempt_id"), leases.c.released_at.is_(None))
+    .values(released_at=bindparam("b_now"))
+)
+RELEASE_RESERVATION = (
+    update(reservations)
+    .where(
+        reservations.c.attempt_id == bindparam("b_attempt_id"),
+        reservations.c.released_at.is_(None),
+    )
+    .values(released_at=bindparam("b_now"))
+)
+
+# node_held: attempts holding a slot on the node (unknown ones too: they may run).
+NODE_HELD = (
+    select(func.count())
+    .select_from(attempts)
+    .where(
+        attempts.c.node == bindparam("node"),
+        attempts.c.state.in_([s.value for s in HELD_ATTEMPT_STATES]),
+    )
+)
+
+# node_ports: ports held by the node's in-flight and unknown attempts.
+NODE_PORTS = select(attempts.c.ports).where(
+    attempts.c.node == bindparam("node"),
+    attempts.c.ports.is_not(None),
+    attempts.c.state.in_([s.value for s in HELD_ATTEMPT_STATES]),
+)
+
+# node_reservations: the node's live reservations, with each attempt's current RSS.
+NODE_RESERVATIONS = (
+    select(
+        reservations.c.memory_mib,
+        reservations.c.gpu_mib,
+        attempts.c.current_rss_mib,
+        attempts.c.run_id,
+        jobs.c.stage,
+    )
+    .join(attempts, attempts.c.id == reservations.c.attempt_id)
+    .join(jobs, jobs.c.id == attempts.c.job_id)
+    .where(reservations.c.node == bindparam("node"), reservations.c.released_at.is_(None))
+)
+
+# unknown_by_run: attempts awaiting reconciliation, per run.
+UNKNOWN_BY_RUN = (
+    select(attempts.c.run_id, func.count())
+    .where(attempts.c.state == AttemptState.UNKNOWN.value)
+    .group_by(attempts.c.run_id)
+)
+
+# active_controls: every control not yet cleared.
+ACTIVE_CONTROLS = select(
+    controls.c.kind, controls.c.scope, controls.c.run_id, controls.c.lane, controls.c.reason
+).where(controls.c.cleared_at.is_(None))
+
+# stage_peaks: the measured peaks of the given runs' stages (one row per stage).
+STAGE_PEAKS = select(
+    stage_stats.c.run_id,
+    stage_stats.c.stage,
+    stage_stats.c.peak_rss_mib,
+    stage_stats.c.peak_gpu_mib,
+).where(stage_stats.c.run_id.in_(bindparam("run_ids", expanding=True)))
+
+# stage_measured: a settle folds its attempt's peaks into its stage's row.
+STAGE_MEASURED = (
+    update(stage_stats)
+    .where(
+        stage_stats.c.run_id == bindparam("b_run_id"), stage_stats.c.stage == bindparam("b_stage")
+    )
+    .values(
+        settled=stage_stats.c.settled + 1,
+        peak_rss_mib=case(
+            (
+                bindparam("rss", type_=stage_stats.c.peak_rss_mib.type).is_(None),
+                stage_stats.c.peak_rss_mib,
+            ),
+            (stage_stats.c.peak_rss_mib.is_(None), bindparam("rss")),
+            (stage_stats.c.peak_rss_mib < bindparam("rss"), bindparam("rss")),
+            else_=stage_stats.c.peak_rss_mib,
+        ),
+        peak_gpu_mib=case(
+            (
+                bindparam("gpu", type_=stage_stats.c.peak_gpu_mib.type).is_(None),
+                stage_stats.c.peak_gpu_mib,
+            ),
+            (stage_stats.c.peak_gpu_mib.is_(None), bindparam("gpu")),
+            (stage_stats.c.peak_gpu_mib < bindparam("gpu"), bindparam("gpu")),
+            else_=stage_stats.c.peak_gpu_mib,
+        ),
+    )
+)
+
+# insert_stage_stats: a new run's stages start unmeasured.
+INSERT_STAGE_STATS = insert(stage_stats)
+
+# -- workers
+
+# stale_workers: active workers whose heartbeat is older than the cutoff.
+STALE_WORKERS = select(workers.c.id).where(
+    workers.c.state == WorkerState.ACTIVE.value, workers.c.heartbeat_at < bindparam("cutoff")
+)
+
+# expired_leases: live leases past their expiry whose attempt is still in flight.
+EXPIRED_LEASES = (
+    select(
+        leases.c.id,
+        leases.c.attempt_id,
+        leases.c.worker_id,
+        leases.c.expires_at,
+        leases.c.fence,
+    )
+    .join(attempts, attempts.c.id == leases.c.attempt_id)
+    .where(
+        leases.c.released_at.is_(None),
+        leases.c.expires_at < bindparam("now"),
+        attempts.c.state.in_([s.value for s in IN_FLIGHT_ATTEMPT_STATES]),
+    )
+    .order_by(leases.c.id)
+)
+
+# -- statements sized to the claim
+
+
+_CANDIDATE = select(
+    jobs.c.id,
+    jobs.c.run_id,
+    jobs.c.lane,
+    jobs.c.stage,
+    jobs.c.stage_position,
+    jobs.c.fence,
+    jobs.c.attempt_count,
+    items.c.key.label("item_key"),
+    items.c.lane.label("item_lane"),
+    items.c.position.label("item_position"),
+    items.c.fields.label("item_fields"),
+).join(items, items.c.id == jobs.c.item_id)
+
+# ready_job: one ready job as a candidate (explain asks about one job).
+READY_JOB = _CANDIDATE.where(jobs.c.id == bindparam("job_id"), jobs.c.state == JobState.READY.value)
+
+
+def ready_candidates(partitions: Sequence[tuple[int, str, str]], per_partition: int) -> Any:
+    """The first ``per_partition`` ready jobs of each (run, lane, stage), in item order.
+
+    More than the free slots of one partition can never start in one claim, so one more
+    than that is enough to also record why the next would wait. Each branch is one index
+    range (``ix_jobs_dispatch``): the cost follows the slots and lanes, not the backlog.
+    """
+    branches = [
+        _CANDIDATE.where(
+            jobs.c.run_id == run_id,
+            jobs.c.state == JobState.READY.value,
+            jobs.c.lane == lane,
+            jobs.c.stage == stage,
+        )
+        .order_by(jobs.c.id)
+        .limit(per_partition)
+        .subquery()
+        .select()
+        for run_id, lane, stage in partitions
+    ]
+    if len(branches) == 1:
+        return branches[0]
+    return union_all(*branches)
+
+
+def waiting_lanes(lane_keys: Sequence[tuple[int, str]]) -> Any:
+    """Which of these (run, lane) pairs have a job waiting on its needs (one probe each)."""
+    branches = [
+        select(literal(run_id).label("run_id"), literal(lane).label("lane")).where(
+            exists().where(
+                jobs.c.run_id == run_id,
+                jobs.c.state == JobState.WAITING.value,
+                jobs.c.lane == lane,
+            )
+        )
+        for run_id, lane in lane_keys
+    ]
+    if len(branches) == 1:
+        return branches[0]
+    return union_all(*branches)
+
+
+def last_decisions(keys: Sequence[tuple[int, str, str | None]]) -> Any:
+    """The newest decision of each (run, lane, stage) (one index probe each)."""
+    branches = []
+    for run_id, lane, stage in keys:
+        stage_match = decisions.c.stage.is_(None) if stage is None else decisions.c.stage == stage
+        branches.append(
+            select(
+                literal(run_id).label("k_run"),
+                literal(lane).label("k_lane"),
+                literal(stage).label("k_stage"),
+                decisions.c.verdict,
+                decisions.c.reason_code,
+            )
+            .where(and_(decisions.c.run_id == run_id, decisions.c.lane == lane, stage_match))
+            .order_by(decisions.c.id.desc())
+            .limit(1)
+            .subquery()
+            .select()
+        )
+    if len(branches) == 1:
+        return branches[0]
+    return union_all(*branches)
+
+
+UNION_CHUNK = 100
+"""Branches per compound statement (SQLite allows 500 per compound SELECT)."""
+
+
+def chunks(keys: Sequence[Any]) -> list[Sequence[Any]]:
+    return [keys[i : i + UNION_CHUNK] for i in range(0, len(keys), UNION_CHUNK)]

@@ -1,0 +1,46 @@
+"""The ledger's tables as Core ``Table`` objects, for statements that need no ORM.
+
+Hot-path statements (``controller.ledger.statements``) are built on these: a Core
+statement with bind parameters compiles once and runs without building entities.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Table
+
+from controller.models import (
+    Attempt,
+    Control,
+    Decision,
+    Event,
+    Item,
+    Job,
+    Lane,
+    Lease,
+    Node,
+    Reservation,
+    Run,
+    StageStats,
+    Worker,
+)
+
+
+def _table(model: type) -> Table:
+    table = model.__table__  # type: ignore[attr-defined]
+    assert isinstance(table, Table)
+    return table
+
+
+attempts = _table(Attempt)
+controls = _table(Control)
+decisions = _table(Decision)
+events = _table(Event)
+items = _table(Item)
+jobs = _table(Job)
+lanes = _table(Lane)
+leases = _table(Lease)
+nodes = _table(Node)
+reservations = _table(Reservation)
+runs = _table(Run)
+stage_stats = _table(StageStats)
+workers = _table(Worker)

@@ -1,0 +1,243 @@
+"""Transitions and events: the compare-and-set every state write goes through.
+
+``move_job`` and ``move_attempt`` are the only functions that change a job's or an
+attempt's state. Each is one ``UPDATE ... WHERE id = :id AND state = :expected [AND
+fence = :fence] RETURNING ...``: no returned row means it lost, and only then is the
+row read again to say why (``StaleLease`` or ``IllegalTransition``). Its event is
+appended in the same transaction; the event kind comes from the tables in
+``controller.states``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, Row, select, update
+from sqlalchemy.orm import Session
+
+from controller.errors import IllegalTransition, NotFound, StaleLease
+from controller.ledger import statements
+from controller.ledger.tables import attempts, jobs
+from controller.states import (
+    ATTEMPT_EVENT,
+    ATTEMPT_TRANSITIONS,
+    JOB_EVENT,
+    JOB_TRANSITIONS,
+    TERMINAL_JOB_STATES,
+    AttemptState,
+    EventKind,
+    JobState,
+)
+
+
+def rowcount(result: Any) -> int:
+    """Rows matched by an UPDATE: how a compare-and-set learns whether it won."""
+    return int(cast(CursorResult[Any], result).rowcount)
+
+
+def event_row(
+    kind: EventKind,
+    *,
+    actor: str,
+    now: datetime,
+    run_id: int | None = None,
+    job_id: int | None = None,
+    attempt_id: int | None = None,
+    **detail: Any,
+) -> dict[str, Any]:
+    """One ``events`` row, for ``append_events``."""
+    return {
+        "at": now,
+        "kind": kind.value if isinstance(kind, EventKind) else str(kind),
+        "actor": actor,
+        "run_id": run_id,
+        "job_id": job_id,
+        "attempt_id": attempt_id,
+        "detail": detail,
+    }
+
+
+def append_events(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Append rows built by ``event_row`` in one statement (same transaction)."""
+    if rows:
+        session.execute(statements.INSERT_EVENT, rows)
+
+
+def append_event(
+    session: Session,
+    kind: EventKind,
+    *,
+    actor: str,
+    now: datetime,
+    run_id: int | None = None,
+    job_id: int | None = None,
+    attempt_id: int | None = None,
+    **detail: Any,
+) -> None:
+    """Append one row to the append-only event log (same transaction as the change)."""
+    append_events(
+        session,
+        [
+            event_row(
+                kind,
+                actor=actor,
+                now=now,
+                run_id=run_id,
+                job_id=job_id,
+                attempt_id=attempt_id,
+                **detail,
+            )
+        ],
+    )
+
+
+def latest_event_id(session: Session) -> int:
+    """The newest event id: a cheap "did anything change?" signal for polling loops."""
+    return session.execute(statements.LATEST_EVENT_ID).scalar() or 0
+
+
+def move_job(
+    session: Session,
+    job_id: int,
+    expected: JobState,
+    new: JobState,
+    *,
+    now: datetime,
+    actor: str,
+    fence: int | None = None,
+    reason: str | None = None,
+    bump_fence: bool = False,
+    attempt_count: int | None = None,
+    run_id: int | None = None,
+) -> Row[Any]:
+    """Compare-and-set a job from ``expected`` to ``new`` and log its event.
+
+    Returns the job's (run_id, item_id, stage, fence, attempt_count) after the move.
+    In-session Job objects are not refreshed. ``run_id`` is accepted for callers that
+    know it; the statement returns it anyway.
+
+    Raises IllegalTransition if the move is not in JOB_TRANSITIONS or the row is not in
+    ``expected``; StaleLease if ``fence`` is given and is no longer the job's fence.
+    """
+    del run_id  # returned by the UPDATE itself
+    if new not in JOB_TRANSITIONS[expected]:
+        raise IllegalTransition(f"job {job_id}: {expected.value} -> {new.value} is not allowed")
+    conditions = [jobs.c.id == job_id, jobs.c.state == expected.value]
+    if fence is not None:
+        conditions.append(jobs.c.fence == fence)
+    values: dict[str, Any] = {"state": new.value, "updated_at": now, "state_reason": reason}
+    if new in TERMINAL_JOB_STATES:
+        values["finished_at"] = now
+    elif expected in TERMINAL_JOB_STATES:
+        values["finished_at"] = None
+    if bump_fence:
+        values["fence"] = jobs.c.fence + 1
+    if attempt_count is not None:
+        values["attempt_count"] = attempt_count
+    statement = (
+        update(jobs).where(*conditions).values(**values).returning(*statements.JOB_MOVE_RETURNING)
+    )
+    row = session.execute(statement).first()
+    if row is None:
+        current = session.execute(
+            select(jobs.c.state, jobs.c.fence).where(jobs.c.id == job_id)
+        ).first()
+        if current is None:
+            raise NotFound(f"job {job_id} does not exist")
+        if fence is not None and current.fence != fence:
+            raise StaleLease(
+                f"job {job_id}: fence {fence} is stale (current {current.fence}); "
+                "this worker's lease was revoked"
+            )
+        raise IllegalTransition(
+            f"job {job_id} is {current.state}, not {expected.value}; cannot move it to {new.value}"
+        )
+    extra: dict[str, Any] = {"reason": reason} if reason else {}
+    append_event(
+        session,
+        JOB_EVENT[new],
+        actor=actor,
+        now=now,
+        run_id=row.run_id,
+        job_id=job_id,
+        **extra,
+    )
+    return row
+
+
+def move_attempt(
+    session: Session,
+    attempt_id: int,
+    expected: AttemptState | tuple[AttemptState, ...],
+    new: AttemptState,
+    *,
+    now: datetime,
+    actor: str,
+    fence: int | None = None,
+    values: dict[str, Any] | None = None,
+    event_detail: dict[str, Any] | None = None,
+) -> Row[Any]:
+    """Compare-and-set an attempt's state (and ``values``), fenced by its job's fence.
+
+    Returns the attempt's (id, job_id, run_id, number, fence, worker_id)."""
+    expected_states = expected if isinstance(expected, tuple) else (expected,)
+    for state in expected_states:
+        if new not in ATTEMPT_TRANSITIONS[state]:
+            raise IllegalTransition(
+                f"attempt {attempt_id}: {state.value} -> {new.value} is not allowed"
+            )
+    conditions = [
+        attempts.c.id == attempt_id,
+        attempts.c.state.in_([s.value for s in expected_states]),
+    ]
+    if fence is not None:
+        current_fence = select(jobs.c.fence).where(jobs.c.id == attempts.c.job_id).scalar_subquery()
+        conditions += [attempts.c.fence == fence, current_fence == fence]
+    changes = {"state": new.value, **(values or {})}
+    row = session.execute(
+        update(attempts)
+        .where(*conditions)
+        .values(**changes)
+        .returning(*statements.ATTEMPT_MOVE_RETURNING)
+    ).first()
+    if row is None:
+        _explain_attempt_miss(session, attempt_id, expected_states, new, fence)
+    assert row is not None
+    append_event(
+        session,
+        ATTEMPT_EVENT[new],
+        actor=actor,
+        now=now,
+        run_id=row.run_id,
+        job_id=row.job_id,
+        attempt_id=attempt_id,
+        **(event_detail or {}),
+    )
+    return row
+
+
+def _explain_attempt_miss(
+    session: Session,
+    attempt_id: int,
+    expected: tuple[AttemptState, ...],
+    new: AttemptState,
+    fence: int | None,
+) -> None:
+    """Why a compare-and-set on an attempt matched nothing (always raises)."""
+    current = session.execute(
+        select(attempts.c.state, attempts.c.fence, jobs.c.fence.label("job_fence"))
+        .join(jobs, jobs.c.id == attempts.c.job_id)
+        .where(attempts.c.id == attempt_id)
+    ).first()
+    if current is None:
+        raise NotFound(f"attempt {attempt_id} does not exist")
+    if fence is not None and (current.fence != fence or current.job_fence != fence):
+        raise StaleLease(
+            f"attempt {attempt_id}: fence {fence} is stale (job fence {current.job_fence}); "
+            "this worker's lease was revoked"
+        )
+    raise IllegalTransition(
+        f"attempt {attempt_id} is {current.state}, not "
+        f"{'/'.join(s.value for s in expected)}; cannot move it to {new.value}"
+    )
