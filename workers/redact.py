@@ -134,7 +134,7 @@ class Redactor:
     def redact_text(self, text: str) -> str:
         """``text`` with both stages applied at once (not streaming): for whole values."""
         data = self._mask_tokens(self._mask_values(text.encode("utf-8", "surrogatepass")))
-        return data.decode("utf-8", "replace")
+        return data.decode("utf-8", "surrogatepass")
 
     def _values(self, chunk: bytes) -> bytes:
         if not self._secrets:

@@ -193,3 +193,10 @@ def test_redact_json_keeps_keys_that_collide_after_masking_and_handles_depth():
         masked = masked[0]
     assert masked == "[REDACTED]"
     assert redact_json(CANARY, [CANARY]) == "[REDACTED]" and redact_json(5, []) == 5
+
+
+def test_redact_json_leaves_other_text_exactly_as_it_was():
+    from workers.redact import redact_json
+
+    value = {"lone": "\ud800 ok", "é": ["ünïcödé", "Bearer short"], "n": 1.5}
+    assert redact_json(value, [CANARY]) == value
