@@ -43,15 +43,30 @@ class Verdict:
     diagnostics: list[str] = field(default_factory=list)
 
 
+def _shown(value: Any) -> str:
+    """A value from result.json as a reason may quote it: numbers, booleans and null
+    as they are; strings and containers only by kind and size, since a job may have put
+    a secret there and reasons are stored in the ledger unredacted."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return f"(a string of {len(value)} characters)"
+    if isinstance(value, dict):
+        return f"(an object of {len(value)} keys)"
+    if isinstance(value, list):
+        return f"(a list of {len(value)} items)"
+    return f"(a {type(value).__name__})"
+
+
 def check_result(result: Any, job_id: int) -> str | None:
     """Why ``result`` (parsed result.json) is not acceptable, or None if it is."""
     if not isinstance(result, dict):
         return "result.json must be a JSON object"
     if str(result.get("job_id")) != str(job_id):
-        return f"result.json job_id {result.get('job_id')!r} is not this job ({job_id})"
+        return f"result.json job_id {_shown(result.get('job_id'))} is not this job ({job_id})"
     for flag in ("infrastructure_failure", "fatal_failure"):
         if flag in result and not isinstance(result[flag], bool):
-            return f"result.json {flag} must be true or false, not {result[flag]!r}"
+            return f"result.json {flag} must be true or false, not {_shown(result[flag])}"
     return None
 
 

@@ -273,3 +273,18 @@ def test_result_problem_is_kept_as_diagnostic(record: dict[str, Any]) -> None:
 )
 def test_rule_order(record: dict[str, Any], result: Any, expected: Outcome) -> None:
     assert verdict(record, result=result).outcome is expected
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"job_id": "sk-live-canary-0123456789"},
+        {"job_id": JOB_ID, "fatal_failure": "sk-live-canary-0123456789"},
+        {"job_id": JOB_ID, "infrastructure_failure": ["sk-live-canary-0123456789"]},
+        {"job_id": {"token": "sk-live-canary-0123456789"}},
+    ],
+)
+def test_reasons_never_quote_strings_from_the_result(result: Any) -> None:
+    """Reasons are stored in the ledger unredacted: a job's strings stay out of them."""
+    problem = check_result(result, JOB_ID)
+    assert problem is not None and "canary" not in problem and "token" not in problem
