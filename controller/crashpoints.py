@@ -11,7 +11,8 @@ them:
 - ``supervisor_before_exit_record`` — the child exited, exit.json not yet written;
 - ``worker_before_settle`` — exit.json written, settle not begun;
 - ``worker_mid_settle`` — inside the settle transaction, before its commit;
-- ``controller_mid_tick`` — inside the controller's closing step, after it closed a run, before its commit.
+- ``controller_mid_tick`` — inside the controller's closing step, after it closed a run,
+  before its commit.
 
 Stdlib only: the supervisor imports it.
 """

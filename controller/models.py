@@ -365,6 +365,7 @@ class StageStats(Base):
     __tablename__ = "stage_stats"
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
     stage: Mapped[str] = mapped_column(String(64), primary_key=True)
-    settled: Mapped[int] = mapped_column(Integer, default=0)
+    measured: Mapped[int] = mapped_column(Integer, default=0)
+    """How many settled attempts had a measurement folded in."""
     peak_rss_mib: Mapped[float | None] = mapped_column(Float)
     peak_gpu_mib: Mapped[float | None] = mapped_column(Float)

@@ -10,6 +10,7 @@ reading the GPU figure stays None and the probe's note says why.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -54,14 +55,41 @@ class TreeSample:
     pids: list[int] = field(default_factory=list)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every descendant of ``pid``, from ``/proc/PID/task/TID/children``: the cost follows
+    the tree, not the machine (psutil's ``children`` reads every process's parent).
+    Raises NoSuchProcess if ``pid`` is gone; falls back to psutil where the kernel does
+    not offer the children files."""
+    found: list[int] = []
+    queue = [pid]
+    while queue:
+        parent = queue.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except FileNotFoundError:
+            if parent == pid:
+                raise psutil.NoSuchProcess(pid) from None
+            continue  # a descendant that just exited
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children", encoding="ascii") as handle:
+                    children = [int(child) for child in handle.read().split()]
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+            found += children
+            queue += children
+    return found
+
+
 def attempt_tree(
     supervisor_pid: int | None, attempt_id: int, attempt_dir: str
 ) -> list[psutil.Process]:
     """The attempt's processes, without the supervisor itself."""
     if supervisor_pid is not None:
         try:
-            children: list[psutil.Process] = psutil.Process(supervisor_pid).children(recursive=True)
-            return children
+            return [psutil.Process(pid) for pid in descendants(supervisor_pid)]
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     found = []

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import selectors
 import subprocess
 import time
@@ -68,6 +69,10 @@ class InFlight:
     """Already unknown in the ledger (e.g. its receipt could not be saved): watched only
     to reap its supervisor; an operator reconciles it from the evidence."""
     peaks: Peaks = field(default_factory=Peaks)
+    exited: bool = False
+    """Its supervisor has exited (seen this tick): it is settled next, not sampled."""
+    awaiting_report: bool = False
+    """Started; its supervisor has not yet reported the child's identity."""
 
 
 class AdoptedSupervisor:
@@ -438,7 +443,9 @@ class WorkerService:
         """Sample every in-flight attempt's tree each ``sample_seconds`` (and at once for
         one never sampled); write peaks to the ledger when they move or every
         ``sample_flush_seconds``, in one transaction for all attempts."""
-        flights = [f for f in self.in_flight.values() if not f.marked_unknown]
+        # A flight whose supervisor has exited is about to be settled: sampling it would
+        # only fall back to scanning every process on the machine for its markers.
+        flights = [f for f in self.in_flight.values() if not f.marked_unknown and not f.exited]
         now_mono = time.monotonic()
         fresh = any(f.peaks.sampled_at is None for f in flights)
         if not flights or (now_mono - self._last_sample < self.sample_seconds and not fresh):
@@ -627,8 +634,10 @@ class WorkerService:
             self._captures[(claim.run_id, claim.stage)] = stage.capture
 
     def _spawn_all(self, claims: list[ledger.Claim]) -> None:
-        """Start every claimed attempt's supervisor, then record all identities at once."""
-        started: list[tuple[ledger.Claim, subprocess.Popen[bytes]]] = []
+        """Start every claimed attempt's supervisor. Each reports its child's identity
+        on its stdout when the child has started; ``_record_reports`` records the
+        identities (one transaction for all that are in) without waiting for slow ones,
+        so a starting supervisor never holds up a slot that is free."""
         for claim in claims:
             try:
                 supervisor = self._start_supervisor(claim)
@@ -637,43 +646,64 @@ class WorkerService:
                 continue
             except OSError as exc:
                 # Nothing started for this claim (workspace, log or fork failed): a harness
-                # failure of its own; supervisors already started are still recorded below.
+                # failure of its own; supervisors already started are still recorded.
                 self._settle_without_spawn(claim, f"could not start the supervisor: {exc}")
                 continue
-            started.append((claim, supervisor))
-        identities = []
-        for claim, supervisor in started:
+            flight = InFlight(claim, supervisor, self._exit_codes[claim.run_id][claim.stage])
+            flight.awaiting_report = True
+            self._track(claim.attempt_id, flight)
             assert supervisor.stdout is not None
-            line = supervisor.stdout.readline()
-            supervisor.stdout.close()
+            self._selector.register(supervisor.stdout, selectors.EVENT_READ, claim.attempt_id)
+        crash_point("worker_after_spawn_before_identity")
+        self._record_reports()
+
+    def _record_reports(self) -> int:
+        """Record the identity of every supervisor whose report is in (or that exited
+        without one), then write their receipts. Never blocks on a slow supervisor."""
+        waiting = {
+            flight.supervisor.stdout: flight
+            for flight in self.in_flight.values()
+            if flight.awaiting_report
+            and isinstance(flight.supervisor, subprocess.Popen)
+            and flight.supervisor.stdout is not None
+        }
+        if not waiting:
+            return 0
+        ready, _, _ = select.select(list(waiting), [], [], 0)
+        identities = []
+        for stream in ready:
+            flight = waiting[stream]
+            line = stream.readline()  # one write of one line: never a partial read
+            self._selector.unregister(stream)
+            stream.close()
+            flight.awaiting_report = False
             try:
                 reported = json.loads(line) if line else {}
             except json.JSONDecodeError:
                 reported = {}
-            identities.append((claim, supervisor, reported))
-            self._track(
-                claim.attempt_id,
-                InFlight(claim, supervisor, self._exit_codes[claim.run_id][claim.stage]),
-            )
-        crash_point("worker_after_spawn_before_identity")
+            identities.append((flight, reported))
+        if not identities:
+            return 0
         boot = identity.boot_id()
         now = self.clock.now()
         with db.transaction(self.factory) as session:
-            for claim, supervisor, reported in identities:
+            for flight, reported in identities:
                 ledger.record_spawn(
                     session,
-                    claim.attempt_id,
-                    fence=claim.fence,
+                    flight.claim.attempt_id,
+                    fence=flight.claim.fence,
                     actor=self.worker_id,
                     now=now,
                     boot_id=boot,
-                    supervisor_pid=supervisor.pid,
-                    supervisor_start_time=identity.process_start_time(supervisor.pid),
+                    supervisor_pid=flight.supervisor.pid,
+                    supervisor_start_time=identity.process_start_time(flight.supervisor.pid),
                     child_pid=reported.get("child_pid"),
                     child_start_time=reported.get("child_start_time"),
                 )
-        for claim, supervisor, reported in identities:
-            self._write_receipt(claim, supervisor, reported, boot, now)
+        for flight, reported in identities:
+            assert isinstance(flight.supervisor, subprocess.Popen)
+            self._write_receipt(flight.claim, flight.supervisor, reported, boot, now)
+        return len(identities)
 
     def _start_supervisor(self, claim: ledger.Claim) -> subprocess.Popen[bytes]:
         directory = Path(claim.attempt_dir)
@@ -787,11 +817,15 @@ class WorkerService:
 
     def _finished(self) -> list[tuple[int, InFlight]]:
         """In-flight attempts whose supervisor has exited (its exit record is written)."""
-        return [
-            (attempt_id, flight)
-            for attempt_id, flight in list(self.in_flight.items())
-            if flight.supervisor.poll() is not None
-        ]
+        self._record_reports()
+        finished = []
+        for attempt_id, flight in list(self.in_flight.items()):
+            if flight.awaiting_report:
+                continue  # its identity is recorded first (next tick: its pipe is ready)
+            if flight.supervisor.poll() is not None:
+                flight.exited = True
+                finished.append((attempt_id, flight))
+        return finished
 
     def _settle_finished(self) -> tuple[int, list[str]]:
         """Settle what finished, claiming nothing (draining)."""
@@ -824,7 +858,7 @@ class WorkerService:
     def wait(self, timeout: float) -> None:
         """Sleep until a supervisor exits or ``timeout`` passes (a slot is refilled the
         moment its attempt ends, not at the next poll)."""
-        if self._pidfds:
+        if self._selector.get_map():
             self._selector.select(timeout)
         else:
             time.sleep(timeout)

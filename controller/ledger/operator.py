@@ -95,7 +95,7 @@ def reconcile_attempt(
         reason=f"attempt {attempt.number} reconciled as {verdict}: {reason}",
     )
     release(session, attempt_id, now=now)
-    fold_peaks(session, moved.run_id, moved.stage, attempt_id, {})
+    fold_peaks(session, moved.run_id, moved.stage, attempt, {})
     promote_item(session, moved.item_id, now=now, actor=actor)
     return job_state
 

@@ -123,7 +123,7 @@ def create_run(
     session.flush()
     session.execute(
         statements.INSERT_STAGE_STATS,
-        [{"run_id": run.id, "stage": stage.name, "settled": 0} for stage in config.stages],
+        [{"run_id": run.id, "stage": stage.name, "measured": 0} for stage in config.stages],
     )
     append_event(
         session,

@@ -129,25 +129,23 @@ def settle_attempt(
         else f"attempt {attempt.number}: {outcome.value}",
     )
     release(session, attempt_id, now=now)
-    fold_peaks(session, job.run_id, job.stage, attempt_id, columns)
-    promote_item(session, job.item_id, now=now, actor=actor)
+    fold_peaks(session, job.run_id, job.stage, attempt, columns)
+    if any(job.stage in stage.needs for stage in config.stages):
+        promote_item(session, job.item_id, now=now, actor=actor)
     _trip_breaker(session, attempt, outcome, reason, now=now, actor=actor)
     return new_state
 
 
 def fold_peaks(
-    session: Session, run_id: int, stage: str, attempt_id: int, columns: dict[str, Any]
+    session: Session, run_id: int, stage: str, attempt: Any, columns: dict[str, Any]
 ) -> None:
-    """Fold a settled attempt's peaks into its stage's row (what admission reads)."""
-    if columns:
-        rss, gpu = columns.get("peak_rss_mib"), columns.get("peak_gpu_mib")
-    else:  # measured earlier by record_samples
-        row = session.execute(
-            select(attempts.c.peak_rss_mib, attempts.c.peak_gpu_mib).where(
-                attempts.c.id == attempt_id
-            )
-        ).one()
-        rss, gpu = row.peak_rss_mib, row.peak_gpu_mib
+    """Fold a settled attempt's peaks (``columns`` when the settle carried them, else
+    what ``record_samples`` stored, returned by the settle's UPDATE) into its stage's
+    row, which is what admission reads. Nothing to fold: no statement."""
+    source = columns or attempt._mapping
+    rss, gpu = source.get("peak_rss_mib"), source.get("peak_gpu_mib")
+    if rss is None and gpu is None:
+        return
     session.execute(
         statements.STAGE_MEASURED, {"b_run_id": run_id, "b_stage": stage, "rss": rss, "gpu": gpu}
     )

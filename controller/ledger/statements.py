@@ -172,6 +172,8 @@ ATTEMPT_MOVE_RETURNING = (
     attempts.c.number,
     attempts.c.fence,
     attempts.c.worker_id,
+    attempts.c.peak_rss_mib,
+    attempts.c.peak_gpu_mib,
 )
 
 # release_lease / release_reservation: an attempt's lease and reservation end.
@@ -240,14 +242,14 @@ STAGE_PEAKS = select(
     stage_stats.c.peak_gpu_mib,
 ).where(stage_stats.c.run_id.in_(bindparam("run_ids", expanding=True)))
 
-# stage_measured: a settle folds its attempt's peaks into its stage's row.
+# stage_measured: a settle folds its measured attempt's peaks into its stage's row.
 STAGE_MEASURED = (
     update(stage_stats)
     .where(
         stage_stats.c.run_id == bindparam("b_run_id"), stage_stats.c.stage == bindparam("b_stage")
     )
     .values(
-        settled=stage_stats.c.settled + 1,
+        measured=stage_stats.c.measured + 1,
         peak_rss_mib=case(
             (
                 bindparam("rss", type_=stage_stats.c.peak_rss_mib.type).is_(None),

@@ -21,7 +21,7 @@ def upgrade() -> None:
         "stage_stats",
         sa.Column("run_id", sa.Integer(), nullable=False),
         sa.Column("stage", sa.String(length=64), nullable=False),
-        sa.Column("settled", sa.Integer(), nullable=False),
+        sa.Column("measured", sa.Integer(), nullable=False),
         sa.Column("peak_rss_mib", sa.Float(), nullable=True),
         sa.Column("peak_gpu_mib", sa.Float(), nullable=True),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], name=op.f("fk_stage_stats_run_id_runs")),
@@ -29,8 +29,9 @@ def upgrade() -> None:
     )
     # Every (run, stage) gets its row, with what its settled attempts measured so far.
     op.execute(
-        "INSERT INTO stage_stats (run_id, stage, settled, peak_rss_mib, peak_gpu_mib) "
-        "SELECT j.run_id, j.stage, COUNT(a.id), MAX(a.peak_rss_mib), MAX(a.peak_gpu_mib) "
+        "INSERT INTO stage_stats (run_id, stage, measured, peak_rss_mib, peak_gpu_mib) "
+        "SELECT j.run_id, j.stage, COUNT(COALESCE(a.peak_rss_mib, a.peak_gpu_mib)), "
+        "MAX(a.peak_rss_mib), MAX(a.peak_gpu_mib) "
         "FROM jobs j LEFT JOIN attempts a ON a.job_id = j.id AND a.state = 'settled' "
         "GROUP BY j.run_id, j.stage"
     )
