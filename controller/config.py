@@ -123,6 +123,12 @@ class StageConfig(_Strict):
     )
     cwd: str | None = Field(None, description="Defaults to the attempt's workspace/.")
     env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str] = Field(default_factory=dict)
+    pass_env: list[Annotated[str, Field(pattern=ENV_NAME_PATTERN)]] = Field(
+        default_factory=list,
+        description="Variables of the worker's environment the job gets as they are "
+        "(a job starts from a clean environment; see docs/security.md). Their values are "
+        "redacted like referenced secrets; one that is not set is a harness failure.",
+    )
     timeout_seconds: int = Field(3600, ge=1, le=172800)
     grace_seconds: float = Field(10.0, ge=0, le=3600)
     memory_mib: int = Field(0, ge=0, description="Memory reserved while an attempt runs.")

@@ -35,14 +35,13 @@ from sqlalchemy.orm import Session
 from controller import closeout, db, ledger, pipeline
 from controller.clock import Clock, SystemClock
 from controller.crashpoints import crash_point
-from controller.durable import read_json, write_json
+from controller.durable import make_private_dir, modes, read_json, write_json
 from controller.models import Attempt, Job
 from controller.outcome import Verdict as OutcomeVerdict
-from controller.outcome import read_outcome
 from controller.states import EventKind
 from controller.status import build_status
 from controller.watch import ChangeWatch
-from workers import identity
+from workers import identity, jobenv
 
 ACTOR = "controller"
 PIDFILE = "controller.pid"
@@ -248,7 +247,7 @@ class Controller:
             status = build_status(session, run, now=now)
         directory = Path(run.runtime_dir) / "runs" / str(run_id)
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            make_private_dir(directory)
             write_json(directory / "status.json", status)
             if final:
                 write_json(directory / "SUMMARY.json", _summary(status))
@@ -309,10 +308,14 @@ def _read_exit_record(reader: Callable[[], Session], attempt_id: int) -> Classif
         job = session.get(Job, attempt.job_id)
         assert job is not None
         stage = ledger.run_config(ledger.get_run(session, attempt.run_id)).stage(job.stage)
-    return read_outcome(
+    # Redacted with the secrets as this process resolves them (on one machine the
+    # controller shares the workers' environment; elsewhere it may not know them).
+    return jobenv.classify(
         attempt.attempt_dir,
         job_id=attempt.job_id,
         exit_codes=dict(stage.exit_codes),
+        result_requirement=stage.result,
+        secrets=jobenv.stage_secrets(stage, dict(os.environ)),
         missing_exit="no exit.json",
     )
 
@@ -367,7 +370,7 @@ def hold_controller_lock(runtime_dir: Path) -> bool:
     """Take the runtime dir's controller lock for the rest of this process's life.
     False if another process holds it (flock: atomic, and freed by the kernel when the
     holder dies, even by SIGKILL)."""
-    fd = os.open(Path(runtime_dir) / "controller.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(Path(runtime_dir) / "controller.lock", os.O_RDWR | os.O_CREAT, modes()[0])
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -407,7 +410,7 @@ def start_background_controller(runtime_dir: Path) -> int:
         dict(os.environ),
         file_actions=[
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, log, flags, 0o644),
+            (os.POSIX_SPAWN_OPEN, 1, log, flags, modes()[0]),
             (os.POSIX_SPAWN_DUP2, 1, 2),
         ],
         setsid=True,

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from controller.config import ItemConfig, StageConfig, render
+from controller.config import ItemConfig, StageConfig, render, render_argv
 
 
 def attempt_dir(runtime_dir: str, run_id: int, item: str, stage: str, number: int) -> str:
@@ -35,8 +35,10 @@ def render_command(
     stage: StageConfig, item: ItemConfig
 ) -> tuple[list[str], dict[str, str], str | None]:
     """The stage's argv, env and cwd for one item; ``${NAME}`` references are left for
-    the worker to resolve at spawn time (secrets are never in the ledger)."""
-    argv = [render(part, item) for part in stage.argv]
+    the worker to resolve at spawn time (secrets are never in the ledger). Values that
+    land in a shell's ``-c`` script are shell-quoted (``config.render_argv``); raises
+    ``config.TemplateError`` where that cannot be done safely."""
+    argv = render_argv(stage, item)
     env = {name: render(value, item) for name, value in stage.env.items()}
     cwd = render(stage.cwd, item) if stage.cwd else None
     return argv, env, cwd

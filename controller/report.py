@@ -4,15 +4,25 @@ For each lane: attempts, start intervals, the share of the run's window with not
 the lane running, throughput per hour, stage duration percentiles, queue wait (ready to
 intent), failures by class, and idle periods with the admission reasons recorded during
 them. ``render_html`` draws a self-contained lane-occupancy timeline: one row per slot,
-attempts as bars coloured by outcome, idle gaps labelled with their reason.
+attempts as bars coloured by outcome, a time axis, idle gaps labelled with their reason
+where the label fits (every gap has it as a tooltip).
+
+An attempt's duration is its command's: from the supervisor's exit record
+(``exit.json``: ``started_at`` when the command was spawned, ``ended_at`` when it and its
+process group were done), not from when the attempt was settled, which can be much later
+(a restarted worker, the controller after a lease expired). An attempt without an exit
+record (nothing started, unknown, reconciled without one) has no duration and is left out
+of the percentiles, as are not-run attempts.
 """
 
 from __future__ import annotations
 
 import html
 import itertools
+import json
 from collections import Counter, defaultdict
-from datetime import datetime
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
@@ -23,6 +33,9 @@ from controller.clock import iso
 from controller.models import Attempt, Decision, Event, Item, Job, Run
 
 IDLE_MIN_SECONDS = 1.0
+EXIT_RECORD = "exit.json"
+"""The supervisor's exit record in an attempt's directory (workers/supervisor.py)."""
+NO_DURATION = ("running", "unknown", "not_run")
 COLOURS = {
     "succeeded": "#3a9d5d",
     "failed": "#d9822b",
@@ -39,6 +52,33 @@ COLOURS = {
 
 def _seconds(a: datetime, b: datetime) -> float:
     return (b - a).total_seconds()
+
+
+def _utc(value: Any) -> datetime | None:
+    """An exit record's ISO timestamp (``...Z``) as naive UTC, like the ledger's."""
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
+    return moment
+
+
+def exit_times(attempt_dir: str | None) -> tuple[datetime | None, datetime | None]:
+    """(started_at, ended_at) of the command, from the attempt's ``exit.json``; None for
+    what it does not say (no record, unreadable, or the command never started)."""
+    if not attempt_dir:
+        return None, None
+    try:
+        record = json.loads((Path(attempt_dir) / EXIT_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, None
+    if not isinstance(record, dict):
+        return None, None
+    return _utc(record.get("started_at")), _utc(record.get("ended_at"))
 
 
 def _percentiles(values: list[float]) -> dict[str, float] | None:
@@ -78,16 +118,25 @@ def build_report(
     lanes: dict[str, dict[str, Any]] = {}
     bars: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for attempt, job, item in rows:
-        begun = attempt.started_at or attempt.intent_at
-        ended = attempt.settled_at or (now if attempt.state != "unknown" else end)
-        state = attempt.outcome or ("running" if attempt.state != "unknown" else "unknown")
+        state = str(attempt.outcome or ("running" if attempt.state != "unknown" else "unknown"))
+        command_start, command_end = (
+            exit_times(attempt.attempt_dir) if attempt.state == "settled" else (None, None)
+        )
+        begun = command_start or attempt.started_at or attempt.intent_at
+        ended = command_end or attempt.settled_at or (now if state == "running" else end)
+        duration = None
+        if state not in NO_DURATION and command_end is not None:
+            started = command_start or attempt.started_at
+            if started is not None:
+                duration = max(0.0, _seconds(started, command_end))
         bars[job.lane].append(
             {
                 "attempt_id": attempt.id,
                 "item": item.key,
                 "stage": job.stage,
                 "start": _seconds(start, begun),
-                "end": _seconds(start, ended),
+                "end": max(_seconds(start, begun), _seconds(start, ended)),
+                "duration": duration,
                 "outcome": state,
                 "wait": _seconds(ready_at.get(job.id, job.created_at), attempt.intent_at),
             }
@@ -100,8 +149,8 @@ def build_report(
         idle = _gaps(busy, 0.0, window)
         durations: dict[str, list[float]] = defaultdict(list)
         for b in lane_bars:
-            if b["outcome"] not in ("running", "unknown"):
-                durations[b["stage"]].append(b["end"] - b["start"])
+            if b["duration"] is not None:
+                durations[b["stage"]].append(b["duration"])
         settled = sum(1 for b in lane_bars if b["outcome"] not in ("running", "unknown"))
         lanes[lane.name] = {
             "node": lane.node,
@@ -199,48 +248,143 @@ def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{key} {value}" for key, value in counts.items()) or "-"
 
 
+CHAR_WIDTH = 0.62
+"""Width of one character of the timeline's monospace text, in font sizes (DejaVu Sans
+Mono and most monospace fonts: 0.6), rounded up: labels are placed by it."""
+TICK_STEPS = (
+    [0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30]
+    + [60 * m for m in (1, 2, 5, 10, 15, 30)]
+    + [3600 * h for h in (1, 2, 3, 6, 12, 24, 48)]
+)
+
+
+def text_width(text: str, font_size: float) -> float:
+    """The width the timeline allows for ``text`` (monospace)."""
+    return len(text) * CHAR_WIDTH * font_size
+
+
+def _tick_label(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:g} s"
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h" + (f" {minutes:02d} m" if minutes else "")
+    return f"{minutes} m" + (f" {secs:02d} s" if secs else "")
+
+
+def _ticks(window: float, scale: float, font_size: float) -> list[tuple[float, str]]:
+    """Axis ticks: the finest step whose labels stay at least 12 px apart."""
+    for step in TICK_STEPS:
+        if step * scale < 48:
+            continue
+        count = int(window / step + 1e-9) + 1
+        ticks = [(step * k, _tick_label(round(step * k, 3))) for k in range(count)]
+        widest = max(text_width(label, font_size) for _, label in ticks)
+        if step * scale >= widest + 12:
+            return ticks
+    # A window beyond the table's steps: its start and end only.
+    return [(0.0, _tick_label(0)), (window, _tick_label(round(window)))]
+
+
+def _gap_label(gap: dict[str, Any], room: float, font_size: float) -> str | None:
+    """The longest of the gap's labels that fits in ``room`` px, if any."""
+    seconds = f"idle {gap['seconds']:.0f} s"
+    reasons = gap["reasons"]
+    choices = [f"{seconds}: " + ("; ".join(reasons) or "no recorded refusal")]
+    if reasons:
+        choices.append(f"{seconds}: {reasons[0].split(' — ')[0]}")
+    choices.append(seconds)
+    return next((c for c in choices if text_width(c, font_size) <= room), None)
+
+
 def render_html(report: dict[str, Any]) -> str:
-    """A self-contained HTML page: summary table and an SVG lane-occupancy timeline."""
+    """A self-contained HTML page: summary table and an SVG lane-occupancy timeline.
+
+    Every ``<text>`` carries its font size and is monospace, so its box is known
+    (``text_width``): tick labels are spaced to fit, an idle gap is labelled only when
+    its label fits inside the gap (gaps never overlap one another or a bar), and every
+    gap, labelled or not, has its reasons as a tooltip (``<title>``).
+    """
     window = max(report["window_seconds"], 1e-9)
-    width, left, row_h = 1000, 130, 22
-    scale = (width - left - 10) / window
+    width, left, right, row_h, lane_head = 1000, 130, 10, 22, 18
+    tick_size, label_size, slot_size, lane_size = 10, 10, 11, 12
+    scale = (width - left - right) / window
     parts: list[str] = []
-    y = 30
+    axis_y = 26
+    ticks = [
+        (left + t * scale, label)
+        for t, label in _ticks(window, scale, tick_size)
+        if left + t * scale + text_width(label, tick_size) / 2 <= width
+    ]
+    parts.append(
+        f'<line class="axis" x1="{left}" y1="{axis_y}" x2="{width - right}" y2="{axis_y}"/>'
+    )
+    for x, label in ticks:
+        parts.append(
+            f'<line class="tick" x1="{x:.1f}" y1="{axis_y - 5}" x2="{x:.1f}" y2="{axis_y}"/>'
+            f'<text class="tick-label" x="{x:.1f}" y="{axis_y - 8}" font-size="{tick_size}" '
+            f'text-anchor="middle">{html.escape(label)}</text>'
+        )
+    parts.append(
+        f'<text class="axis-title" x="4" y="{axis_y - 8}" font-size="{tick_size}">'
+        "time since run start</text>"
+    )
+    y = axis_y + 10
     for name, lane in report["lanes"].items():
         slots = _slots(lane["bars"]) or [[]]
-        parts.append(f'<text x="4" y="{y + 15}" class="lane">lane {html.escape(name)}</text>')
+        parts.append(
+            f'<text x="4" y="{y + 13}" class="lane" font-size="{lane_size}">'
+            f"lane {html.escape(name)} (node {html.escape(lane['node'])})</text>"
+        )
+        slots_top = y + lane_head
         for index, row in enumerate(slots):
-            top = y + index * row_h
+            top = slots_top + index * row_h
             parts.append(
-                f'<text x="70" y="{top + 15}" class="slot">slot {index + 1}</text>'
-                f'<line x1="{left}" y1="{top + row_h}" x2="{width}" y2="{top + row_h}" '
+                f'<text x="4" y="{top + 15}" class="slot" font-size="{slot_size}">'
+                f"slot {index + 1}</text>"
+                f'<line x1="{left}" y1="{top + row_h}" x2="{width - right}" y2="{top + row_h}" '
                 'class="grid"/>'
             )
             for bar in row:
                 x = left + bar["start"] * scale
                 w = max(1.5, (bar["end"] - bar["start"]) * scale)
                 colour = COLOURS.get(bar["outcome"], "#999")
+                took = bar.get("duration")
                 title = html.escape(
                     f"attempt {bar['attempt_id']} {bar['item']}.{bar['stage']}: "
-                    f"{bar['outcome']}, {bar['end'] - bar['start']:.1f} s"
+                    f"{bar['outcome']}, "
+                    + (f"{took:.1f} s" if took is not None else "duration unknown")
                 )
                 parts.append(
                     f'<rect class="attempt {bar["outcome"]}" x="{x:.1f}" y="{top + 3}" '
                     f'width="{w:.1f}" height="{row_h - 6}" fill="{colour}">'
                     f"<title>{title}</title></rect>"
                 )
-        lane_bottom = y + len(slots) * row_h
+        lane_bottom = slots_top + len(slots) * row_h
+        for x, _label in ticks:
+            parts.append(
+                f'<line class="vgrid" x1="{x:.1f}" y1="{slots_top}" x2="{x:.1f}" '
+                f'y2="{lane_bottom}"/>'
+            )
         for gap in lane["idle_periods"]:
             x = left + gap["start"] * scale
             w = max(1.5, gap["seconds"] * scale)
-            label = "; ".join(gap["reasons"]) or "no recorded refusal"
+            reasons = "; ".join(gap["reasons"]) or "no recorded refusal"
+            tooltip = html.escape(f"idle {gap['seconds']:.1f} s: {reasons}")
             parts.append(
-                f'<rect class="idle" x="{x:.1f}" y="{y}" width="{w:.1f}" '
-                f'height="{lane_bottom - y}"><title>{html.escape(label)}</title></rect>'
-                f'<text class="idle-label" x="{x + 3:.1f}" y="{lane_bottom - 4}">'
-                f"idle {gap['seconds']:.0f} s: {html.escape(label)}</text>"
+                f'<rect class="idle" x="{x:.1f}" y="{slots_top}" width="{w:.1f}" '
+                f'height="{lane_bottom - slots_top}"><title>{tooltip}</title></rect>'
             )
-        y = lane_bottom + 24
+            label = _gap_label(gap, w - 6, label_size)
+            if label is not None:
+                parts.append(
+                    f'<text class="idle-label" x="{x + 3:.1f}" y="{lane_bottom - 4}" '
+                    f'font-size="{label_size}">{html.escape(label)}<title>{tooltip}</title>'
+                    "</text>"
+                )
+        y = lane_bottom + 16
     legend = "".join(
         f'<span class="key"><i style="background:{c}"></i>{html.escape(k)}</span>'
         for k, c in COLOURS.items()
@@ -259,9 +403,11 @@ def render_html(report: dict[str, Any]) -> str:
 body {{ font: 14px system-ui, sans-serif; margin: 24px; color: #111; }}
 table {{ border-collapse: collapse; margin-bottom: 16px; }}
 td, th {{ border: 1px solid #ddd; padding: 4px 8px; text-align: left; }}
-.lane {{ font-weight: 600; font-size: 13px; }} .slot {{ font-size: 11px; fill: #555; }}
-.grid {{ stroke: #eee; }} .idle {{ fill: #fde68a; opacity: .45; }}
-.idle-label {{ font-size: 10px; fill: #92400e; }}
+.lane {{ font-weight: 600; }} .slot {{ fill: #555; }}
+.timeline text {{ font-family: "DejaVu Sans Mono", Menlo, Consolas, monospace; }}
+.grid {{ stroke: #eee; }} .vgrid {{ stroke: #f1f1f1; }}
+.axis, .tick {{ stroke: #888; }} .tick-label, .axis-title {{ fill: #555; }}
+.idle {{ fill: #fde68a; opacity: .45; }} .idle-label {{ fill: #92400e; }}
 .key {{ margin-right: 12px; font-size: 12px; }}
 .key i {{ display: inline-block; width: 10px; height: 10px; margin-right: 4px; }}
 </style></head><body>

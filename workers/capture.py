@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from controller import faults
-from controller.durable import fsync_dir, write_json
+from controller.durable import fsync_dir, open_private, write_json
 from controller.pipeline import hash_file
 
 
@@ -64,7 +64,7 @@ def _archive(
     files: list[dict[str, Any]] = []
     skipped: list[str] = []
     total = 0
-    with tarfile.open(partial, "w:gz") as tar:
+    with open_private(partial, "wb") as handle, tarfile.open(fileobj=handle, mode="w:gz") as tar:
         for path in paths:
             relative = str(path.relative_to(workspace))
             size = path.stat().st_size

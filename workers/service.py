@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import select
 import selectors
 import subprocess
@@ -27,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psutil
 from sqlalchemy import Engine
@@ -37,21 +36,26 @@ from controller import db, ledger, pipeline
 from controller.clock import Clock, SystemClock, iso
 from controller.config import CaptureConfig
 from controller.crashpoints import crash_point
-from controller.durable import write_json
-from controller.errors import StaleLease
+from controller.durable import make_private_dir, open_private, write_json
+from controller.errors import IllegalTransition, StaleLease
 from controller.models import Job
-from controller.outcome import read_outcome
 from controller.states import Outcome
 from controller.watch import ChangeWatch
 from workers import identity
 from workers import supervisor as supervisor_module
 from workers.capture import capture_workspace
 from workers.gpu import GpuProbe, GpuReading, NvmlGpu
+from workers.jobenv import (
+    SecretMissing,
+    classify,
+    job_environment,
+    secret_values,
+    stage_secrets,
+)
 from workers.ports import free_ports
 from workers.sampler import Peaks, Sampler
 
 MIB = 1024 * 1024
-ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def psutil_memory() -> tuple[float, float]:
@@ -73,6 +77,9 @@ class InFlight:
     """Its supervisor has exited (seen this tick): it is settled next, not sampled."""
     awaiting_report: bool = False
     """Started; its supervisor has not yet reported the child's identity."""
+    secrets: list[str] = field(default_factory=list)
+    """Values redacted from its result before the result reaches the ledger."""
+    result_requirement: Literal["optional", "required"] = "optional"
 
 
 class AdoptedSupervisor:
@@ -134,37 +141,6 @@ class TickReport:
     outcomes: list[str] = field(default_factory=list)
 
 
-class SecretMissing(Exception):
-    pass
-
-
-def resolve_env(
-    templates: dict[str, str], environ: dict[str, str]
-) -> tuple[dict[str, str], list[str]]:
-    """Resolve ``${NAME}`` references from the worker's environment.
-
-    Returns the resolved env and the names of variables whose values are secret: each
-    resolved variable and each referenced one (the supervisor redacts their values).
-    Raises SecretMissing naming the variable when one is not set.
-    """
-    resolved: dict[str, str] = {}
-    secret_names: list[str] = []
-    for name, template in templates.items():
-        references = ENV_REF.findall(template)
-        for reference in references:
-            if reference not in environ:
-                raise SecretMissing(
-                    f"env {name}: ${{{reference}}} is not set in the worker's environment"
-                )
-        resolved[name] = ENV_REF.sub(lambda m: environ[m.group(1)], template)
-        if references:
-            # Redact both the resolved value and each referenced secret on its own (the
-            # child inherits the worker's environment, so it can print either).
-            secret_names.append(name)
-            secret_names += [r for r in references if r not in secret_names]
-    return resolved, secret_names
-
-
 class WorkerService:
     """The worker of one node. ``tick()`` is the loop body; ``serve()`` the loop."""
 
@@ -208,6 +184,7 @@ class WorkerService:
         self._pidfds: dict[int, int] = {}
         self._exit_codes: dict[int, dict[str, dict[int, Outcome]]] = {}
         self._captures: dict[tuple[int, str], CaptureConfig | None] = {}
+        self._results: dict[tuple[int, str], Literal["optional", "required"]] = {}
         self.recovered: list[str] = []
         self.heartbeat_failures = 0
         self.last_sample_error: str | None = None
@@ -266,7 +243,12 @@ class WorkerService:
                     )
             orphans = ledger.orphaned_attempts(session, node=self.node, worker_id=self.worker_id)
         for attempt in orphans:
-            lines.append(self._recover_one(attempt, boot))
+            try:
+                lines.append(self._recover_one(attempt, boot))
+            except (StaleLease, IllegalTransition) as exc:
+                # Another actor (the controller expiring its lease, an operator) settled
+                # or took it between our listing and our write: normal, not ours now.
+                lines.append(f"attempt {attempt.id}: already handled elsewhere ({exc})")
         return lines
 
     def _recover_one(self, attempt: Any, boot: str) -> str:
@@ -339,6 +321,8 @@ class WorkerService:
                     claim,
                     AdoptedSupervisor(*found),
                     dict(stage.exit_codes),
+                    secrets=stage_secrets(stage, dict(os.environ)),
+                    result_requirement=stage.result,
                     # Peaks measured by the previous worker carry over; they only grow.
                     peaks=Peaks(
                         current_rss_mib=attempt.current_rss_mib,
@@ -350,10 +334,13 @@ class WorkerService:
                 ),
             )
             return f"{label}: adopted live supervisor pid {found[0]}"
-        verdict, exit_record, result = read_outcome(
+        secrets = stage_secrets(stage, dict(os.environ))
+        verdict, exit_record, result = classify(
             attempt.attempt_dir,
             job_id=attempt.job_id,
             exit_codes=dict(stage.exit_codes),
+            result_requirement=stage.result,
+            secrets=secrets,
             missing_exit=(
                 "intent committed, but no supervisor is running and no exit.json exists: "
                 "the command may have started and died, or never started"
@@ -632,6 +619,7 @@ class WorkerService:
             stage = ledger.run_config(run).stage(claim.stage)
             by_stage[claim.stage] = dict(stage.exit_codes)
             self._captures[(claim.run_id, claim.stage)] = stage.capture
+            self._results[(claim.run_id, claim.stage)] = stage.result
 
     def _spawn_all(self, claims: list[ledger.Claim]) -> None:
         """Start every claimed attempt's supervisor. Each reports its child's identity
@@ -639,8 +627,11 @@ class WorkerService:
         identities (one transaction for all that are in) without waiting for slow ones,
         so a starting supervisor never holds up a slot that is free."""
         for claim in claims:
+            if claim.render_error is not None:
+                self._settle_without_spawn(claim, claim.render_error)
+                continue
             try:
-                supervisor = self._start_supervisor(claim)
+                supervisor, secrets = self._start_supervisor(claim)
             except SecretMissing as exc:
                 self._settle_without_spawn(claim, str(exc))
                 continue
@@ -649,8 +640,14 @@ class WorkerService:
                 # failure of its own; supervisors already started are still recorded.
                 self._settle_without_spawn(claim, f"could not start the supervisor: {exc}")
                 continue
-            flight = InFlight(claim, supervisor, self._exit_codes[claim.run_id][claim.stage])
-            flight.awaiting_report = True
+            flight = InFlight(
+                claim,
+                supervisor,
+                self._exit_codes[claim.run_id][claim.stage],
+                awaiting_report=True,
+                secrets=secrets,
+                result_requirement=self._results[(claim.run_id, claim.stage)],
+            )
             self._track(claim.attempt_id, flight)
             assert supervisor.stdout is not None
             self._selector.register(supervisor.stdout, selectors.EVENT_READ, claim.attempt_id)
@@ -705,13 +702,12 @@ class WorkerService:
             self._write_receipt(flight.claim, flight.supervisor, reported, boot, now)
         return len(identities)
 
-    def _start_supervisor(self, claim: ledger.Claim) -> subprocess.Popen[bytes]:
+    def _start_supervisor(self, claim: ledger.Claim) -> tuple[subprocess.Popen[bytes], list[str]]:
+        """Start the attempt's supervisor; returns it and the secret values it redacts."""
         directory = Path(claim.attempt_dir)
         workspace = directory / "workspace"
-        workspace.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        resolved, secret_names = resolve_env(claim.env, env)
-        env.update(resolved)
+        make_private_dir(workspace)
+        env, secret_names, strip = job_environment(dict(os.environ), claim.env, claim.pass_env)
         env.update(
             {
                 "LANEWAY_IDEMPOTENCY_KEY": claim.idempotency_key,
@@ -737,9 +733,10 @@ class WorkerService:
             "grace_seconds": claim.grace_seconds,
             "log_cap_bytes": claim.log_cap_bytes,
             "secret_env": secret_names,
+            "strip_env": strip,
         }
-        with open(directory / "supervisor.log", "ab") as supervisor_log:
-            return subprocess.Popen(
+        with open_private(directory / "supervisor.log", "ab") as supervisor_log:
+            process = subprocess.Popen(
                 supervisor_module.launch_argv(json.dumps(spec)),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -748,6 +745,7 @@ class WorkerService:
                 env=env,
                 close_fds=True,
             )
+        return process, secret_values(env, secret_names)
 
     def _write_receipt(
         self,
@@ -890,17 +888,18 @@ class WorkerService:
 
     def _read_outcome(self, flight: InFlight) -> tuple[Any, dict[str, Any] | None, Any]:
         returncode = flight.supervisor.returncode
-        verdict, exit_record, result = read_outcome(
+        return classify(
             flight.claim.attempt_dir,
             job_id=flight.claim.job_id,
             exit_codes=flight.exit_codes,
+            result_requirement=flight.result_requirement,
+            secrets=flight.secrets,
             missing_exit=(
                 f"supervisor (pid {flight.supervisor.pid}) exited"
                 + (f" with status {returncode}" if returncode is not None else "")
                 + " and left no exit.json"
             ),
         )
-        return verdict, exit_record, result
 
     # -- the loop ------------------------------------------------------------
 

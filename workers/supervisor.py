@@ -34,7 +34,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from controller import faults
+from controller import durable, faults
 from controller.crashpoints import crash_point
 from controller.durable import write_json
 from workers.identity import boot_id, process_start_time
@@ -189,19 +189,24 @@ class Supervision:
             "stdout": os.open(
                 os.path.join(self.directory, "stdout.log"),
                 os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                0o644,
+                durable.modes()[0],
             ),
             "stderr": os.open(
                 os.path.join(self.directory, "stderr.log"),
                 os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                0o644,
+                durable.modes()[0],
             ),
         }
         secrets = [os.environ.get(name, "") for name in self.spec.get("secret_env", [])]
+        # Referenced secrets that are not the job's own variables reach us only so that
+        # we can redact them: the job gets the variables its stage defines, not these.
+        strip = set(self.spec.get("strip_env", []))
+        child_env = {key: value for key, value in os.environ.items() if key not in strip}
         try:
             child = subprocess.Popen(
                 self.spec["argv"],
                 cwd=self.spec["cwd"],
+                env=child_env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from controller import admission, launch
+from controller.config import TemplateError
 from controller.errors import IllegalTransition
 from controller.ledger import statements
 from controller.ledger.controls import set_control
@@ -59,6 +60,11 @@ class Claim:
     attempt_dir: str
     log_cap_bytes: int = 1 << 30
     ports: list[int] = field(default_factory=list)
+    pass_env: list[str] = field(default_factory=list)
+    """Worker variables the job gets as they are (redacted like secrets)."""
+    render_error: str | None = None
+    """Why the command could not be rendered safely: the worker settles the attempt as a
+    harness failure without starting anything."""
 
 
 PortPicker = Callable[[int, set[int]], list[int]]
@@ -210,9 +216,16 @@ def _grant(
         attempt_count=number,
     )
     fence = moved.fence
-    argv, env, cwd = launch.render_command(
-        stage, launch.item_config(job.item_key, job.item_lane, job.item_fields)
-    )
+    render_error: str | None = None
+    try:
+        argv, env, cwd = launch.render_command(
+            stage, launch.item_config(job.item_key, job.item_lane, job.item_fields)
+        )
+    except TemplateError as exc:
+        # Only a run frozen before shell quoting existed can get here (configs are
+        # checked when loaded): its intent is written, nothing is started.
+        argv, env, cwd = [], {}, None
+        render_error = f"its command cannot be rendered safely: {exc}"
     directory = launch.attempt_dir(run.runtime_dir, run.id, job.item_key, job.stage, number)
     key = f"lw-{run.id}-{job.id}-{number}-{uuid.uuid4().hex[:12]}"
     ports: list[int] | None = None
@@ -291,6 +304,8 @@ def _grant(
         attempt_dir=directory,
         log_cap_bytes=int(stage.log_cap_mib * 1024 * 1024),
         ports=list(ports or []),
+        pass_env=list(stage.pass_env),
+        render_error=render_error,
     )
 
 
