@@ -1,0 +1,542 @@
+"""Costs that must not grow with the backlog: claim, an idle controller tick, status and
+explain on ledgers of 1k, 100k (and, opt-in, 1M) jobs; then the idle cost of a running
+controller and worker.
+
+    .venv/bin/python bench/bench_scale.py
+    (options: --sizes 1000,100000  --reps 3  --idle-seconds 20  --backlog 0.02  --project DIR)
+    .venv/bin/python bench/bench_scale.py --sizes 1000000     # the 1M ledger, opt-in
+
+Each ledger (in $TMPDIR) is one run created with `ledger.create_run` from a small config
+(node n1 max_jobs=4, lane a, stages s1 -> s2 where s2 needs s1, 8 items: 8 jobs ready,
+8 waiting), then bulk-filled with SQLAlchemy Core executemany up to SIZE jobs: extra
+items of two jobs each, most done (both jobs succeeded, one settled attempt each), the
+last --backlog share (default 0.02) not started (s1 ready, s2 waiting: a waiting job
+only stays waiting while its need is not terminal), and one event per bulk job. The
+extra items are not in the run's frozen config, so they are put after the config's
+items: claims take the config's (ready jobs are taken in item order).
+
+Per size it measures, as median (min-max) over --reps, time and SQL statements (a
+`before_cursor_execute` listener on every Engine, BEGIN included):
+
+- `ledger.claim_jobs` for 2 free slots, in a transaction rolled back afterwards (so it
+  repeats on the same ledger; the commit's fsync is not included);
+- `Controller(engine).tick()` when nothing changed (after one warm-up tick that writes
+  the status snapshot);
+- `laneway status --runtime-dir DIR --json` and `laneway explain JOB --runtime-dir DIR`
+  (JOB: a ready job) wall time as subprocesses, beside the floor: `python3 -c` with the
+  sqlite3 module running `select count(*) from jobs`.
+
+Then the idle cost: on a small ledger whose run `laneway run` finished, it starts
+`laneway controller --runtime-dir DIR` and `laneway worker --node n1 --runtime-dir DIR
+--slots 2`, waits 5 s, and reads their CPU time (/proc/PID/stat utime+stime, children
+included) over --idle-seconds split into --reps windows: % of one core, and RSS in MiB.
+They are stopped with SIGTERM, then SIGKILL. No assertions: numbers to compare.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as common
+
+CONFIG_ITEMS = 8
+CHUNK_ITEMS = 25_000
+BULK_WORKER = "bench-bulk-worker"
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, *args, **kwargs) -> None:
+        self.count += 1
+
+
+def small_config(items: int):
+    from controller.config import parse_config
+
+    return parse_config(
+        {
+            "name": "bench-scale",
+            "nodes": [{"name": "n1", "memory_floor_mib": 0, "max_jobs": 4}],
+            "lanes": [{"name": "a", "node": "n1"}],
+            "stages": [
+                {"name": "s1", "argv": ["true"], "timeout_seconds": 60},
+                {"name": "s2", "argv": ["true"], "timeout_seconds": 60, "needs": ["s1"]},
+            ],
+            "items": [{"key": f"c{n}", "lane": "a"} for n in range(items)],
+        },
+        Path.cwd(),
+    )
+
+
+def only_columns(table, rows: list[dict]) -> list[dict]:
+    """Drop keys the table no longer has (the schema may change under the bench)."""
+    names = set(table.c.keys())
+    if rows and set(rows[0]) <= names:
+        return rows
+    return [{k: v for k, v in row.items() if k in names} for row in rows]
+
+
+def build(runtime: Path, size: int, backlog_share: float) -> dict:
+    """A ledger of ~``size`` jobs; returns what the measurements need."""
+    from sqlalchemy import insert, select
+
+    from controller import db, ledger
+    from controller.clock import SystemClock
+    from controller.models import Attempt, Event, Item, Job, Worker
+
+    started = time.perf_counter()
+    engine = db.open_ledger(runtime)
+    factory = db.session_factory(engine)
+    now = SystemClock().now()
+    with db.transaction(factory) as session:
+        run = ledger.create_run(
+            session,
+            small_config(CONFIG_ITEMS),
+            runtime_dir=str(runtime),
+            source_hashes={},
+            actor="bench",
+            now=now,
+        )
+        run_id = run.id
+    extra_items = max(0, (size - 2 * CONFIG_ITEMS) // 2)
+    backlog = round(extra_items * backlog_share)
+    done_items = extra_items - backlog
+    notes: list[str] = []
+    earlier = now - timedelta(hours=1)
+    with engine.begin() as conn:
+        conn.execute(
+            insert(Worker.__table__),
+            only_columns(
+                Worker.__table__,
+                [
+                    {
+                        "id": BULK_WORKER,
+                        "node": "n1",
+                        "host": "bench",
+                        "pid": 1,
+                        "boot_id": "bench",
+                        "process_start_time": None,
+                        "slots": 2,
+                        "state": "stopped",
+                        "started_at": earlier,
+                        "heartbeat_at": earlier,
+                        "stopped_at": earlier,
+                    }
+                ],
+            ),
+        )
+        with_attempts = True
+        for first in range(0, extra_items, CHUNK_ITEMS):
+            last = min(extra_items, first + CHUNK_ITEMS)
+            positions = range(CONFIG_ITEMS + first, CONFIG_ITEMS + last)
+            conn.execute(
+                insert(Item.__table__),
+                only_columns(
+                    Item.__table__,
+                    [
+                        {"run_id": run_id, "key": f"b{p}", "lane": "a", "position": p, "fields": {}}
+                        for p in positions
+                    ],
+                ),
+            )
+            ids = conn.execute(
+                select(Item.id, Item.position).where(
+                    Item.run_id == run_id,
+                    Item.position >= positions[0],
+                    Item.position <= positions[-1],
+                )
+            ).all()
+            jobs = []
+            for item_id, position in ids:
+                done = position - CONFIG_ITEMS < done_items
+                for stage_position, stage in enumerate(("s1", "s2")):
+                    state = "succeeded" if done else ("ready" if stage == "s1" else "waiting")
+                    jobs.append(
+                        {
+                            "run_id": run_id,
+                            "item_id": item_id,
+                            "stage": stage,
+                            "stage_position": stage_position,
+                            "lane": "a",
+                            "state": state,
+                            "fence": 1 if done else 0,
+                            "attempt_count": 1 if done else 0,
+                            "created_at": earlier,
+                            "updated_at": earlier,
+                            "finished_at": earlier if done else None,
+                        }
+                    )
+            conn.execute(insert(Job.__table__), only_columns(Job.__table__, jobs))
+            job_rows = conn.execute(
+                select(Job.id, Job.state).where(
+                    Job.item_id >= ids[0][0], Job.item_id <= ids[-1][0], Job.run_id == run_id
+                )
+            ).all()
+            if with_attempts:
+                attempts = [
+                    {
+                        "job_id": job_id,
+                        "run_id": run_id,
+                        "number": 1,
+                        "idempotency_key": f"lw-{run_id}-{job_id}-1-bulk",
+                        "state": "settled",
+                        "outcome": "succeeded",
+                        "fence": 1,
+                        "worker_id": BULK_WORKER,
+                        "node": "n1",
+                        "argv_hash": "0" * 64,
+                        "attempt_dir": f"{runtime}/runs/{run_id}/bulk/{job_id}",
+                        "intent_at": earlier,
+                        "started_at": earlier,
+                        "settled_at": earlier,
+                        "exit_code": 0,
+                        "diagnostics": [],
+                    }
+                    for job_id, state in job_rows
+                    if state == "succeeded"
+                ]
+                if attempts:
+                    try:
+                        with conn.begin_nested():
+                            conn.execute(
+                                insert(Attempt.__table__), only_columns(Attempt.__table__, attempts)
+                            )
+                    except Exception as exc:  # the schema moved: go on without attempts
+                        with_attempts = False
+                        notes.append(f"no bulk attempts ({type(exc).__name__})")
+            conn.execute(
+                insert(Event.__table__),
+                only_columns(
+                    Event.__table__,
+                    [
+                        {
+                            "at": earlier,
+                            "run_id": run_id,
+                            "job_id": job_id,
+                            "attempt_id": None,
+                            "kind": f"job_{state}",
+                            "actor": "bench",
+                            "detail": {},
+                        }
+                        for job_id, state in job_rows
+                    ],
+                ),
+            )
+        explain_job = conn.execute(
+            select(Job.id)
+            .join(Item, Item.id == Job.item_id)
+            .where(Job.run_id == run_id, Item.key == "c0", Job.stage == "s1")
+        ).scalar_one()
+    return {
+        "engine": engine,
+        "run_id": run_id,
+        "explain_job": explain_job,
+        "build_s": time.perf_counter() - started,
+        "backlog": backlog,
+        "notes": notes,
+    }
+
+
+def measure_claim(engine, counter: Counter) -> tuple[float, int, int]:
+    from controller import db, ledger
+    from controller.clock import SystemClock
+
+    factory = db.session_factory(engine)
+    clock = SystemClock()
+    session = factory()
+    try:
+        session.begin()
+        worker = ledger.register_worker(
+            session,
+            node="n1",
+            host="bench",
+            pid=os.getpid(),
+            boot_id="bench",
+            process_start_time=None,
+            slots=2,
+            now=clock.now(),
+        )
+        counter.count = 0
+        started = time.perf_counter()
+        claims = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=2,
+            mem_available_mib=64_000,
+            now=clock.now(),
+        )
+        elapsed = time.perf_counter() - started
+        statements = counter.count
+    finally:
+        session.rollback()
+        session.close()
+    return elapsed, statements, len(claims)
+
+
+def measure_tick(controller, counter: Counter) -> tuple[float, int, int]:
+    counter.count = 0
+    started = time.perf_counter()
+    report = controller.tick()
+    elapsed = time.perf_counter() - started
+    changed = (report.promoted or 0) + len(report.closed or []) + len(report.lost or [])
+    return elapsed, counter.count, changed
+
+
+def timed_run(argv: list[str], env: dict, cwd: str) -> tuple[float, int]:
+    started = time.perf_counter()
+    proc = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return time.perf_counter() - started, proc.returncode
+
+
+def measure_size(project: Path, root: Path, size: int, reps: int, backlog_share: float) -> list:
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from controller.daemon import Controller
+
+    runtime = root / f"ledger-{size}"
+    info = build(runtime, size, backlog_share)
+    engine = info["engine"]
+    counter = Counter()
+    event.listen(Engine, "before_cursor_execute", counter)
+    rows = []
+    try:
+        measure_claim(engine, counter)  # warm-up: config parse, statement caches
+        claims = [measure_claim(engine, counter) for _ in range(reps)]
+        controller = Controller(engine)
+        controller.tick()  # warm-up: writes the status snapshot
+        ticks = [measure_tick(controller, counter) for _ in range(reps)]
+    finally:
+        event.remove(Engine, "before_cursor_execute", counter)
+    engine.dispose()
+    prefix, env, cwd = common.laneway_cli(project)
+    status = [
+        timed_run([*prefix, "status", "--runtime-dir", str(runtime), "--json"], env, cwd)
+        for _ in range(reps)
+    ]
+    explain = [
+        timed_run(
+            [*prefix, "explain", str(info["explain_job"]), "--runtime-dir", str(runtime)], env, cwd
+        )
+        for _ in range(reps)
+    ]
+    floor_code = (
+        "import sqlite3,sys; c=sqlite3.connect(f'file:{sys.argv[1]}?mode=ro', uri=True); "
+        "print(c.execute('select count(*) from jobs').fetchone()[0])"
+    )
+    python3 = real_python3()
+    floor = [
+        timed_run([python3, "-c", floor_code, str(runtime / "ledger.sqlite3")], env, cwd)
+        for _ in range(reps)
+    ]
+    note = "; ".join(info["notes"])
+
+    def check_rc(runs):
+        bad = [rc for _, rc in runs if rc != 0]
+        return f"exit {bad[0]} in {len(bad)} rep(s)" if bad else "ok"
+
+    rows.append(
+        [
+            str(size),
+            "claim_jobs, 2 slots (rolled back)",
+            common.fmt([c[0] * 1000 for c in claims], 2),
+            common.fmt([c[1] for c in claims], 0),
+            f"claimed {claims[0][2]}" + (f"; {note}" if note else ""),
+        ]
+    )
+    rows.append(
+        [
+            "",
+            "Controller.tick(), nothing changed",
+            common.fmt([t[0] * 1000 for t in ticks], 2),
+            common.fmt([t[1] for t in ticks], 0),
+            "changed nothing" if not any(t[2] for t in ticks) else "CHANGED something",
+        ]
+    )
+    rows.append(
+        [
+            "",
+            "laneway status --json",
+            common.fmt([s[0] * 1000 for s in status], 0),
+            "",
+            check_rc(status),
+        ]
+    )
+    rows.append(
+        [
+            "",
+            f"laneway explain {info['explain_job']}",
+            common.fmt([s[0] * 1000 for s in explain], 0),
+            "",
+            check_rc(explain),
+        ]
+    )
+    rows.append(
+        [
+            "",
+            "floor: python3 sqlite3 count(*)",
+            common.fmt([s[0] * 1000 for s in floor], 0),
+            "",
+            check_rc(floor),
+        ]
+    )
+    print(
+        f"  built {size} jobs ({info['backlog']} items not started) in {info['build_s']:.1f} s",
+        flush=True,
+    )
+    shutil.rmtree(runtime, ignore_errors=True)
+    return rows
+
+
+def real_python3() -> str:
+    """python3's real interpreter (not a pyenv shim, which alone costs ~150 ms)."""
+    found = shutil.which("python3")
+    if not found:
+        return sys.executable
+    try:
+        out = subprocess.run(
+            [found, "-c", "import sys; print(sys.executable)"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        return out.stdout.strip() or found
+    except (OSError, subprocess.SubprocessError):
+        return found
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def idle_cost(project: Path, root: Path, idle_seconds: float, windows: int) -> list:
+    runtime = root / "idle"
+    runtime.mkdir()
+    config = runtime / "pipeline.toml"
+    items = "".join(f'[[items]]\nkey = "i{n}"\nlane = "a"\n' for n in range(10))
+    config.write_text(
+        'name = "bench-idle"\n[[nodes]]\nname = "n1"\nmemory_floor_mib = 0\nmax_jobs = 2\n'
+        '[[lanes]]\nname = "a"\nnode = "n1"\n'
+        '[[stages]]\nname = "noop"\nargv = ["true"]\ntimeout_seconds = 60\n' + items
+    )
+    prefix, env, cwd = common.laneway_cli(project)
+    ledger_dir = runtime / "runtime"
+    run = subprocess.run(
+        [*prefix, "run", str(config), "--runtime-dir", str(ledger_dir), "--quiet"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+    )
+    if run.returncode != 0:
+        last = (run.stderr.strip().splitlines() or [""])[-1]
+        return [["laneway run (setup)", f"FAILED exit {run.returncode}: {last[-80:]}", ""]]
+    commands = {
+        "laneway controller": [*prefix, "controller", "--runtime-dir", str(ledger_dir)],
+        "laneway worker --slots 2": [
+            *prefix,
+            "worker",
+            "--node",
+            "n1",
+            "--runtime-dir",
+            str(ledger_dir),
+            "--slots",
+            "2",
+        ],
+    }
+    procs = {}
+    try:
+        for name, argv in commands.items():
+            log = open(runtime / f"{name.split()[1]}.log", "wb")
+            procs[name] = subprocess.Popen(
+                argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        time.sleep(5)
+        window = idle_seconds / windows
+        usage: dict[str, list[float]] = {name: [] for name in procs}
+        rss: dict[str, float] = {}
+        for _ in range(windows):
+            before = {name: common.proc_stat(p.pid) for name, p in procs.items()}
+            started = time.monotonic()
+            time.sleep(window)
+            elapsed = time.monotonic() - started
+            for name, proc in procs.items():
+                after = common.proc_stat(proc.pid)
+                if before[name] and after and proc.poll() is None:
+                    cpu = (after[0] + after[1]) - (before[name][0] + before[name][1])
+                    usage[name].append(cpu / elapsed * 100)
+                    rss[name] = after[2]
+        rows = []
+        for name, proc in procs.items():
+            if proc.poll() is not None:
+                rows.append([name, f"exited early (rc {proc.returncode})", ""])
+            else:
+                rows.append(
+                    [name, common.fmt(usage[name], 2), f"{rss.get(name, float('nan')):.1f}"]
+                )
+        return rows
+    finally:
+        for proc in procs.values():
+            stop(proc)
+
+
+def main() -> None:
+    parser = common.parser(__doc__)
+    parser.add_argument(
+        "--sizes",
+        type=common.int_list,
+        default=[1000, 100_000],
+        help="ledger sizes in jobs (default 1000,100000; add 1000000 to opt in to 1M)",
+    )
+    parser.add_argument(
+        "--backlog", type=float, default=0.02, help="share of bulk items not started"
+    )
+    parser.add_argument("--idle-seconds", type=float, default=20.0)
+    parser.add_argument("--no-idle", action="store_true", help="skip the idle-cost part")
+    args = parser.parse_args()
+    project = common.use_project(args.project)
+    import controller
+
+    print(f"project: {project} (controller from {Path(controller.__file__).parent})")
+    print(f"reps: {args.reps}; backlog share: {args.backlog}")
+    root = Path(tempfile.mkdtemp(prefix="laneway-bench-scale-"))
+    try:
+        rows = []
+        for size in args.sizes:
+            rows += measure_size(project, root, size, args.reps, args.backlog)
+        print()
+        print("per ledger size: median (min-max) over reps")
+        print(common.table(["jobs", "operation", "ms", "SQL statements", "note"], rows, left=2))
+        if not args.no_idle:
+            idle = idle_cost(project, root, args.idle_seconds, max(1, args.reps))
+            print()
+            print(
+                f"idle cost over {args.idle_seconds:g} s in {max(1, args.reps)} window(s), "
+                "after 5 s settling, on a finished ledger"
+            )
+            print(common.table(["process", "% of one core", "RSS MiB"], idle))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
