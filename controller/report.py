@@ -329,7 +329,7 @@ def render_html(report: dict[str, Any]) -> str:
         )
     parts.append(
         f'<text class="axis-title" x="4" y="{axis_y - 8}" font-size="{tick_size}">'
-        "time since run start</text>"
+        "since start</text>"
     )
     y = axis_y + 10
     for name, lane in report["lanes"].items():
@@ -377,11 +377,11 @@ def render_html(report: dict[str, Any]) -> str:
                 f'<rect class="idle" x="{x:.1f}" y="{slots_top}" width="{w:.1f}" '
                 f'height="{lane_bottom - slots_top}"><title>{tooltip}</title></rect>'
             )
-            label = _gap_label(gap, w - 6, label_size)
-            if label is not None:
+            gap_text = _gap_label(gap, w - 6, label_size)
+            if gap_text is not None:
                 parts.append(
                     f'<text class="idle-label" x="{x + 3:.1f}" y="{lane_bottom - 4}" '
-                    f'font-size="{label_size}">{html.escape(label)}<title>{tooltip}</title>'
+                    f'font-size="{label_size}">{html.escape(gap_text)}<title>{tooltip}</title>'
                     "</text>"
                 )
         y = lane_bottom + 16
