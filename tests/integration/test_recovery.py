@@ -362,3 +362,33 @@ def test_changed_source_halts_dispatch_naming_file_and_hashes(
     assert control.kind == "halt" and str(source) in control.reason
     assert "!= frozen" in control.reason
     assert decision.reason_code == "halted"
+
+
+def test_a_restarted_worker_goes_on_when_the_controller_expires_an_orphan_first(
+    engine, factory, make_run, register_worker, clock, monkeypatch
+):
+    """Regression: the controller expiring an orphan's lease between the restarted
+    worker's listing and its adoption used to crash the worker with StaleLease."""
+    make_run(make_config([py_stage("only", "pass")]))
+    old = register_worker()
+    claim = claim_one(factory, old, clock, spawn=False)  # intent: it goes to adoption
+    with db.transaction(factory) as session:
+        ledger.mark_worker_lost(session, old, now=clock.now(), actor="test", reason="gone")
+    clock.advance(120)  # its lease has expired
+    recover_one = WorkerService._recover_one
+
+    def race_then_recover(self, attempt, boot):
+        # Listed as an orphan; before this worker adopts it, the controller expires it.
+        with db.transaction(factory) as other:
+            assert ledger.expire_leases(other, now=clock.now(), actor="controller")
+        return recover_one(self, attempt, boot)
+
+    monkeypatch.setattr(WorkerService, "_recover_one", race_then_recover)
+    service = WorkerService(engine, node="n1", slots=1, clock=clock, memory_probe=lambda: PLENTY)
+    service.start()  # must not raise
+    assert any(
+        f"attempt {claim.attempt_id}: already handled elsewhere" in line
+        for line in service.recovered
+    ), service.recovered
+    assert attempt_row(factory, claim.attempt_id).state == "unknown"
+    assert service.in_flight == {}

@@ -1,0 +1,213 @@
+"""Costs follow the work, not the backlog: the statements a claim, a settle and an idle
+controller tick run are the same at 40 jobs and at 1,600, and the controller's safety
+net promotes what in-transaction promotion missed by following events, not by sweeping.
+(Counts of statements, never times.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Engine, event, select
+
+from controller import db, ledger
+from controller.daemon import Controller
+from controller.models import Job, StageStats
+from controller.states import JobState, Outcome
+from tests.support import make_config, py_stage, settle_one
+
+THREE_STAGES = [
+    py_stage("prepare", "pass"),
+    py_stage("solve", "pass", needs=["prepare"]),
+    py_stage("judge", "pass", needs=["solve"]),
+]
+
+
+@contextmanager
+def statements(engine: Engine) -> Iterator[Counter[str]]:
+    """Count the SQL statements run inside the block, by their text: on ``engine`` and
+    on its read-only twin (``db.reader``), which the daemons read through."""
+    counted: Counter[str] = Counter()
+    engines = {engine, db.reader(engine).kw["bind"]}
+
+    def count(_conn, _cursor, statement, _params, _context, _many) -> None:
+        counted[" ".join(statement.split())] += 1
+
+    for each in engines:
+        event.listen(each, "before_cursor_execute", count)
+    try:
+        yield counted
+    finally:
+        for each in engines:
+            event.remove(each, "before_cursor_execute", count)
+
+
+def backlog(make_run, items: int) -> int:
+    return make_run(
+        make_config(
+            THREE_STAGES,
+            [{"key": f"i{n}", "lane": "a" if n % 2 else "b"} for n in range(items)],
+            lanes=[{"name": "a", "node": "n1"}, {"name": "b", "node": "n1"}],
+        )
+    )
+
+
+def one_cycle(engine, factory, make_run, register_worker, clock, items: int) -> dict[str, int]:
+    """Statements of one claim, one settle and one idle controller tick on a run of
+    ``items`` items x 3 stages (every prepare ready, everything else waiting)."""
+    backlog(make_run, items)
+    worker = register_worker()
+    controller = Controller(engine, clock=clock)
+    controller.tick()  # its first tick makes the one full pass
+    with statements(engine) as claim_count, db.transaction(factory) as session:
+        (claim,) = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=1,
+            mem_available_mib=64_000,
+            now=clock.now(),
+        )
+    with statements(engine) as settle_count:
+        settle_one(factory, claim, worker, clock, Outcome.SUCCEEDED)
+    controller.tick()  # sees the settle
+    with statements(engine) as tick_count:
+        controller.tick()
+    writes = [t for t in tick_count if t.split()[0] in ("INSERT", "UPDATE", "DELETE")]
+    assert writes == [] and "BEGIN IMMEDIATE" not in tick_count  # no write lock taken
+    return {
+        "claim": sum(claim_count.values()),
+        "settle": sum(settle_count.values()),
+        "idle tick": sum(tick_count.values()),
+    }
+
+
+def test_claim_settle_and_idle_tick_run_the_same_statements_at_any_backlog(
+    tmp_path, migrated_template, clock
+):
+    small = one_cycle_in(tmp_path / "small", migrated_template, clock, 20)
+    large = one_cycle_in(tmp_path / "large", migrated_template, clock, 800)
+    assert small == large, (small, large)
+    # An idle tick writes nothing and reads only what is live (a handful of probes).
+    assert small["idle tick"] <= 8, small
+
+
+def one_cycle_in(directory, template, clock, items: int) -> dict[str, int]:
+    directory.mkdir()
+    shutil.copy(template, directory / db.LEDGER_FILENAME)
+    engine = db.open_ledger(directory)
+    factory = db.session_factory(engine)
+
+    def make_run(config):
+        with db.transaction(factory) as session:
+            return ledger.create_run(
+                session,
+                config,
+                runtime_dir=str(directory),
+                source_hashes={},
+                actor="test",
+                now=clock.now(),
+            ).id
+
+    def register_worker():
+        with db.transaction(factory) as session:
+            return ledger.register_worker(
+                session,
+                node="n1",
+                host="h",
+                pid=os.getpid(),
+                boot_id="b",
+                process_start_time=None,
+                slots=2,
+                now=clock.now(),
+            )
+
+    try:
+        return one_cycle(engine, factory, make_run, register_worker, clock, items)
+    finally:
+        engine.dispose()
+
+
+def test_the_controller_promotes_what_a_settle_left_waiting(engine, factory, make_run, clock):
+    """The safety net: a job that ended without its item being promoted (here moved by
+    hand, as a writer that crashed between two steps would leave it) is promoted by
+    the controller's next tick, which finds it through the event log."""
+    run_id = make_run(make_config(THREE_STAGES, 3))
+    controller = Controller(engine, clock=clock)
+    controller.tick()
+    with factory() as session:
+        prepare = session.scalars(
+            select(Job.id).where(Job.run_id == run_id, Job.stage == "prepare").order_by(Job.id)
+        ).first()
+    with db.transaction(factory) as session:
+        ledger.move_job(
+            session, prepare, JobState.READY, JobState.CANCELLED, now=clock.now(), actor="test"
+        )
+    report = controller.tick()
+    assert report.promoted == 2  # solve and judge of that item: skipped
+    with factory() as session:
+        states = dict(
+            session.execute(
+                select(Job.stage, Job.state).where(
+                    Job.item_id == select(Job.item_id).where(Job.id == prepare).scalar_subquery()
+                )
+            ).all()
+        )
+    assert states == {"prepare": "cancelled", "solve": "skipped", "judge": "skipped"}
+
+
+def test_settled_peaks_are_folded_into_the_stage_row(
+    engine, factory, make_run, register_worker, clock
+):
+    make_run(make_config(items=3))
+    worker = register_worker()
+    peaks = [300.0, 700.0, 500.0]
+    for peak in peaks:
+        with db.transaction(factory) as session:
+            (claim,) = ledger.claim_jobs(
+                session,
+                worker_id=worker,
+                node="n1",
+                free_slots=1,
+                mem_available_mib=64_000,
+                now=clock.now(),
+            )
+        settle_one(
+            factory,
+            claim,
+            worker,
+            clock,
+            Outcome.SUCCEEDED,
+            measured={"peak_rss_mib": peak, "current_rss_mib": peak, "sampled_at": clock.now()},
+        )
+    with factory() as session:
+        row = session.scalars(select(StageStats)).one()
+    assert (row.peak_rss_mib, row.measured) == (700.0, 3)
+
+
+def test_the_supervisor_starts_on_the_standard_library_alone():
+    """It starts once per attempt: ``launch_argv`` runs it without site-packages, and
+    importing it pulls in nothing from outside the standard library and laneway."""
+    from workers import supervisor
+
+    argv = supervisor.launch_argv("{}")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import workers.supervisor; "
+        "print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
+    )
+    out = subprocess.run(
+        [argv[0], "-I", "-S", "-c", code, supervisor.ROOT],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    foreign = {"sqlalchemy", "pydantic", "psutil", "typer", "alembic", "pynvml", "site"}
+    assert foreign.isdisjoint(out), foreign & set(out)
+    assert "workers" in out and argv[1:3] == ["-I", "-S"]
+    assert "workers.supervisor" in argv  # how a restarted worker finds it
+    assert sys.executable == argv[0]
