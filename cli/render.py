@@ -145,6 +145,8 @@ def status_text(status: dict[str, Any]) -> str:
     t = status["throughput"]
     out.append("")
     out.append(f"throughput: {t['settled_attempts']} settled attempts, {t['per_hour']}/hour")
+    if status.get("closeout"):
+        out.append(f"closeout: {closeout_words(status['closeout'])}")
     if status["recent_events"]:
         out.append("")
         out.append("recent events:")
@@ -154,6 +156,28 @@ def status_text(status: dict[str, Any]) -> str:
             detail = ", ".join(f"{k}={v}" for k, v in e["detail"].items() if v is not None)
             out.append(clean(f"  #{e['id']} {e['at']} {e['kind']} {target} {detail}".rstrip()))
     return "\n".join(out)
+
+
+def closeout_words(closeout: dict[str, Any]) -> str:
+    """``none``, ``pending (N steps)``, ``running step K of N (NAME)``, ``finished (N
+    steps)`` or ``failed: NAME (STATE, exit C), ...``."""
+    state, count = closeout["state"], closeout["step_count"]
+    steps = f"{count} step{'s' if count != 1 else ''}"
+    if state == "none":
+        return "none"
+    if state == "pending":
+        return f"pending ({steps}; they run when the run finishes or is stopped)"
+    if state == "finished":
+        return f"finished ({steps} succeeded)"
+    failed = []
+    for step in closeout["steps"]:
+        if step["name"] in closeout["failed_steps"]:
+            code = "" if step.get("exit_code") is None else f", exit {step['exit_code']}"
+            failed.append(f"{step['name']} ({step['state']}{code})")
+    if state == "running":
+        words = f"running step {closeout['step']} of {count} ({closeout['current']})"
+        return words + (f"; failed so far: {', '.join(failed)}" if failed else "")
+    return clean(f"failed: {', '.join(failed)} (of {steps})")
 
 
 def plan_text(plan: dict[str, Any]) -> str:
