@@ -179,6 +179,8 @@ class WorkerService:
         self._last_heartbeat = float("-inf")
         self._last_claim = float("-inf")
         self._seen_event = -1
+        self._waiting_on_capacity = True
+        """Ready work was refused at the last claim: look again each ``rescan_seconds``."""
         self.watch = ChangeWatch(engine)
         self._selector = selectors.DefaultSelector()
         self._pidfds: dict[int, int] = {}
@@ -416,9 +418,10 @@ class WorkerService:
 
     def _worth_claiming(self) -> bool:
         """Claim when an event was appended since the last claim, or every rescan period
-        (free memory changes without an event). The ledger is only asked when its files
-        changed (``ChangeWatch``: a stat), so an idle worker costs almost nothing."""
-        if time.monotonic() - self._last_claim >= self.rescan_seconds:
+        while ready work was refused (free memory changes without an event). The ledger
+        is only asked when its files changed (``ChangeWatch``: a stat), so an idle worker
+        costs almost nothing."""
+        if self._waiting_on_capacity and time.monotonic() - self._last_claim >= self.rescan_seconds:
             return True
         if not self.watch.changed():
             return False
@@ -588,6 +591,7 @@ class WorkerService:
             if classified:
                 crash_point("worker_mid_settle")  # inside the transaction: rolls back
             if free > 0:
+                seen: dict[str, int] = {}
                 claims = ledger.claim_jobs(
                     session,
                     worker_id=self.worker_id,
@@ -598,7 +602,9 @@ class WorkerService:
                     lease_seconds=self.lease_seconds,
                     source_problems=sources,
                     pick_ports=free_ports,
+                    seen=seen,
                 )
+                self._waiting_on_capacity = seen.get("candidates", 0) > len(claims)
                 for claim in claims:
                     self._remember_stage(session, claim)
                 self._seen_event = ledger.latest_event_id(session)
@@ -903,7 +909,7 @@ class WorkerService:
 
     # -- the loop ------------------------------------------------------------
 
-    def serve(self, should_stop: Callable[[], bool], poll_seconds: float = 0.02) -> None:
+    def serve(self, should_stop: Callable[[], bool], poll_seconds: float = 0.05) -> None:
         """Tick until ``should_stop()``. Between ticks it waits on its supervisors'
         pidfds, at most ``poll_seconds`` (work from elsewhere is seen by a stat of the
         ledger files). The caller drains (``drain``) or leaves."""

@@ -83,6 +83,7 @@ def claim_jobs(
     check_sources: Callable[[RunInfo], list[str]] | None = None,
     source_problems: dict[int, list[str]] | None = None,
     pick_ports: PortPicker | None = None,
+    seen: dict[str, int] | None = None,
 ) -> list[Claim]:
     """Lease admissible jobs for up to ``free_slots`` and write their intents.
 
@@ -93,6 +94,9 @@ def claim_jobs(
     halted, naming the file and both hashes. ``source_problems`` (run id -> problems) is
     that check done by the caller before the transaction, so no file is hashed under the
     write lock; ``check_sources(run)`` does it here instead, for runs about to dispatch.
+
+    ``seen``, when given, receives ``candidates``: how many ready jobs admission looked
+    at (none: only a new event can give this node work, not a change of free memory).
     """
     snapshot, jobs_by_id = admission_snapshot(
         session,
@@ -102,6 +106,8 @@ def claim_jobs(
         limit=candidate_limit,
     )
     verdict = admission.admit(snapshot)
+    if seen is not None:
+        seen["candidates"] = len(snapshot.candidates)
     if verdict.starts and (check_sources is not None or source_problems):
         drifted = _halt_on_source_drift(
             session,
