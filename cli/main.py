@@ -350,24 +350,6 @@ class _Stopper:
         return self.signals > 1
 
 
-def _node_max_jobs(engine: Engine, node: str) -> int:
-    """The node's ``max_jobs`` from the ledger's ``nodes`` table (worker --slots default)."""
-    from sqlalchemy import text
-
-    with engine.connect() as connection:
-        found = connection.execute(
-            text("SELECT max_jobs FROM nodes WHERE name = :node"), {"node": node}
-        ).scalar()
-        if found is None:
-            names = connection.execute(text("SELECT name FROM nodes ORDER BY name")).scalars()
-            known = ", ".join(repr(name) for name in names) or "none yet"
-            raise UsageError(
-                f"--node: node {node!r} is not in the ledger (known: {known}); start a "
-                "pipeline that names it first"
-            )
-    return int(found)
-
-
 @app.command()
 def worker(
     node: Annotated[str, typer.Option("--node", help="The node this machine is.")],
@@ -391,12 +373,14 @@ def worker(
     signal leaves them running under their supervisors. The runtime dir must hold a
     ledger already (`start-pipeline` or `run` creates it).
     """
+    from controller.status import SessionRows, node_max_jobs
     from workers.service import WorkerService
 
     try:
         engine = db.open_existing_ledger(runtime_dir)
         if slots is None:
-            slots = _node_max_jobs(engine, node)
+            with db.session_factory(engine)() as session:
+                slots = node_max_jobs(SessionRows(session), node)
         service = WorkerService(engine, node=node, slots=slots)
         worker_id = service.start()
     except LanewayError as error:

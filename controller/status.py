@@ -309,6 +309,19 @@ def _current_refusal(source: Rows, run_id: int, lane: str) -> dict[str, Any] | N
     }
 
 
+def node_max_jobs(source: Rows, node: str) -> int:
+    """The node's ``max_jobs`` (``laneway worker``'s default ``--slots``)."""
+    found = source.rows("SELECT max_jobs FROM nodes WHERE name = :node", {"node": node})
+    if not found:
+        names = [row[0] for row in source.rows("SELECT name FROM nodes ORDER BY name")]
+        known = ", ".join(repr(name) for name in names) or "none yet"
+        raise NotFound(
+            f"--node: node {node!r} is not in the ledger (known: {known}); start a pipeline "
+            "that names it first"
+        )
+    return int(found[0][0])
+
+
 def closeout_state(source: Rows, run: dict[str, Any]) -> dict[str, Any]:
     """The run's closeout, from its ``closeout_*`` events (controller/closeout.py).
 
