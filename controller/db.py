@@ -391,6 +391,12 @@ class ReadOnlyLedger:
             self.refused = f"PRAGMA {arg1}" + ("" if arg2 is None else f" = {arg2}")
         elif action == sqlite3.SQLITE_FUNCTION:
             self.refused = f"the function {arg2}()"
+        elif action == sqlite3.SQLITE_UPDATE and (arg1 or "").startswith("sqlite_"):
+            # SQLite asks this when a pragma_*() table-valued function is prepared.
+            self.refused = (
+                f"UPDATE of {arg1} (which pragma_*() table functions ask for: use "
+                "PRAGMA table_info(...) and the like instead)"
+            )
         else:
             self.refused = _ACTION_WORDS.get(action, "a statement that is not a read")
         return sqlite3.SQLITE_DENY

@@ -79,6 +79,11 @@ def test_sql_names_what_it_refused(runtime, tmp_path):
     assert "PRAGMA user_version = 7 is not allowed" in pragma.stderr
     load = invoke("sql", "SELECT load_extension('x')", "--runtime-dir", str(runtime))
     assert "load_extension" in load.stderr
+    table_function = invoke(
+        "sql", "SELECT name FROM pragma_table_info('jobs')", "--runtime-dir", str(runtime)
+    )
+    assert_clean_error(table_function, 2)
+    assert "use PRAGMA table_info(...)" in table_function.stderr
 
 
 def test_sql_still_reads_and_reading_pragmas_work(runtime):
