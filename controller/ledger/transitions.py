@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Row, select, update
+from sqlalchemy import CursorResult, Row, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from controller.errors import IllegalTransition, NotFound, StaleLease
@@ -123,22 +123,22 @@ def move_job(
     del run_id  # returned by the UPDATE itself
     if new not in JOB_TRANSITIONS[expected]:
         raise IllegalTransition(f"job {job_id}: {expected.value} -> {new.value} is not allowed")
-    conditions = [jobs.c.id == job_id, jobs.c.state == expected.value]
-    if fence is not None:
-        conditions.append(jobs.c.fence == fence)
-    values: dict[str, Any] = {"state": new.value, "updated_at": now, "state_reason": reason}
-    if new in TERMINAL_JOB_STATES:
-        values["finished_at"] = now
-    elif expected in TERMINAL_JOB_STATES:
-        values["finished_at"] = None
-    if bump_fence:
-        values["fence"] = jobs.c.fence + 1
-    if attempt_count is not None:
-        values["attempt_count"] = attempt_count
-    statement = (
-        update(jobs).where(*conditions).values(**values).returning(*statements.JOB_MOVE_RETURNING)
+    finish = (
+        "set"
+        if new in TERMINAL_JOB_STATES
+        else ("clear" if expected in TERMINAL_JOB_STATES else None)
     )
-    row = session.execute(statement).first()
+    statement = _job_move(fence is not None, bump_fence, finish, attempt_count is not None)
+    params: dict[str, Any] = {
+        "b_id": job_id,
+        "b_expected": expected.value,
+        "b_new": new.value,
+        "b_now": now,
+        "b_reason": reason,
+        "b_fence": fence,
+        "b_count": attempt_count,
+    }
+    row = session.execute(statement, params).first()
     if row is None:
         current = session.execute(
             select(jobs.c.state, jobs.c.fence).where(jobs.c.id == job_id)
@@ -187,20 +187,15 @@ def move_attempt(
             raise IllegalTransition(
                 f"attempt {attempt_id}: {state.value} -> {new.value} is not allowed"
             )
-    conditions = [
-        attempts.c.id == attempt_id,
-        attempts.c.state.in_([s.value for s in expected_states]),
-    ]
-    if fence is not None:
-        current_fence = select(jobs.c.fence).where(jobs.c.id == attempts.c.job_id).scalar_subquery()
-        conditions += [attempts.c.fence == fence, current_fence == fence]
     changes = {"state": new.value, **(values or {})}
-    row = session.execute(
-        update(attempts)
-        .where(*conditions)
-        .values(**changes)
-        .returning(*statements.ATTEMPT_MOVE_RETURNING)
-    ).first()
+    statement = _attempt_move(len(expected_states), fence is not None, tuple(sorted(changes)))
+    params = {f"v_{key}": value for key, value in changes.items()}
+    params.update(
+        {f"b_expected{i}": state.value for i, state in enumerate(expected_states)},
+        b_id=attempt_id,
+        b_fence=fence,
+    )
+    row = session.execute(statement, params).first()
     if row is None:
         _explain_attempt_miss(session, attempt_id, expected_states, new, fence)
     assert row is not None
@@ -241,3 +236,65 @@ def _explain_attempt_miss(
         f"attempt {attempt_id} is {current.state}, not "
         f"{'/'.join(s.value for s in expected)}; cannot move it to {new.value}"
     )
+
+
+_JOB_MOVES: dict[tuple[bool, bool, str | None, bool], Any] = {}
+_ATTEMPT_MOVES: dict[tuple[int, bool, tuple[str, ...]], Any] = {}
+
+
+def _job_move(fenced: bool, bump: bool, finish: str | None, count: bool) -> Any:
+    """job_move: the compare-and-set UPDATE of one job, built once per shape (which
+    optional parts it has), with every value a bind parameter."""
+    key = (fenced, bump, finish, count)
+    statement = _JOB_MOVES.get(key)
+    if statement is None:
+        conditions = [jobs.c.id == bindparam("b_id"), jobs.c.state == bindparam("b_expected")]
+        if fenced:
+            conditions.append(jobs.c.fence == bindparam("b_fence"))
+        values: dict[str, Any] = {
+            "state": bindparam("b_new"),
+            "updated_at": bindparam("b_now"),
+            "state_reason": bindparam("b_reason"),
+        }
+        if finish == "set":
+            values["finished_at"] = bindparam("b_now")
+        elif finish == "clear":
+            values["finished_at"] = None
+        if bump:
+            values["fence"] = jobs.c.fence + 1
+        if count:
+            values["attempt_count"] = bindparam("b_count")
+        statement = _JOB_MOVES[key] = (
+            update(jobs)
+            .where(*conditions)
+            .values(**values)
+            .returning(*statements.JOB_MOVE_RETURNING)
+        )
+    return statement
+
+
+def _attempt_move(expected: int, fenced: bool, columns: tuple[str, ...]) -> Any:
+    """attempt_move: the compare-and-set UPDATE of one attempt (fenced by its job's
+    fence too), built once per shape: how many expected states, which columns."""
+    key = (expected, fenced, columns)
+    statement = _ATTEMPT_MOVES.get(key)
+    if statement is None:
+        conditions = [
+            attempts.c.id == bindparam("b_id"),
+            attempts.c.state.in_([bindparam(f"b_expected{i}") for i in range(expected)]),
+        ]
+        if fenced:
+            current_fence = (
+                select(jobs.c.fence).where(jobs.c.id == attempts.c.job_id).scalar_subquery()
+            )
+            conditions += [
+                attempts.c.fence == bindparam("b_fence"),
+                current_fence == bindparam("b_fence"),
+            ]
+        statement = _ATTEMPT_MOVES[key] = (
+            update(attempts)
+            .where(*conditions)
+            .values({column: bindparam(f"v_{column}") for column in columns})
+            .returning(*statements.ATTEMPT_MOVE_RETURNING)
+        )
+    return statement
