@@ -421,7 +421,13 @@ def worker(
 @app.command()
 def controller(
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
-    interval: Annotated[float, typer.Option(help="Seconds between ticks.")] = 0.25,
+    interval: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between looks at the ledger files; a tick runs only when something "
+            "changed or a periodic step (lease expiry, lost workers) is due."
+        ),
+    ] = 0.05,
     as_json: Annotated[
         bool, typer.Option("--json", help="Log lifecycle lines as JSON on stderr.")
     ] = False,
@@ -501,16 +507,21 @@ def run_pipeline(
     stopper = _Stopper()
     progress = _Progress(run_id, quiet=quiet or as_json)
     blocked: str | None = None
-    last_look = float("-inf")
+    last_look = last_probe = float("-inf")
     while True:
         busy = False
-        if own:
+        if own and daemon.due():
             report = daemon.tick()
             busy = bool(report.promoted or report.closed)
         for service in services:
             tick = service.tick()
             busy = busy or bool(tick.claimed or tick.settled)
-        if busy or time.monotonic() - last_look > LOOK_SECONDS:
+        # The whole status (its cost grows with the run) at most every LOOK_SECONDS; in
+        # between, the run's own row says when it finished, whoever closed it.
+        probe = not busy and time.monotonic() - last_probe >= PROBE_SECONDS
+        if probe:
+            last_probe = time.monotonic()
+        if time.monotonic() - last_look > LOOK_SECONDS or (probe and _run_finished(engine, run_id)):
             last_look = time.monotonic()
             own = own or daemon_module.hold_controller_lock(runtime)
             with db.reader(engine)() as session:
@@ -525,7 +536,9 @@ def run_pipeline(
         if blocked or stopper.stop():
             break
         if not busy:
-            time.sleep(0.02)
+            # A local supervisor's exit wakes this at once (its pidfd); new work from
+            # elsewhere is seen within the timeout.
+            services[0].wait(0.02) if len(services) == 1 else time.sleep(0.02)
     for service in services:
         service.drain(should_abort=stopper.abort)
         if not service.in_flight:
@@ -561,7 +574,17 @@ def run_pipeline(
 
 
 LOOK_SECONDS = 1.0
-"""How often `laneway run` reads the run's status from the ledger when nothing moved."""
+"""How often `laneway run` builds the run's whole status (progress, blocked reasons)."""
+PROBE_SECONDS = 0.1
+"""How often, when nothing moved here, `laneway run` reads whether its run finished."""
+
+
+def _run_finished(engine: Any, run_id: int) -> bool:
+    """One row: is the run finished in the ledger?"""
+    from controller import ledger
+
+    with db.reader(engine)() as session:
+        return ledger.get_run(session, run_id).state == "finished"
 
 
 def _closeout_underway(snapshot: dict[str, Any]) -> bool:
