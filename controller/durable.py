@@ -19,10 +19,13 @@ from __future__ import annotations
 import json
 import os
 import stat
-from pathlib import Path
-from typing import IO, Any
 
 from controller import faults
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the supervisor imports this module: it must start fast (no typing)
+    from pathlib import Path
+    from typing import IO, Any
 
 GROUP_READABLE_ENV = "LANEWAY_GROUP_READABLE"
 _OWNER_ONLY = (0o600, 0o700)
@@ -60,6 +63,8 @@ def make_private_dir(path: str | os.PathLike[str]) -> Path:
     """Create ``path`` and any missing parents with the directory mode (0700, or 0750
     when group-readable), whatever the umask. Directories that already exist are left
     as they are. Returns the path; raises OSError (e.g. a file in the way)."""
+    from pathlib import Path  # not on the supervisor's path
+
     directory = Path(path)
     dir_mode = modes()[1]
     missing = []
@@ -120,8 +125,8 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     On failure the partial file is removed (best effort) and the old content, if any,
     is left untouched: a torn file is never visible under the final name.
     """
-    target = Path(path)
-    partial = target.with_name(target.name + ".partial")
+    target = os.fspath(path)
+    partial = target + ".partial"
     site = faults.site_of(target)
     file_mode = modes()[0]
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, file_mode)
@@ -147,7 +152,7 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
-    fsync_dir(target.parent)
+    fsync_dir(os.path.dirname(target) or ".")
 
 
 def write_json(path: str | os.PathLike[str], payload: Any) -> None:

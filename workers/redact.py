@@ -21,8 +21,10 @@ from __future__ import annotations
 import base64
 import json
 import re
-import urllib.parse
-from typing import Any
+
+TYPE_CHECKING = False  # the supervisor imports this module: it must start fast
+if TYPE_CHECKING:
+    from typing import Any
 
 MASK = b"[REDACTED]"
 MIN_SECRET_LEN = 4
@@ -62,6 +64,8 @@ _PERCENT_ESCAPE = re.compile(rb"%[0-9A-F]{2}")
 def _url_forms(text: str) -> set[bytes]:
     """URL-encoded forms: ``quote`` with nothing safe and with its default ``/`` safe,
     ``quote_plus`` likewise, each with upper- and lowercase ``%xx`` escapes."""
+    import urllib.parse  # only with secrets to redact: it is slow to import
+
     forms = set()
     for safe in ("", "/"):
         for encode in (urllib.parse.quote, urllib.parse.quote_plus):

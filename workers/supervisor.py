@@ -31,14 +31,14 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from controller import durable, faults
 from controller.crashpoints import crash_point
 from controller.durable import write_json
 from workers.identity import boot_id, process_start_time
 from workers.redact import Redactor
+
+TYPE_CHECKING = False  # not ``typing.TYPE_CHECKING``: importing typing costs a start
 
 if TYPE_CHECKING:
     from typing import Any
@@ -71,7 +71,10 @@ DRAIN_SECONDS = 2.0
 
 
 def _utc() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """Now, as ISO 8601 UTC with milliseconds (``time``, not ``datetime``: it starts
+    faster)."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
 
 
 def _become_subreaper() -> bool:
