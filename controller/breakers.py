@@ -1,4 +1,5 @@
-"""Circuit breakers (invariant 11), as pure policy over a run's settled outcomes.
+"""Circuit breakers (invariant 11, docs/invariants.md), as pure policy over a run's
+settled outcomes.
 
 - Infrastructure failures of ``n`` distinct items in a row pause the run. "In a row"
   means since the last success: a success resets the count; ordinary failures (the job

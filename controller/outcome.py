@@ -1,4 +1,6 @@
-"""Classifying a finished attempt into one outcome class (SPEC "Outcome classes").
+"""Classifying a finished attempt into one outcome class.
+
+The classes and rules are documented in docs/architecture.md ("Outcome classification").
 
 Pure policy over what the supervisor and the job left on disk. The rules, in order:
 

@@ -1,8 +1,8 @@
 """Where a job goes after an attempt settles: the one retry decision.
 
 Pure: no ledger access. A job gets another attempt only when its stage's retry policy
-names the outcome and attempts remain (invariant 2); a lost worker, a harness failure,
-a fatal failure or an unknown outcome is never retried automatically.
+names the outcome and attempts remain (invariant 2, docs/invariants.md); a lost worker,
+a harness failure, a fatal failure or an unknown outcome is never retried automatically.
 """
 
 from __future__ import annotations

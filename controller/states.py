@@ -48,8 +48,9 @@ TERMINAL_JOB_STATES = frozenset(
 
 class AttemptState(StrEnum):
     INTENT = "intent"
-    """Committed before any process exists (invariant 1). The worker moves it to running
-    once the supervisor's identity is recorded; a crash leaves it for the reconciler."""
+    """Committed before any process exists (invariant 1, docs/invariants.md). The worker
+    moves it to running once the supervisor's identity is recorded; a crash leaves it
+    for the reconciler."""
     RUNNING = "running"
     """Supervisor and child identity recorded. The worker settles it from exit.json;
     the reconciler marks it unknown when its outcome cannot be established."""
@@ -61,7 +62,7 @@ class AttemptState(StrEnum):
 
 
 class Outcome(StrEnum):
-    """The class an attempt settles into (SPEC "Outcome classes")."""
+    """The class an attempt settles into (docs/architecture.md, "Outcome classification")."""
 
     SUCCEEDED = "succeeded"
     FAILED = "failed"

@@ -1,10 +1,11 @@
 """Bounded failure capture: a tar.gz of a failed attempt's workspace and a sha256
 manifest, written next to it after the outcome is settled.
 
-The workspace itself is never deleted or moved by laneway (invariant 5); the capture is
-an extra, portable copy with caps on size and time. It runs after the settle commit, so
-nothing it does — including failing with ENOSPC — can change the recorded outcome; its
-result or failure is recorded as an event of its own.
+The workspace itself is never deleted or moved by laneway (invariant 5,
+docs/invariants.md); the capture is an extra, portable copy with caps on size and time.
+It runs after the settle commit, so nothing it does — including failing with ENOSPC —
+can change the recorded outcome; its result or failure is recorded as an event of its
+own.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Streaming redaction of a job's output before it reaches a log file (invariant 8).
+"""Streaming redaction of a job's output before it reaches a log file (invariant 8,
+docs/invariants.md).
 
 Two stages, each safe across read boundaries:
 

@@ -1,7 +1,8 @@
 """The per-attempt supervisor: ``python -m workers.supervisor SPEC_JSON``.
 
 One supervisor per attempt, started by the worker in its own session, so it outlives a
-crash of the worker service (invariant 6). It:
+crash of the worker service (invariant 6; the numbered invariants are in
+docs/invariants.md). It:
 
 1. makes itself a child subreaper, so descendants that double-fork are re-parented to
    it and can be reaped and waited for;

@@ -1,15 +1,16 @@
 """Crash recovery: expired leases, lost workers, and what a restarted worker adopts.
 
-Lease design (invariant 4). A lease is a worker's claim on one job for one attempt. It
-is granted in the same transaction that writes the attempt's intent, and it carries the
-job's fence token, which only grows: it is bumped on every grant and every revocation.
-Every later write about the attempt (spawn identity, settle) names the fence it was
-granted, and the compare-and-set includes ``jobs.fence = :fence``: a worker whose lease
-was revoked (a zombie coming back late) matches no row and gets ``StaleLease``. The
-holder renews the lease with each heartbeat; ``expires_at`` is judged on the database's
-clock (on SQLite, the single host's clock read through ``controller.clock``). A holder
-must stop trusting its lease when a renewal fails or when it has not renewed it for
-``lease_seconds``: from then on it may only write evidence files, never ledger state.
+Lease design (invariant 4, docs/invariants.md). A lease is a worker's claim on one job
+for one attempt. It is granted in the same transaction that writes the attempt's intent,
+and it carries the job's fence token, which only grows: it is bumped on every grant and
+every revocation. Every later write about the attempt (spawn identity, settle) names the
+fence it was granted, and the compare-and-set includes ``jobs.fence = :fence``: a worker
+whose lease was revoked (a zombie coming back late) matches no row and gets
+``StaleLease``. The holder renews the lease with each heartbeat; ``expires_at`` is
+judged on the database's clock (on SQLite, the single host's clock read through
+``controller.clock``). A holder must stop trusting its lease when a renewal fails or
+when it has not renewed it for ``lease_seconds``: from then on it may only write
+evidence files, never ledger state.
 """
 
 from __future__ import annotations
