@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -140,10 +141,18 @@ def dry_run(config: ConfigPath, as_json: JsonFlag = False) -> None:
         return
     plan = pipeline.plan(parsed, mem_available_mib=psutil_memory()[0])
     plan["preflight"] = {"ok": not reasons, "reasons": reasons}
+    # What would run: each stage's argv for the first item, as a worker renders it
+    # (values in a shell's -c script quoted), so a user sees it before anything runs.
+    plan["argv_preview"] = config_module.preview_argv(parsed)
     if as_json:
         typer.echo(render.as_json(plan))
     else:
         typer.echo(render.plan_text(plan))
+        if plan["argv_preview"]:
+            typer.echo("")
+            typer.echo(f"argv of the first item ({parsed.items[0].key}) per stage:")
+            for stage_name, argv in plan["argv_preview"].items():
+                typer.echo(f"  {stage_name}: {shlex.join(argv)}")
         typer.echo("")
         typer.echo("preflight: ok" if not reasons else "preflight: REFUSED")
         for reason in reasons:
@@ -899,6 +908,8 @@ def reconcile(
     try:
         recorded = _read_result_file(result) if result else None
         engine = _writer(runtime_dir)
+        with db.session_factory(engine)() as session:
+            exit_code, exit_signal = _verified_exit(ledger.get_attempt(session, attempt))
         with db.transaction(db.session_factory(engine)) as session:
             job_state = ledger.reconcile_attempt(
                 session,
@@ -908,6 +919,8 @@ def reconcile(
                 actor=_actor(),
                 now=SystemClock().now(),
                 result=recorded,
+                exit_code=exit_code,
+                exit_signal=exit_signal,
             )
     except LanewayError as error:
         _fail(error, as_json)
@@ -918,6 +931,25 @@ def reconcile(
         as_json,
         lambda b: f"attempt {attempt} reconciled as {b['as']}; job is now {b['job_state']}",
     )
+
+
+def _verified_exit(attempt: Any) -> tuple[int | None, int | None]:
+    """The exit code and signal from the attempt's own exit record, when there is one
+    that is whole and names this attempt (a known exit code is never lost by a
+    reconcile); (None, None) otherwise."""
+    from controller import durable
+
+    try:
+        record = durable.read_json(Path(attempt.attempt_dir) / "exit.json")
+    except (OSError, ValueError):
+        return None, None
+    if not isinstance(record, dict) or record.get("attempt_id") != attempt.id:
+        return None, None
+    code, signum = record.get("exit_code"), record.get("signal")
+    valid = [v for v in (code, signum) if isinstance(v, int) and not isinstance(v, bool)]
+    if not valid:
+        return None, None
+    return (code if code in valid else None), (signum if signum in valid else None)
 
 
 @app.command()

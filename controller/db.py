@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from controller import durable
 from controller.errors import LedgerRevisionError, UsageError
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ def _write_lock(engine: Engine | None) -> Iterator[None]:
     key = (os.getpid(), path)  # flock belongs to an open file: never share one across fork
     fd = _lock_fds.get(key)
     if fd is None:
-        fd = _lock_fds[key] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _lock_fds[key] = os.open(path, os.O_RDWR | os.O_CREAT, durable.modes()[0])
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         yield
@@ -206,14 +207,19 @@ def upgrade(engine: Engine) -> None:
 
 def open_ledger(runtime_dir: str | os.PathLike[str], *, migrate: bool = True) -> Engine:
     """The engine every laneway process uses: create the runtime dir, migrate to head."""
+    url = ledger_url(runtime_dir)
     try:
-        Path(runtime_dir).mkdir(parents=True, exist_ok=True)
+        # Owner-only unless LANEWAY_GROUP_READABLE (docs/security.md): the runtime dir
+        # and the ledger file (SQLite gives its -wal and -shm files the ledger's mode).
+        durable.make_private_dir(runtime_dir)
+        if url == f"sqlite:///{Path(runtime_dir).resolve() / LEDGER_FILENAME}":
+            durable.open_private(Path(runtime_dir).resolve() / LEDGER_FILENAME, "ab").close()
     except OSError as exc:
         raise UsageError(
             f"--runtime-dir {runtime_dir}: cannot create it ({exc.strerror or exc}); "
             "pass a directory laneway can write"
         ) from None
-    engine = make_engine(ledger_url(runtime_dir))
+    engine = make_engine(url)
     if migrate:
         upgrade(engine)
     else:

@@ -95,3 +95,49 @@ def test_fault_on_every_durable_path(engine, runtime, make_run, monkeypatch, sit
     else:  # status_snapshot: derived files only; outcomes untouched
         assert outcomes == ["succeeded", "succeeded"] and state == "finished"
         assert "snapshot_failed" in events
+
+
+def test_reconciling_after_a_receipt_failure_keeps_the_known_exit_code(
+    engine, runtime, make_run, monkeypatch
+):
+    """The receipt could not be saved, so the attempt is rightly unknown; its exit.json
+    holds the exit code. A reconcile records that code (from the verified record)."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    code_job = JOB + "; raise SystemExit(7)"
+    monkeypatch.setenv(faults.ENV, "receipt:1:ENOSPC")
+    faults.reset()
+    run_id = make_run(make_config([py_stage("s", code_job)], items=1, max_jobs=1))
+    service = WorkerService(engine, node="n1", slots=1, memory_probe=lambda: (64e3, 128e3))
+    service.start()
+
+    def reaped():
+        service.tick()
+        with db.session_factory(engine)() as session:
+            unknown = session.scalars(select(Attempt).where(Attempt.state == "unknown")).first()
+        return unknown is not None and not service.in_flight and unknown
+
+    attempt = wait_until(reaped)
+    faults.reset()
+    assert attempt.exit_code is None
+    assert json.loads((Path(attempt.attempt_dir) / "exit.json").read_text())["exit_code"] == 7
+    shown = CliRunner().invoke(
+        app,
+        [
+            "reconcile",
+            str(attempt.id),
+            "--as",
+            "failed",
+            "--reason",
+            "read exit.json",
+            "--runtime-dir",
+            str(runtime),
+        ],
+    )
+    assert shown.exit_code == 0, shown.output
+    with db.session_factory(engine)() as session:
+        settled = session.get(Attempt, attempt.id)
+        assert (settled.state, settled.outcome, settled.exit_code) == ("settled", "failed", 7)
+        assert session.get(Run, run_id) is not None
