@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -29,7 +30,7 @@ from controller.clock import iso
 from controller.config import CloseoutStep, render_closeout
 from controller.durable import make_private_dir, open_private, write_json
 from controller.models import Attempt, Control, Event, Run
-from controller.states import AttemptState, ControlKind, EventKind, RunState
+from controller.states import AttemptState, ControlKind, EventKind, RunState, StepState
 
 ACTOR = "controller"
 GRACE_SECONDS = 5.0
@@ -85,7 +86,7 @@ def load(session: Session, run: Run) -> Closeout:
     steps = [
         {
             "name": step.name,
-            "state": "pending",
+            "state": StepState.PENDING.value,
             "exit_code": None,
             "started_at": None,
             "ended_at": None,
@@ -107,7 +108,7 @@ def load(session: Session, run: Run) -> Closeout:
             continue
         if event.kind == EventKind.CLOSEOUT_STEP_STARTED:
             # Started but never finished: the controller died while it ran.
-            step.update(state="interrupted", started_at=iso(event.at))
+            step.update(state=StepState.INTERRUPTED.value, started_at=iso(event.at))
         else:
             step.update(
                 state=event.detail["state"],
@@ -117,8 +118,17 @@ def load(session: Session, run: Run) -> Closeout:
     return Closeout(run.id, directory, steps)
 
 
-def advance(session: Session, closeout: Closeout, run: Run, *, now: datetime) -> bool:
-    """One step of progress. Returns True if anything changed (the caller commits)."""
+Record = Callable[[list[dict[str, Any]]], None]
+"""Writes event rows (``ledger.event_row``) in one short write transaction."""
+
+
+def advance(closeout: Closeout, run: Run, *, now: datetime, record: Record) -> bool:
+    """One step of progress. Returns True if anything changed.
+
+    Nothing here holds the ledger's write lock: each change is written through
+    ``record`` (its own short transaction), and a step's start is recorded *before* its
+    process is spawned, so a controller that dies in between leaves it ``interrupted``
+    (never run twice), not running unrecorded."""
     config = ledger.run_config(run)
     changed = False
     current = closeout.running
@@ -134,45 +144,52 @@ def advance(session: Session, closeout: Closeout, run: Run, *, now: datetime) ->
         if code is None:
             return False
         state = (
-            "timed_out"
+            StepState.TIMED_OUT
             if current.killed_at is not None
-            else ("succeeded" if code == 0 else "failed")
+            else (StepState.SUCCEEDED if code == 0 else StepState.FAILED)
         )
-        _finish(session, closeout, current.name, state, code, now=now, error=current.signal_error)
+        record([_finish(closeout, current.name, state, code, now=now, error=current.signal_error)])
         closeout.running = None
         changed = True
-    pending = [step for step in closeout.steps if step["state"] == "pending"]
+    pending = [step for step in closeout.steps if step["state"] == StepState.PENDING]
     if pending:
         step = pending[0]
         spec = next(s for s in config.closeout if s.name == step["name"])
+        record(
+            [
+                ledger.event_row(
+                    EventKind.CLOSEOUT_STEP_STARTED,
+                    actor=ACTOR,
+                    now=now,
+                    run_id=run.id,
+                    step=step["name"],
+                )
+            ]
+        )
+        step.update(state=StepState.RUNNING.value, started_at=iso(now))
         try:
             process = _spawn(spec, Path(step["log"]), run, closeout.directory)
         except Exception as exc:
             # Recorded as the step's failure, and the next step is still attempted: a
             # bad step must never stop the controller's tick.
-            _finish(session, closeout, step["name"], "failed", None, now=now, error=_why(exc))
+            record(
+                [_finish(closeout, step["name"], StepState.FAILED, None, now=now, error=_why(exc))]
+            )
             return True
-        step.update(state="running", started_at=iso(now))
         closeout.running = _Running(step["name"], process, time.monotonic() + spec.timeout_seconds)
-        ledger.append_event(
-            session,
-            EventKind.CLOSEOUT_STEP_STARTED,
-            actor=ACTOR,
-            now=now,
-            run_id=run.id,
-            step=step["name"],
-            pid=process.pid,
-        )
         return True
     if closeout.running is None and not closeout.done:
         closeout.done = True
-        ledger.append_event(
-            session,
-            EventKind.CLOSEOUT_FINISHED,
-            actor=ACTOR,
-            now=now,
-            run_id=run.id,
-            steps={s["name"]: s["state"] for s in closeout.steps},
+        record(
+            [
+                ledger.event_row(
+                    EventKind.CLOSEOUT_FINISHED,
+                    actor=ACTOR,
+                    now=now,
+                    run_id=run.id,
+                    steps={s["name"]: s["state"] for s in closeout.steps},
+                )
+            ]
         )
         return True
     return changed
@@ -221,29 +238,28 @@ def write_progress(closeout: Closeout) -> None:
 
 
 def _finish(
-    session: Session,
     closeout: Closeout,
     name: str,
-    state: str,
+    state: StepState,
     code: int | None,
     *,
     now: datetime,
     error: str | None = None,
-) -> None:
+) -> dict[str, Any]:
+    """Mark a step ended in ``closeout`` and return its event row."""
     for step in closeout.steps:
         if step["name"] == name:
-            step.update(state=state, exit_code=code, ended_at=iso(now))
+            step.update(state=state.value, exit_code=code, ended_at=iso(now))
             if error:
                 step["error"] = error
     extra: dict[str, Any] = {"error": error} if error else {}
-    ledger.append_event(
-        session,
+    return ledger.event_row(
         EventKind.CLOSEOUT_STEP_FINISHED,
         actor=ACTOR,
         now=now,
         run_id=closeout.run_id,
         step=name,
-        state=state,
+        state=state.value,
         exit_code=code,
         **extra,
     )

@@ -137,9 +137,10 @@ class Controller:
             with self.reader() as session:
                 cursor = ledger.latest_event_id(session)
                 active = set(ledger.active_run_ids(session))
-            with db.transaction(self.factory) as session:
-                for run_id in sorted(active):
-                    report.promoted += ledger.promote_run(session, run_id, now=now, actor=ACTOR)
+            if active:
+                with db.transaction(self.factory) as session:
+                    for run_id in sorted(active):
+                        report.promoted += ledger.promote_run(session, run_id, now=now, actor=ACTOR)
             self._cursor = cursor
             self._active = active
             return set(active)
@@ -197,7 +198,9 @@ class Controller:
 
     def _advance_closeouts(self, now: datetime, *, changed: bool) -> None:
         """Start, poll and record closeout steps of finished or stopped runs. The list of
-        candidates is read again only when something changed (or a step is running)."""
+        candidates is read again only when something changed (or a step is running).
+        Steps are started and polled outside any write transaction; each change is
+        written in its own short one (``closeout.advance`` says how)."""
         if self._closeout_runs is None or changed or self._closeouts:
             with self.reader() as session:
                 self._closeout_runs = [
@@ -206,31 +209,40 @@ class Controller:
                     if run.id in self._closeouts or closeout.needs_closeout(session, run)
                 ]
         for run_id in list(self._closeout_runs):
-            with db.transaction(self.factory) as session:
+            with self.reader() as session:
                 run = ledger.get_run(session, run_id)
                 if run_id not in self._closeouts:
                     if not closeout.needs_closeout(session, run):
                         self._closeout_runs.remove(run_id)
                         continue
                     self._closeouts[run_id] = closeout.load(session, run)
-                state = self._closeouts[run_id]
-                if closeout.advance(session, state, run, now=now):
-                    try:
-                        closeout.write_progress(state)
-                    except OSError as exc:
-                        ledger.append_event(
-                            session,
-                            EventKind.SNAPSHOT_FAILED,
-                            actor=ACTOR,
-                            now=now,
-                            run_id=run_id,
-                            error=f"{exc.strerror or exc}",
-                            file="closeout_progress.json",
-                        )
-                if state.done:
-                    ledger.mark_closeout_finished(session, run_id, now=now)
-                    del self._closeouts[run_id]
-                    self._closeout_runs.remove(run_id)
+            state = self._closeouts[run_id]
+
+            def record(rows: list[dict[str, Any]], run_id: int = run_id) -> None:
+                with db.transaction(self.factory) as session:
+                    ledger.append_events(session, rows)
+                    if any(row["kind"] == EventKind.CLOSEOUT_FINISHED for row in rows):
+                        ledger.mark_closeout_finished(session, run_id, now=now)
+
+            if closeout.advance(state, run, now=now, record=record):
+                try:
+                    closeout.write_progress(state)
+                except OSError as exc:
+                    record(
+                        [
+                            ledger.event_row(
+                                EventKind.SNAPSHOT_FAILED,
+                                actor=ACTOR,
+                                now=now,
+                                run_id=run_id,
+                                error=f"{exc.strerror or exc}",
+                                file="closeout_progress.json",
+                            )
+                        ]
+                    )
+            if state.done:
+                del self._closeouts[run_id]
+                self._closeout_runs.remove(run_id)
 
     def write_snapshots(self, run_id: int, *, now: datetime, final: bool = False) -> None:
         """Write status.json (and SUMMARY.json when ``final``) if the ledger changed."""

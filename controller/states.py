@@ -168,8 +168,9 @@ OPEN_JOB_STATES = (JobState.WAITING, JobState.READY, JobState.RUNNING, JobState.
 class EventKind(StrEnum):
     """Every kind of row in the append-only ``events`` table; nothing else writes one.
 
-    Job and attempt transitions map to their kind through ``job_event`` and
-    ``attempt_event``, so no kind is built from a string anywhere else.
+    Job and attempt transitions map to their kind through ``JOB_EVENT`` and
+    ``ATTEMPT_EVENT`` (controls through ``CONTROL_SET_EVENT``/``CONTROL_CLEARED_EVENT``),
+    so no kind is built from a string anywhere else.
     """
 
     RUN_CREATED = "run_created"

@@ -44,8 +44,8 @@ def resolve_env(
                 )
         resolved[name] = ENV_REF.sub(lambda m: environ[m.group(1)], template)
         if references:
-            # Redact both the resolved value and each referenced secret on its own (the
-            # child inherits the worker's environment, so it can print either).
+            # Redact both the resolved value and each referenced secret on its own (a
+            # job can print any part of the resolved value, the secret alone included).
             secret_names.append(name)
             secret_names += [r for r in references if r not in secret_names]
     return resolved, secret_names

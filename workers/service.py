@@ -2,13 +2,20 @@
 
 One ``WorkerService`` per node. Each ``tick``:
 
-1. settles attempts whose supervisor has exited, from ``exit.json`` and the optional
-   ``result.json`` (one transaction per settle);
+1. records the identity of every supervisor whose report has come in (its child's pid
+   and start time), all in one transaction, and writes each ``receipt.json``; a
+   supervisor that is still starting holds up nothing;
 2. heartbeats (renews its leases, reports the node's live memory) when due;
-3. if it has free slots and something changed, claims admissible jobs and commits their
-   intents in one transaction (``ledger.claim_jobs``);
-4. only then starts one supervisor per claimed attempt, reads back the child's identity,
-   records every identity in one transaction and writes each ``receipt.json``.
+3. in ONE write transaction: settles attempts whose supervisor has exited (from
+   ``exit.json`` and the optional ``result.json``, read before it, each settle in a
+   savepoint so a stale lease undoes only its own), then, with free slots and
+   something changed, claims admissible jobs and writes their intents
+   (``ledger.claim_jobs``);
+4. only after that commit starts one supervisor per claimed attempt
+   (``python -I -S``, ``workers.supervisor.launch_argv``).
+
+Between ticks ``serve`` waits on the supervisors' pidfds, so a slot is refilled the
+moment its attempt ends. A job starts from a clean environment (``workers.jobenv``).
 
 Crash windows are named by ``crash_point`` (``controller.crashpoints``: a test hook,
 inert unless the ``LANEWAY_CRASH_POINT`` environment variable names the point).

@@ -2,7 +2,7 @@
 
 Promotion happens in the transaction that made it possible: a settle, a reconcile or a
 retry promotes the item it touched (``promote_item``). The controller's safety net
-(``promote_after``) follows the event log from a cursor, so its cost follows what
+(``changes_after``, driven by the daemon) follows the event log from a cursor, so its cost follows what
 changed since its last look, never the size of the backlog.
 """
 
@@ -62,7 +62,7 @@ def promote_item(session: Session, item_id: int, *, now: datetime, actor: str) -
 
 def promote_run(session: Session, run_id: int, *, now: datetime, actor: str) -> int:
     """``promote_item`` for every item of the run that still has waiting jobs: a full
-    pass, for the controller's start only (``promote_after`` follows changes)."""
+    pass, for the controller's start only (``changes_after`` follows changes)."""
     item_ids = session.scalars(
         select(jobs.c.item_id)
         .where(jobs.c.run_id == run_id, jobs.c.state == JobState.WAITING.value)

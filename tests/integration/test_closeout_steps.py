@@ -24,12 +24,16 @@ def drive(engine, run_id: int, clock) -> closeout.Closeout:
     factory = db.session_factory(engine)
     state: list[closeout.Closeout] = []
 
-    def step() -> bool:
+    def record(rows: list[dict]) -> None:
         with db.transaction(factory) as session:
+            ledger.append_events(session, rows)
+
+    def step() -> bool:
+        with factory() as session:
             run = ledger.get_run(session, run_id)
             if not state:
                 state.append(closeout.load(session, run))
-            closeout.advance(session, state[0], run, now=clock.now())
+        closeout.advance(state[0], run, now=clock.now(), record=record)
         return state[0].done
 
     wait_until(step)
