@@ -2,8 +2,8 @@
 
 Promotion happens in the transaction that made it possible: a settle, a reconcile or a
 retry promotes the item it touched (``promote_item``). The controller's safety net
-(``changes_after``, driven by the daemon) follows the event log from a cursor, so its cost follows what
-changed since its last look, never the size of the backlog.
+(``changes_after``, driven by the daemon) follows the event log from a cursor, so its
+cost follows what changed since its last look, never the size of the backlog.
 """
 
 from __future__ import annotations
