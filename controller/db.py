@@ -309,11 +309,27 @@ def open_existing_ledger(runtime_dir: str | os.PathLike[str]) -> Engine:
     ledger must exist already; it is migrated to head like ``open_ledger`` does."""
     url = existing_ledger_url(runtime_dir)
     engine = make_engine(url)
-    if current_revision(engine) is None:
+    revision = _stored_revision(engine)
+    if revision is None:
         engine.dispose()
         raise missing_ledger(runtime_dir)
-    upgrade(engine)
+    if revision != known_revisions()[1]:
+        # Alembic only when there is something to migrate (or refuse): a service on a
+        # ledger at head never imports it (it costs start time and about 10 MiB).
+        upgrade(engine)
     return engine
+
+
+def _stored_revision(engine: Engine) -> str | None:
+    """The ledger's ``alembic_version``, read with one plain query (None: no ledger)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        with engine.connect() as connection:
+            found = connection.exec_driver_sql("SELECT version_num FROM alembic_version").all()
+    except SQLAlchemyError:
+        return current_revision(engine)  # alembic's check says precisely what is wrong
+    return str(found[0][0]) if found else None
 
 
 _READ_PRAGMAS = frozenset(
