@@ -118,12 +118,16 @@ def status_text(status: dict[str, Any]) -> str:
                 ],
             )
         )
+    out += workers_text(status)
     out.append("")
     out.append("lanes:")
     lane_rows = []
+    unserved = {entry["node"] for entry in status.get("no_worker", [])}
     for lane in status["lanes"]:
         if lane["running"]:
             state = f"{lane['running']} running"
+            if lane["node"] in unserved:
+                state += " (no live worker on its node)"
         elif lane["reason"]:
             state = f"idle {duration(lane['idle_seconds'])}: {clean(lane['reason']['words'])}"
         elif lane["ready"] or lane["waiting"]:
@@ -156,6 +160,37 @@ def status_text(status: dict[str, Any]) -> str:
             detail = ", ".join(f"{k}={v}" for k, v in e["detail"].items() if v is not None)
             out.append(clean(f"  #{e['id']} {e['at']} {e['kind']} {target} {detail}".rstrip()))
     return "\n".join(out)
+
+
+def workers_text(status: dict[str, Any]) -> list[str]:
+    """The workers section: each worker of the run's nodes (active ones, the last few
+    stopped or lost), then every node no live worker serves, with the command that
+    starts one."""
+    workers = status.get("workers") or []
+    out = ["", "workers:"]
+    if workers:
+        out.append(
+            table(
+                ["node", "worker", "pid", "host", "heartbeat", "slots", "state"],
+                [
+                    [
+                        w["node"],
+                        w["worker_id"],
+                        w["pid"],
+                        w["host"],
+                        f"{duration(max(0.0, w['heartbeat_age_seconds']))} ago",
+                        w["slots"],
+                        w["state"]
+                        if w["live"] or w["state"] != "active"
+                        else "active, heartbeat stale",
+                    ]
+                    for w in workers
+                ],
+            )
+        )
+    for entry in status.get("no_worker") or []:
+        out.append(clean(f"  node {entry['node']}: no live worker — start one: {entry['start']}"))
+    return out if len(out) > 2 else []
 
 
 def closeout_words(closeout: dict[str, Any]) -> str:
@@ -238,11 +273,26 @@ def explain_text(report: dict[str, Any]) -> str:
         f"run {report['run_id']}): {report['state']}"
         + (f" — {clean(report['state_reason'])}" if report["state_reason"] else "")
     ]
-    if report["blocked_by"]:
-        out.append("blocked by:")
-        out += [f"  {clean(b['words'])}" for b in report["blocked_by"]]
+    worker = report.get("worker") or {}
+    unserved = not worker.get("live", True) and report["state"] in ("waiting", "ready", "running")
+    if unserved:
+        out.append(
+            clean(
+                f"no worker is running on node {worker['node']}: nothing will claim or settle "
+                f"its jobs; start one: {worker['start']}"
+            )
+        )
+    others = [b for b in report["blocked_by"] if b["code"] != "no_worker"]
+    if others:
+        out.append("also blocked by:" if unserved else "blocked by:")
+        out += [f"  {clean(b['words'])}" for b in others]
     elif report["state"] == "ready":
-        out.append("nothing blocks it: the next claim on its node can start it")
+        out.append(
+            "nothing else blocks it: a worker on its node can start it"
+            if unserved
+            else "nothing blocks it: the next claim on its node can start it"
+        )
+    out += _settled_lines(report)
     arithmetic = report.get("arithmetic")
     if arithmetic:
         a = arithmetic
@@ -268,6 +318,44 @@ def explain_text(report: dict[str, Any]) -> str:
             + (f" — {clean(attempt['reason'])}" if attempt["reason"] else "")
         )
     return "\n".join(out)
+
+
+def _settled_lines(report: dict[str, Any]) -> list[str]:
+    """A failed, cancelled or skipped job's last attempt, the end of its stderr, and the
+    retry command."""
+    out: list[str] = []
+    attempt = report.get("last_attempt")
+    if attempt:
+        ended = []
+        if attempt["exit_code"] is not None:
+            ended.append(f"exit code {attempt['exit_code']}")
+        if attempt["exit_signal"] is not None:
+            name = f" ({attempt['signal_name']})" if attempt["signal_name"] else ""
+            ended.append(f"signal {attempt['exit_signal']}{name}")
+        out.append(
+            clean(
+                f"attempt {attempt['attempt_id']} (#{attempt['number']}): "
+                f"{attempt['outcome'] or attempt['state']}"
+                + (f", {', '.join(ended)}" if ended else ", no exit code recorded")
+                + (f" — {attempt['reason']}" if attempt["reason"] else "")
+            )
+        )
+        out.append(clean(f"  directory: {attempt['attempt_dir']}"))
+        tail = attempt["stderr_tail"]
+        if tail is None:
+            out.append(clean(f"  stderr.log: {attempt['stderr_unreadable']}"))
+        elif not tail:
+            out.append("  stderr.log: empty")
+        else:
+            out.append(f"  last {len(tail)} line(s) of stderr.log:")
+            out += [clean(f"    {line}") for line in tail]
+    elif "last_attempt" in report:
+        out.append("no attempt was made")
+    retry = report.get("retry")
+    if retry:
+        which = "" if retry["job_id"] == report["job_id"] else " (the failed job it depends on)"
+        out.append(clean(f"retry{which}: {retry['command']}"))
+    return out
 
 
 def report_text(report: dict[str, Any]) -> str:

@@ -25,6 +25,10 @@ Reason codes, in the order they are checked for a candidate job:
   or, with ``learn_memory``, ``max(memory_mib, measured peak x memory_margin)``.
 - ``needs_pending`` — (lane-level) nothing is ready, but jobs wait on earlier stages
   (unless a halt, unknown outcome, pause or stop covers the lane: that is the reason).
+
+One more code is not admission's own: ``no_worker`` — no live worker serves the lane's
+node, so nothing claims its jobs at all. ``controller.status`` and ``controller.report``
+derive it from the ``workers`` table; ``describe`` words it like the others.
 """
 
 from __future__ import annotations
@@ -319,6 +323,14 @@ def describe(code: str, detail: dict[str, Any]) -> str:
         )
     if code == "needs_pending":
         return "needs_pending — waiting for earlier stages to finish"
+    if code == "no_worker":
+        words = f"no_worker — no live worker on node {detail.get('node')}"
+        spans = detail.get("spans")
+        if spans:
+            words += " (" + ", ".join(f"+{a:.0f} s to +{b:.0f} s" for a, b in spans) + ")"
+        if detail.get("start"):
+            words += f"; start one: {detail['start']}"
+        return words
     if "why" in detail:
         return f"{code} — {detail['why']}"
     return code

@@ -3,9 +3,11 @@
 For each lane: attempts, start intervals, the share of the run's window with nothing of
 the lane running, throughput per hour, stage duration percentiles, queue wait (ready to
 intent), failures by class, and idle periods with the admission reasons recorded during
-them. ``render_html`` draws a self-contained lane-occupancy timeline: one row per slot,
-attempts as bars coloured by outcome, a time axis, idle gaps labelled with their reason
-where the label fits (every gap has it as a tooltip).
+them, or ``no_worker`` for the stretches when no live worker served the lane's node
+(from the ``workers`` table: before the node's first worker started, after its last one
+stopped or was lost). ``render_html`` draws a self-contained lane-occupancy timeline:
+one row per slot, attempts as bars coloured by outcome, a time axis, idle gaps labelled
+with their reason where the label fits (every gap has it as a tooltip).
 
 An attempt's duration is its command's: from the supervisor's exit record
 (``exit.json``: ``started_at`` when the command was spawned, ``ended_at`` when it and its
@@ -30,9 +32,14 @@ from sqlalchemy.orm import Session
 
 from controller import admission, ledger
 from controller.clock import iso
-from controller.models import Attempt, Decision, Event, Item, Job, Run
+from controller.models import Attempt, Decision, Event, Item, Job, Run, Worker
+from controller.states import WorkerState
+from controller.status import LOST_AFTER_SECONDS
 
 IDLE_MIN_SECONDS = 1.0
+NO_WORKER_MIN_SECONDS = 1.0
+"""A stretch without a live worker shorter than this (a worker starting just after its
+run) is not named in an idle period's reasons."""
 EXIT_RECORD = "exit.json"
 """The supervisor's exit record in an attempt's directory (workers/supervisor.py)."""
 NO_DURATION = ("running", "unknown", "not_run")
@@ -115,8 +122,12 @@ def build_report(
     decisions = list(
         session.scalars(select(Decision).where(Decision.run_id == run.id).order_by(Decision.id))
     )
+    served = _served(session, [lane.node for lane in config.lanes], start, end, now=now)
     lanes: dict[str, dict[str, Any]] = {}
     bars: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    intents: dict[str, dict[float, float]] = defaultdict(dict)
+    """Per lane, bar start -> the earliest intent of the attempts drawn from it: when the
+    lane stopped being idle in the ledger (the command starts a little later)."""
     for attempt, job, item in rows:
         state = str(attempt.outcome or ("running" if attempt.state != "unknown" else "unknown"))
         command_start, command_end = (
@@ -129,6 +140,9 @@ def build_report(
             started = command_start or attempt.started_at
             if started is not None:
                 duration = max(0.0, _seconds(started, command_end))
+        bar_start = _seconds(start, begun)
+        intent = _seconds(start, attempt.intent_at)
+        intents[job.lane][bar_start] = min(intent, intents[job.lane].get(bar_start, intent))
         bars[job.lane].append(
             {
                 "attempt_id": attempt.id,
@@ -164,12 +178,16 @@ def build_report(
                 Counter(b["outcome"] for b in lane_bars if b["outcome"] != "succeeded")
             ),
             "idle_periods": [
-                {
-                    "start": round(a, 3),
-                    "end": round(b, 3),
-                    "seconds": round(b - a, 3),
-                    "reasons": _reasons(decisions, lane.name, start, a, b),
-                }
+                _idle_period(
+                    decisions,
+                    lane.name,
+                    lane.node,
+                    served.get(lane.node, []),
+                    start,
+                    a,
+                    b,
+                    intents[lane.name].get(b),
+                )
                 for a, b in idle
                 if b - a >= idle_min_seconds
             ],
@@ -210,11 +228,87 @@ def _gaps(busy: list[tuple[float, float]], lo: float, hi: float) -> list[tuple[f
     return gaps
 
 
+def _served(
+    session: Session, nodes: list[str], start: datetime, end: datetime, *, now: datetime
+) -> dict[str, list[tuple[float, float]]]:
+    """Per node, when a live worker served it during the run (seconds since ``start``,
+    merged): each worker from its start until it stopped; a lost one, or an active one
+    whose heartbeat is older than ``LOST_AFTER_SECONDS`` at ``now``, until its last
+    heartbeat; a live one until ``now``. Only workers whose span meets the run's window
+    are read."""
+    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    rows = session.execute(
+        select(
+            Worker.node, Worker.state, Worker.started_at, Worker.heartbeat_at, Worker.stopped_at
+        ).where(
+            Worker.node.in_(sorted(set(nodes))),
+            Worker.started_at <= end,
+            (Worker.stopped_at.is_(None)) | (Worker.stopped_at >= start),
+        )
+    ).all()
+    for node, state, started, heartbeat, stopped in rows:
+        if state == WorkerState.STOPPED and stopped is not None:
+            until = stopped
+        elif state == WorkerState.ACTIVE and _seconds(heartbeat, now) <= LOST_AFTER_SECONDS:
+            until = now
+        else:
+            until = heartbeat
+        a, b = max(0.0, _seconds(start, started)), min(_seconds(start, until), _seconds(start, end))
+        if b > a:
+            spans[node].append((a, b))
+    return {node: _union(node_spans) for node, node_spans in spans.items()}
+
+
+def _idle_period(
+    decisions: list[Decision],
+    lane: str,
+    node: str,
+    served: list[tuple[float, float]],
+    start: datetime,
+    a: float,
+    b: float,
+    dispatched: float | None,
+) -> dict[str, Any]:
+    """One idle period [a, b] with its reasons.
+
+    ``no_worker`` (with its stretches) for the time no live worker served the node, first
+    when that is at least half the period. The recorded refusals only if a worker served
+    the node for some of it: the last one decided before the period and those decided
+    inside it while a worker served the node, but not one decided with or after the
+    dispatch that ends the period (``dispatched``: that attempt's intent, when the period
+    ends at an attempt), which explains no idle time before it."""
+    unserved = [(x, y) for x, y in _gaps(served, a, b) if y - x >= NO_WORKER_MIN_SECONDS]
+    missing = sum(y - x for x, y in unserved)
+    until = b if dispatched is None else max(a, min(b, dispatched))
+    worked = any(y > x for x, y in _gaps(unserved, a, until))
+    reasons = _reasons(decisions, lane, start, a, b, unserved, dispatched) if worked else []
+    if unserved:
+        words = admission.describe("no_worker", {"node": node, "spans": unserved})
+        if missing * 2 >= b - a:
+            reasons.insert(0, words)
+        else:
+            reasons.append(words)
+    return {
+        "start": round(a, 3),
+        "end": round(b, 3),
+        "seconds": round(b - a, 3),
+        "reasons": reasons,
+        "no_worker_seconds": round(missing, 3),
+    }
+
+
 def _reasons(
-    decisions: list[Decision], lane: str, start: datetime, a: float, b: float
+    decisions: list[Decision],
+    lane: str,
+    start: datetime,
+    a: float,
+    b: float,
+    unserved: list[tuple[float, float]],
+    dispatched: float | None,
 ) -> list[str]:
     """The refusal reasons in force during [a, b]: the last one decided before the gap
-    and every one decided inside it (per stage), in words."""
+    and every one decided inside it (per stage) before ``dispatched`` and outside the
+    ``unserved`` stretches, in words."""
     words: list[str] = []
     last_before: dict[str | None, Decision] = {}
     for decision in decisions:
@@ -223,8 +317,11 @@ def _reasons(
         at = _seconds(start, decision.decided_at)
         if at <= a:
             last_before[decision.stage] = decision
-        elif at <= b and decision.verdict == "refused":
-            words.append(admission.describe(decision.reason_code or "", decision.detail))
+            continue
+        inside = at <= b if dispatched is None else at < dispatched
+        if inside and decision.verdict == "refused":
+            if not any(x <= at < y for x, y in unserved):
+                words.append(admission.describe(decision.reason_code or "", decision.detail))
     for decision in last_before.values():
         if decision.verdict == "refused":
             words.insert(0, admission.describe(decision.reason_code or "", decision.detail))

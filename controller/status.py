@@ -14,13 +14,17 @@ JSON columns as text or as objects: ``_moment`` and ``_json`` take either.
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import signal
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from controller import admission
 from controller.clock import iso
 from controller.errors import NotFound
-from controller.states import AttemptState, JobState, Verdict
+from controller.states import AttemptState, JobState, Verdict, WorkerState
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -30,6 +34,12 @@ if TYPE_CHECKING:
     from controller.models import Run
 
 RECENT_EVENTS = 12
+LOST_AFTER_SECONDS = 30.0
+"""A worker is live while its row is ``active`` and its heartbeat is at most this old;
+the controller's default ``lost_after_seconds`` (controller/daemon.py) is the same 30 s,
+after which it marks such a worker lost."""
+RECENT_STOPPED_WORKERS = 3
+"""How many stopped or lost workers ``status`` shows per node (besides the active ones)."""
 CLOSEOUT_EVENTS = ("closeout_step_started", "closeout_step_finished", "closeout_finished")
 
 
@@ -182,6 +192,16 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
         )
     ]
 
+    nodes = [
+        row[0]
+        for row in source.rows(
+            "SELECT DISTINCT node FROM lanes WHERE run_id = :run ORDER BY node", rid
+        )
+    ]
+    workers = node_workers(source, nodes, now=now)
+    live = {w["node"] for w in workers if w["live"]}
+    last_seen = _last_seen(workers)
+
     settled_count = sum(sum(by.values()) for by in outcomes.values())
     end = run["finished_at"] or now
     hours = max((end - run["created_at"]).total_seconds() / 3600, 1e-9)
@@ -220,7 +240,13 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
         "totals": totals,
         "outcomes": outcomes,
         "running": running,
-        "lanes": _lanes(source, run, now=now),
+        "workers": workers,
+        "no_worker": [
+            {"node": node, "start": worker_command(node, run["runtime_dir"])}
+            for node in nodes
+            if node not in live
+        ],
+        "lanes": _lanes(source, run, now=now, live=live, last_seen=last_seen),
         "throughput": {
             "settled_attempts": settled_count,
             "per_hour": round(settled_count / hours, 1),
@@ -230,7 +256,91 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
     }
 
 
-def _lanes(source: Rows, run: dict[str, Any], *, now: datetime) -> list[dict[str, Any]]:
+def worker_command(node: str, runtime_dir: str) -> str:
+    """The command that starts a worker for ``node`` on the run's runtime dir."""
+    return f"laneway worker --node {shlex.quote(node)} --runtime-dir {shlex.quote(runtime_dir)}"
+
+
+WORKER_COLUMNS = "id, node, host, pid, slots, state, started_at, heartbeat_at, stopped_at"
+
+
+def node_workers(source: Rows, nodes: list[str], *, now: datetime) -> list[dict[str, Any]]:
+    """The workers of ``nodes``: every active one, then the last few stopped or lost ones
+    of each node (``RECENT_STOPPED_WORKERS``), newest first. ``live``: active with a
+    heartbeat at most ``LOST_AFTER_SECONDS`` old at ``now`` (the ledger's clock)."""
+    found: list[tuple[Any, ...]] = []
+    ended = _states(WorkerState.STOPPED.value, WorkerState.LOST.value)
+    for node in nodes:
+        params = {"node": node}
+        found += source.rows(
+            f"SELECT {WORKER_COLUMNS} FROM workers "
+            f"WHERE state = '{WorkerState.ACTIVE.value}' AND node = :node "
+            "ORDER BY started_at DESC, id",
+            params,
+        )
+        found += source.rows(
+            f"SELECT {WORKER_COLUMNS} FROM workers WHERE state IN ({ended}) AND node = :node "
+            f"ORDER BY stopped_at DESC, id LIMIT {RECENT_STOPPED_WORKERS}",
+            params,
+        )
+    workers = []
+    for worker_id, node, host, pid, slots, state, started, beat, stopped in found:
+        heartbeat = _moment(beat)
+        assert heartbeat is not None
+        age = (now - heartbeat).total_seconds()
+        workers.append(
+            {
+                "worker_id": worker_id,
+                "node": node,
+                "host": host,
+                "pid": pid,
+                "slots": slots,
+                "state": state,
+                "live": state == WorkerState.ACTIVE.value and age <= LOST_AFTER_SECONDS,
+                "started_at": iso(_moment(started)),
+                "heartbeat_at": iso(heartbeat),
+                "heartbeat_age_seconds": round(age, 1),
+                "stopped_at": iso(_moment(stopped)),
+            }
+        )
+    return workers
+
+
+def _last_seen(workers: list[dict[str, Any]]) -> dict[str, str]:
+    """Per node, when its last worker was last known to work: a stopped one's stop, else
+    the last heartbeat (ISO text, which sorts as time)."""
+    seen: dict[str, str] = {}
+    for worker in workers:
+        at = worker["stopped_at"] if worker["state"] == "stopped" else worker["heartbeat_at"]
+        if at is not None and at > seen.get(worker["node"], ""):
+            seen[worker["node"]] = at
+    return seen
+
+
+def node_has_live_worker(source: Rows, node: str, *, now: datetime) -> bool:
+    return any(w["live"] for w in node_workers(source, [node], now=now))
+
+
+def no_worker_reason(node: str, runtime_dir: str, since: str | None) -> dict[str, Any]:
+    """A lane's reason when no live worker serves its node (``admission.describe``)."""
+    detail = {"node": node, "start": worker_command(node, runtime_dir)}
+    return {
+        "code": "no_worker",
+        "stage": None,
+        "since": since,
+        "detail": detail,
+        "words": admission.describe("no_worker", detail),
+    }
+
+
+def _lanes(
+    source: Rows,
+    run: dict[str, Any],
+    *,
+    now: datetime,
+    live: set[str],
+    last_seen: dict[str, str],
+) -> list[dict[str, Any]]:
     counts: dict[str, dict[str, int]] = {}
     for lane, state, count in source.rows(
         "SELECT lane, state, COUNT(*) FROM jobs WHERE run_id = :run GROUP BY lane, state",
@@ -255,7 +365,13 @@ def _lanes(source: Rows, run: dict[str, Any], *, now: datetime) -> list[dict[str
         pending = by_state.get(JobState.READY.value, 0) + by_state.get(JobState.WAITING.value, 0)
         reason = None
         if running == 0 and pending and run["state"] != "finished":
-            reason = _current_refusal(source, run["id"], name)
+            if node in live:
+                reason = _current_refusal(source, run["id"], name)
+            else:
+                # Whatever was recorded last is stale: nothing claims this lane's jobs.
+                created = iso(run["created_at"])
+                since = max(filter(None, (last_seen.get(node), created)))
+                reason = no_worker_reason(node, run["runtime_dir"], since)
         idle_since = None
         if running == 0 and pending:
             idle_since = last_end or run["created_at"]
@@ -409,6 +525,13 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
         "blocked_by": [],
         "arithmetic": None,
     }
+    node_name = config.lane(job.lane).node
+    live = node_has_live_worker(SessionRows(session), node_name, now=now)
+    report["worker"] = {
+        "node": node_name,
+        "live": live,
+        "start": None if live else worker_command(node_name, run.runtime_dir),
+    }
     if job.state == JobState.WAITING.value:
         states = dict(
             session.execute(select(Job.stage, Job.state).where(Job.item_id == job.item_id)).all()
@@ -481,6 +604,8 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
                 "running_on_node": running,
                 "max_jobs": node.max_jobs,
             }
+    elif job.state in (JobState.FAILED.value, JobState.CANCELLED.value, JobState.SKIPPED.value):
+        report.update(_settled_evidence(session, job, run.runtime_dir))
     elif job.state in (JobState.RUNNING.value, JobState.UNKNOWN.value):
         attempt = session.scalars(
             select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.id.desc())
@@ -493,4 +618,102 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
                 "reason": attempt.state_reason,
                 "peak_rss_mib": attempt.peak_rss_mib,
             }
+    if not live and job.state in (JobState.WAITING.value, JobState.READY.value):
+        # Said first: until a worker runs on the node, nothing else matters.
+        detail = {"node": node_name, "start": report["worker"]["start"]}
+        report["blocked_by"].insert(
+            0,
+            {
+                "code": "no_worker",
+                "detail": detail,
+                "words": admission.describe("no_worker", detail),
+            },
+        )
     return report
+
+
+STDERR_TAIL_LINES = 10
+STDERR_TAIL_BYTES = 64 * 1024
+"""At most this much of the end of ``stderr.log`` is read for its last lines."""
+TAIL_LINE_CHARS = 500
+
+
+def stderr_tail(
+    attempt_dir: str | None, lines: int = STDERR_TAIL_LINES
+) -> tuple[list[str] | None, str | None]:
+    """The last ``lines`` lines of the attempt's ``stderr.log`` (redacted on disk by the
+    supervisor), each cut to ``TAIL_LINE_CHARS``; or None and why it could not be read
+    (the attempt directory may be on another machine)."""
+    if not attempt_dir:
+        return None, "the attempt has no directory"
+    path = Path(attempt_dir) / "stderr.log"
+    try:
+        with path.open("rb") as log:
+            size = log.seek(0, os.SEEK_END)
+            log.seek(max(0, size - STDERR_TAIL_BYTES))
+            data = log.read(STDERR_TAIL_BYTES)
+    except OSError as exc:
+        return None, f"{path}: cannot read it here ({exc.strerror or exc})"
+    text = data.decode("utf-8", errors="replace").splitlines()
+    if size > STDERR_TAIL_BYTES and text:
+        text = text[1:]  # the first line read is probably cut
+    return [line[:TAIL_LINE_CHARS] for line in text[-lines:]], None
+
+
+def _signal_name(number: int | None) -> str | None:
+    if number is None:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return None
+
+
+def _settled_evidence(session: Session, job: Any, runtime_dir: str) -> dict[str, Any]:
+    """For a failed, cancelled or skipped job: its last attempt's outcome, exit code or
+    signal, directory and the end of its stderr, and the ``laneway retry`` command (for a
+    skipped job, the retry of the failed job it needs)."""
+    from sqlalchemy import select
+
+    from controller.models import Attempt, Job
+
+    body: dict[str, Any] = {"last_attempt": None, "retry": None}
+    attempt = session.scalars(
+        select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.id.desc())
+    ).first()
+    if attempt is not None:
+        tail, why = stderr_tail(attempt.attempt_dir)
+        body["last_attempt"] = {
+            "attempt_id": attempt.id,
+            "number": attempt.number,
+            "state": attempt.state,
+            "outcome": attempt.outcome,
+            "reason": attempt.state_reason,
+            "exit_code": attempt.exit_code,
+            "exit_signal": attempt.exit_signal,
+            "signal_name": _signal_name(attempt.exit_signal),
+            "attempt_dir": attempt.attempt_dir,
+            "stderr_tail": tail,
+            "stderr_unreadable": why,
+        }
+    target = None
+    if job.state == JobState.FAILED.value:
+        target = job.id
+    elif job.state == JobState.SKIPPED.value:
+        target = session.scalars(
+            select(Job.id)
+            .where(
+                Job.item_id == job.item_id,
+                Job.stage_position < job.stage_position,
+                Job.state == JobState.FAILED.value,
+            )
+            .order_by(Job.stage_position)
+        ).first()
+    if target is not None:
+        body["retry"] = {
+            "job_id": target,
+            "command": (
+                f"laneway retry {target} --reason '...' --runtime-dir {shlex.quote(runtime_dir)}"
+            ),
+        }
+    return body
