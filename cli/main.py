@@ -230,9 +230,10 @@ def status(
     as_json: JsonFlag = False,
     watch: Annotated[bool, typer.Option("--watch", help="Refresh every 2 s.")] = False,
 ) -> None:
-    """Show a run: controls, unknowns, jobs, running attempts, lanes and why they idle.
+    """Show a run: controls, unknowns, jobs, running attempts, workers, lanes and why they idle.
 
-    Reads the ledger only (SQLite opened read-only).
+    A lane whose node no live worker serves says `no_worker`, with the `laneway worker`
+    command that starts one. Reads the ledger only (SQLite opened read-only).
     """
     from controller.status import status_report
 
@@ -275,7 +276,12 @@ def explain(
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     as_json: JsonFlag = False,
 ) -> None:
-    """List everything that blocks one job now, with the capacity arithmetic."""
+    """List everything that blocks one job now, with the capacity arithmetic.
+
+    First, if no live worker serves the job's node, that, with the command that starts
+    one. For a failed, cancelled or skipped job: its last attempt's outcome, exit code or
+    signal, directory, the last lines of its stderr.log, and the `laneway retry` command.
+    """
     from controller.status import explain_job
 
     try:

@@ -244,7 +244,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
         "no_worker": [
             {"node": node, "start": worker_command(node, run["runtime_dir"])}
             for node in nodes
-            if node not in live
+            if node not in live and run["state"] != "finished"
         ],
         "lanes": _lanes(source, run, now=now, live=live, last_seen=last_seen),
         "throughput": {

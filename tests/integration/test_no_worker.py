@@ -124,6 +124,21 @@ def test_a_run_no_worker_ever_served_says_no_worker(factory, make_run, clock, ru
     assert lane["reason"]["since"] == status["run"]["created_at"]
 
 
+def test_a_finished_run_asks_for_no_worker(factory, make_run, register_worker, clock, runtime):
+    run_id = make_run(make_config())
+    worker = register_worker()
+    (claim,) = claim_on_n1(factory, worker, clock)
+    settle_one(factory, claim, worker, clock, Outcome.SUCCEEDED)
+    with db.transaction(factory) as session:
+        ledger.stop_worker(session, worker, now=clock.now())
+    Controller(factory.kw["bind"], clock=clock).tick()  # closes the run
+    status = status_at(factory, run_id, clock)
+    assert status["run"]["state"] == "finished"
+    assert status["no_worker"] == [] and status["workers"][0]["state"] == "stopped"
+    text = invoke("status", str(run_id), "--runtime-dir", str(runtime)).stdout
+    assert "laneway worker" not in text and "no_worker" not in text
+
+
 def test_status_shows_a_bounded_list_of_workers(factory, make_run, register_worker, clock):
     run_id = make_run(make_config(items=1))
     stopped = []
