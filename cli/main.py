@@ -553,7 +553,10 @@ def run_pipeline(
         if not busy:
             # A local supervisor's exit wakes this at once (its pidfd); new work from
             # elsewhere is seen within the timeout.
-            services[0].wait(0.02) if len(services) == 1 else time.sleep(0.02)
+            if len(services) == 1:
+                services[0].wait(0.02)
+            else:
+                time.sleep(0.02)
     for service in services:
         service.drain(should_abort=stopper.abort)
         if not service.in_flight:
