@@ -39,7 +39,7 @@ from controller.durable import make_private_dir, modes, read_json, write_json
 from controller.models import Attempt, Job
 from controller.outcome import Verdict as OutcomeVerdict
 from controller.states import EventKind
-from controller.status import build_status
+from controller.status import LOST_AFTER_SECONDS, build_status
 from controller.watch import ChangeWatch
 from workers import identity, jobenv
 
@@ -63,7 +63,7 @@ class Controller:
         *,
         clock: Clock | None = None,
         snapshot_seconds: float = 1.0,
-        lost_after_seconds: float = 30.0,
+        lost_after_seconds: float = LOST_AFTER_SECONDS,
         recovery_seconds: float = 1.0,
     ) -> None:
         self.engine = engine

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 from controller import admission, ledger
 from controller.clock import iso
 from controller.models import Attempt, Decision, Event, Item, Job, Run, Worker
-from controller.states import WorkerState
+from controller.states import EventKind, WorkerState
 from controller.status import LOST_AFTER_SECONDS
 
 IDLE_MIN_SECONDS = 1.0
@@ -116,7 +116,7 @@ def build_report(
     ready_at = {
         event.job_id: event.at
         for event in session.scalars(
-            select(Event).where(Event.run_id == run.id, Event.kind == "job_ready")
+            select(Event).where(Event.run_id == run.id, Event.kind == EventKind.JOB_READY)
         )
     }
     decisions = list(

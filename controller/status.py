@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from controller import admission
 from controller.clock import iso
 from controller.errors import NotFound
-from controller.states import AttemptState, JobState, Verdict, WorkerState
+from controller.states import AttemptState, EventKind, JobState, Verdict, WorkerState
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -40,7 +40,11 @@ the controller's default ``lost_after_seconds`` (controller/daemon.py) is the sa
 after which it marks such a worker lost."""
 RECENT_STOPPED_WORKERS = 3
 """How many stopped or lost workers ``status`` shows per node (besides the active ones)."""
-CLOSEOUT_EVENTS = ("closeout_step_started", "closeout_step_finished", "closeout_finished")
+CLOSEOUT_EVENTS = (
+    EventKind.CLOSEOUT_STEP_STARTED.value,
+    EventKind.CLOSEOUT_STEP_FINISHED.value,
+    EventKind.CLOSEOUT_FINISHED.value,
+)
 
 
 class Rows(Protocol):
@@ -467,13 +471,13 @@ def closeout_state(source: Rows, run: dict[str, Any]) -> dict[str, Any]:
         {"run": run["id"]},
     ):
         detail = _json(detail) or {}
-        if kind == "closeout_finished":
+        if kind == EventKind.CLOSEOUT_FINISHED:
             finished = detail
             continue
         step = by_name.get(detail.get("step"))
         if step is None:
             continue
-        if kind == "closeout_step_started":
+        if kind == EventKind.CLOSEOUT_STEP_STARTED:
             step["state"] = "running"
         else:
             step.update(state=detail.get("state"), exit_code=detail.get("exit_code"))
