@@ -101,19 +101,33 @@ class Fleet:
 
 
 def supervisors(runtime: Path) -> list[psutil.Process]:
+    """The runtime's supervisors: exec'd ones name it in their command line; ones forked
+    by a worker's launcher carry the launcher's command line but work in their attempt
+    directory (the launcher itself works in /)."""
     found = []
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info.get("cmdline") or []
-        if "workers.supervisor" in cmdline and str(runtime) in " ".join(cmdline):
+        if "workers.supervisor" not in cmdline:
+            continue
+        try:
+            forked = process.cwd().startswith(str(runtime) + os.sep)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        if forked or str(runtime) in " ".join(cmdline):
             found.append(process)
     return found
 
 
-def attempt_processes_alive(attempt_id: int) -> bool:
-    """Is any process (supervisor or job) of this attempt still running?"""
+def attempt_processes_alive(attempt_id: int, attempt_dir: str) -> bool:
+    """Is any process (supervisor or job) of this attempt still running? Jobs and exec'd
+    supervisors carry the attempt's id in their environment; a forked supervisor works
+    in the attempt's directory."""
     for process in psutil.process_iter():
         try:
-            if process.environ().get("LANEWAY_ATTEMPT_ID") == str(attempt_id):
+            if (
+                process.environ().get("LANEWAY_ATTEMPT_ID") == str(attempt_id)
+                or process.cwd() == attempt_dir
+            ):
                 return process.status() != psutil.STATUS_ZOMBIE
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
@@ -134,10 +148,10 @@ def reconcile_unknowns(runtime: Path, root: Path, counts: Counter[str]) -> None:
     """The operator's part: settle each unknown from the ground truth, once none of its
     processes is left (an orphaned job could still be about to run)."""
     ledger = runtime / "ledger.sqlite3"
-    for attempt_id, key in query(
-        ledger, "SELECT id, idempotency_key FROM attempts WHERE state = 'unknown'"
+    for attempt_id, key, attempt_dir in query(
+        ledger, "SELECT id, idempotency_key, attempt_dir FROM attempts WHERE state = 'unknown'"
     ):
-        if attempt_processes_alive(attempt_id):
+        if attempt_processes_alive(attempt_id, attempt_dir):
             continue
         ran = key in side_effects(root)
         verdict = "succeeded" if ran else "not-run"

@@ -27,8 +27,10 @@ import json
 import os
 import select
 import selectors
+import socket
 import subprocess
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,6 +51,7 @@ from controller.models import Job
 from controller.states import Outcome
 from controller.watch import ChangeWatch
 from workers import identity
+from workers import launcher as launcher_module
 from workers import supervisor as supervisor_module
 from workers.capture import capture_workspace
 from workers.gpu import GpuProbe, GpuReading, NvmlGpu
@@ -63,6 +66,8 @@ from workers.ports import free_ports
 from workers.sampler import Peaks, Sampler
 
 MIB = 1024 * 1024
+LAUNCHER_ENV = "LANEWAY_SUPERVISOR_LAUNCHER"
+"""Set to 0 to start every supervisor by exec instead of forking it from the launcher."""
 
 
 def psutil_memory() -> tuple[float, float]:
@@ -74,7 +79,7 @@ def psutil_memory() -> tuple[float, float]:
 @dataclass
 class InFlight:
     claim: ledger.Claim
-    supervisor: subprocess.Popen[bytes] | AdoptedSupervisor
+    supervisor: subprocess.Popen[bytes] | AdoptedSupervisor | LaunchedSupervisor
     exit_codes: dict[int, Outcome]
     marked_unknown: bool = False
     """Already unknown in the ledger (e.g. its receipt could not be saved): watched only
@@ -106,6 +111,111 @@ class AdoptedSupervisor:
         return 0
 
 
+class LaunchedSupervisor:
+    """A supervisor forked by this worker's launcher (``workers.launcher``): not our
+    child either, so watched by its pidfd; ``stdout`` is our end of its report pipe."""
+
+    def __init__(self, pid: int, start_time: int | None, stdout: Any, attempt_dir: str) -> None:
+        self.pid = pid
+        self.start_time = start_time
+        self.stdout = stdout
+        self.returncode: int | None = None
+        self._status = Path(attempt_dir) / launcher_module.STATUS_FILE
+
+    def poll(self) -> int | None:
+        """None while it runs; its wait status once the launcher recorded it (the
+        launcher writes it before it reaps, so the process stays visible until then);
+        0, with ``returncode`` None, when it is gone without one (the launcher died)."""
+        if self.returncode is not None:
+            return self.returncode
+        if self._recorded() or identity.same_process(self.pid, self.start_time):
+            return self.returncode
+        # Gone. The launcher writes the status before it reaps, so if it wrote one it is
+        # there now (it may have landed between the two looks above).
+        self._recorded()
+        return 0 if self.returncode is None else self.returncode
+
+    def _recorded(self) -> bool:
+        """Read the status the launcher recorded, if it did (sets ``returncode``)."""
+        try:
+            self.returncode = int(json.loads(self._status.read_text())["returncode"])
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError, KeyError, TypeError):
+            self.returncode = None  # unreadable: exited, status unknown
+            return False
+        return True
+
+
+class Launcher:
+    """This worker's supervisor launcher, started on first use and again if it died."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self.sock: socket.socket | None = None
+
+    def _start(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.process = subprocess.Popen(
+                launcher_module.launcher_argv(theirs.fileno()),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                pass_fds=[theirs.fileno()],
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            )
+        finally:
+            theirs.close()
+        self.sock = ours
+        # A worker dropped without ``stop`` (a test, an embedding program) still lets its
+        # launcher go: closing our end makes it exit.
+        self._finalizer = weakref.finalize(self, _release_launcher, ours, self.process)
+        return ours
+
+    def spawn(
+        self, request: dict[str, Any], stdout_fd: int, stderr_fd: int
+    ) -> tuple[int, int | None]:
+        """Fork a supervisor for ``request``; its (pid, start time). OSError when the
+        launcher cannot be reached (the caller falls back to exec)."""
+        for attempt in (1, 2):
+            sock = self.sock
+            if sock is None or self.process is None or self.process.poll() is not None:
+                sock = self._start()
+            try:
+                socket.send_fds(sock, [json.dumps(request).encode()], [stdout_fd, stderr_fd])
+                reply = sock.recv(4096)
+            except OSError:
+                if attempt == 2:
+                    raise
+                self.close()
+                continue
+            if not reply:
+                self.close()
+                if attempt == 2:
+                    raise ConnectionError("the supervisor launcher exited")
+                continue
+            answer = json.loads(reply)
+            return int(answer["pid"]), answer.get("start_time")
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Let the launcher go (its supervisors run on)."""
+        if self.sock is not None and self.process is not None:
+            self._finalizer()
+        self.sock = None
+        self.process = None
+
+
+def _release_launcher(sock: socket.socket, process: subprocess.Popen[bytes]) -> None:
+    """Close our end of the launcher's socket (it exits on that) and reap it."""
+    sock.close()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def find_supervisor(attempt_id: int, attempt_dir: str) -> tuple[int, int | None] | None:
     """A live supervisor of ``attempt_id`` found by its environment markers — for an
     attempt whose supervisor was started but whose identity never reached the ledger.
@@ -116,9 +226,12 @@ def find_supervisor(attempt_id: int, attempt_dir: str) -> tuple[int, int | None]
             continue
         try:
             environ = process.environ()
+            # A supervisor forked by a launcher carries the launcher's environment in
+            # /proc, but it works in its attempt's directory (workers.launcher).
+            forked = process.cwd() == attempt_dir
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
-        if (
+        if forked or (
             environ.get("LANEWAY_ATTEMPT_ID") == str(attempt_id)
             and environ.get("LANEWAY_ATTEMPT_DIR") == attempt_dir
         ):
@@ -163,6 +276,7 @@ class WorkerService:
         rescan_seconds: float = 1.0,
         memory_probe: Callable[[], tuple[float, float]] = psutil_memory,
         gpu: GpuProbe | None = None,
+        launch: bool = True,
         sample_seconds: float = 1.0,
         sample_flush_seconds: float = 5.0,
     ) -> None:
@@ -191,6 +305,12 @@ class WorkerService:
         self.watch = ChangeWatch(engine)
         self._selector = selectors.DefaultSelector()
         self._pidfds: dict[int, int] = {}
+        self.launcher: Launcher | None = (
+            Launcher() if launch and os.environ.get(LAUNCHER_ENV, "1") != "0" else None
+        )
+        """Forks supervisors (``workers.launcher``); None: each is started by exec."""
+        self.launcher_error: str | None = None
+        """Why the launcher was given up on, if it was (exec from then on)."""
         self._exit_codes: dict[int, dict[str, dict[int, Outcome]]] = {}
         self._captures: dict[tuple[int, str], CaptureConfig | None] = {}
         self._results: dict[tuple[int, str], Literal["optional", "required"]] = {}
@@ -381,9 +501,11 @@ class WorkerService:
         return f"{label}: settled {verdict.outcome.value} from its exit record"
 
     def stop(self) -> None:
-        """Record a clean exit (call after ``drain``)."""
+        """Record a clean exit (call after ``drain``) and let the launcher go."""
         with db.transaction(self.factory) as session:
             ledger.stop_worker(session, self.worker_id, now=self.clock.now())
+        if self.launcher is not None:
+            self.launcher.close()
 
     def drain(self, poll: float = 0.05, should_abort: Callable[[], bool] = lambda: False) -> None:
         """Settle every in-flight attempt, claiming nothing new."""
@@ -674,7 +796,7 @@ class WorkerService:
             flight.supervisor.stdout: flight
             for flight in self.in_flight.values()
             if flight.awaiting_report
-            and isinstance(flight.supervisor, subprocess.Popen)
+            and isinstance(flight.supervisor, (subprocess.Popen, LaunchedSupervisor))
             and flight.supervisor.stdout is not None
         }
         if not waiting:
@@ -706,16 +828,18 @@ class WorkerService:
                     now=now,
                     boot_id=boot,
                     supervisor_pid=flight.supervisor.pid,
-                    supervisor_start_time=identity.process_start_time(flight.supervisor.pid),
+                    supervisor_start_time=getattr(flight.supervisor, "start_time", None)
+                    or identity.process_start_time(flight.supervisor.pid),
                     child_pid=reported.get("child_pid"),
                     child_start_time=reported.get("child_start_time"),
                 )
         for flight, reported in identities:
-            assert isinstance(flight.supervisor, subprocess.Popen)
-            self._write_receipt(flight.claim, flight.supervisor, reported, boot, now)
+            self._write_receipt(flight.claim, flight.supervisor.pid, reported, boot, now)
         return len(identities)
 
-    def _start_supervisor(self, claim: ledger.Claim) -> tuple[subprocess.Popen[bytes], list[str]]:
+    def _start_supervisor(
+        self, claim: ledger.Claim
+    ) -> tuple[subprocess.Popen[bytes] | LaunchedSupervisor, list[str]]:
         """Start the attempt's supervisor; returns it and the secret values it redacts."""
         directory = Path(claim.attempt_dir)
         workspace = directory / "workspace"
@@ -748,7 +872,25 @@ class WorkerService:
             "secret_env": secret_names,
             "strip_env": strip,
         }
+        secrets = secret_values(env, secret_names)
         with open_private(directory / "supervisor.log", "ab") as supervisor_log:
+            if self.launcher is not None:
+                read_end, write_end = os.pipe2(os.O_CLOEXEC)
+                try:
+                    pid, start_time = self.launcher.spawn(
+                        {"spec": spec, "env": env}, write_end, supervisor_log.fileno()
+                    )
+                except OSError as exc:
+                    os.close(read_end)
+                    self.launcher_error = f"{exc.strerror or exc}"
+                    self.launcher = None  # exec from now on
+                else:
+                    launched = LaunchedSupervisor(
+                        pid, start_time, os.fdopen(read_end, "rb"), str(directory)
+                    )
+                    return launched, secrets
+                finally:
+                    os.close(write_end)
             process = subprocess.Popen(
                 supervisor_module.launch_argv(json.dumps(spec)),
                 stdin=subprocess.DEVNULL,
@@ -758,12 +900,12 @@ class WorkerService:
                 env=env,
                 close_fds=True,
             )
-        return process, secret_values(env, secret_names)
+        return process, secrets
 
     def _write_receipt(
         self,
         claim: ledger.Claim,
-        supervisor: subprocess.Popen[bytes],
+        supervisor_pid: int,
         reported: dict[str, Any],
         boot: str,
         now: datetime,
@@ -783,8 +925,8 @@ class WorkerService:
             "fence": claim.fence,
             "idempotency_key": claim.idempotency_key,
             "argv_hash": ledger.argv_hash(claim.argv, claim.cwd),
-            "supervisor_pid": supervisor.pid,
-            "supervisor_start_time": identity.process_start_time(supervisor.pid),
+            "supervisor_pid": supervisor_pid,
+            "supervisor_start_time": identity.process_start_time(supervisor_pid),
             "child_pid": reported.get("child_pid"),
             "child_start_time": reported.get("child_start_time"),
             "spawn_error": reported.get("error"),
