@@ -66,7 +66,8 @@ def descendants(pid: int) -> list[int]:
         parent = queue.pop()
         try:
             tasks = os.listdir(f"/proc/{parent}/task")
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
+            # Gone, or exiting right now (the kernel then answers ESRCH).
             if parent == pid:
                 raise psutil.NoSuchProcess(pid) from None
             continue  # a descendant that just exited
@@ -74,8 +75,8 @@ def descendants(pid: int) -> list[int]:
             try:
                 with open(f"/proc/{parent}/task/{task}/children", encoding="ascii") as handle:
                     children = [int(child) for child in handle.read().split()]
-            except FileNotFoundError:
-                continue
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # a thread or process that just exited
             except OSError:
                 return [p.pid for p in psutil.Process(pid).children(recursive=True)]
             found += children

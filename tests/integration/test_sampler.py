@@ -484,3 +484,21 @@ def test_gpu_pids_from_another_pid_namespace_give_none_not_zero():
     samples = Sampler(probe).sample([(1, os.getpid(), "/nonexistent")])
     assert samples[1].gpu_mib is None
     assert "pid namespace" in samples[1].gpu_note
+
+
+def test_the_tree_of_a_process_exiting_right_now_is_gone_not_an_error(monkeypatch):
+    """Regression: /proc/PID/task of a process in the middle of exiting answers ESRCH
+    (ProcessLookupError), which crashed `laneway run` from the sampler."""
+    from workers import sampler as sampler_module
+
+    real_listdir = os.listdir
+
+    def exiting(path):
+        if isinstance(path, str) and path.startswith("/proc/") and path.endswith("/task"):
+            raise ProcessLookupError(3, "No such process", path)
+        return real_listdir(path)
+
+    monkeypatch.setattr(sampler_module.os, "listdir", exiting)
+    with pytest.raises(psutil.NoSuchProcess):
+        sampler_module.descendants(os.getpid())
+    assert sampler_module.attempt_tree(os.getpid(), 1, "/nowhere") == []
