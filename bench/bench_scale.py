@@ -180,7 +180,11 @@ def build(runtime: Path, size: int, backlog_share: float) -> dict:
             conn.execute(insert(Job.__table__), only_columns(Job.__table__, jobs))
             job_rows = conn.execute(
                 select(Job.id, Job.state).where(
-                    Job.item_id >= ids[0][0], Job.item_id <= ids[-1][0], Job.run_id == run_id
+                    # min/max, not first/last: the item query has no ORDER BY (SQLite may
+                    # walk the (run_id, key) index, in key order)
+                    Job.item_id >= min(item_id for item_id, _ in ids),
+                    Job.item_id <= max(item_id for item_id, _ in ids),
+                    Job.run_id == run_id,
                 )
             ).all()
             if with_attempts:
