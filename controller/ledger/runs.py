@@ -155,13 +155,6 @@ def active_run_ids(session: Session) -> list[int]:
     return list(session.scalars(select(Run.id).where(Run.state == RunState.ACTIVE)))
 
 
-def job_item_key(session: Session, job_id: int) -> str:
-    """The key of the item a job belongs to."""
-    return session.execute(
-        select(Item.key).join(Job, Job.item_id == Item.id).where(Job.id == job_id)
-    ).scalar_one()
-
-
 # -------------------------------------------------------------------------- workers
 
 
