@@ -581,6 +581,7 @@ def run_pipeline(
             progress.note("closeout running ...")
             noted = True
         time.sleep(0.05)
+    daemon_module.release_controller_lock(runtime)
     with db.session_factory(engine)() as session:
         final = build_status(session, ledger.get_run(session, run_id), now=daemon.clock.now())
     _emit(final, as_json, render.status_text)

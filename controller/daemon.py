@@ -375,21 +375,33 @@ def running_controller(runtime_dir: Path) -> int | None:
     return None
 
 
-_controller_lock: list[int] = []
+_controller_locks: dict[str, int] = {}
 
 
 def hold_controller_lock(runtime_dir: Path) -> bool:
-    """Take the runtime dir's controller lock for the rest of this process's life.
-    False if another process holds it (flock: atomic, and freed by the kernel when the
-    holder dies, even by SIGKILL)."""
-    fd = os.open(Path(runtime_dir) / "controller.lock", os.O_RDWR | os.O_CREAT, modes()[0])
+    """Take the runtime dir's controller lock until ``release_controller_lock`` (or the
+    end of this process). False if another process holds it (flock: atomic, and freed by
+    the kernel when the holder dies, even by SIGKILL). True again if this process holds
+    it already."""
+    key = str(Path(runtime_dir).resolve())
+    if key in _controller_locks:
+        return True
+    fd = os.open(Path(key) / "controller.lock", os.O_RDWR | os.O_CREAT, modes()[0])
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         return False
-    _controller_lock.append(fd)
+    _controller_locks[key] = fd
     return True
+
+
+def release_controller_lock(runtime_dir: Path) -> None:
+    """Give the runtime dir's controller lock back (``laneway run`` when its run ended),
+    so another controller, or another run in this process, can take it."""
+    fd = _controller_locks.pop(str(Path(runtime_dir).resolve()), None)
+    if fd is not None:
+        os.close(fd)  # closing the last descriptor of the open file releases the flock
 
 
 def claim_pidfile(runtime_dir: Path) -> None:

@@ -184,3 +184,25 @@ def test_worker_slots_default_to_the_nodes_max_jobs(tmp_path):
     unknown = invoke("worker", "--node", "nope", "--runtime-dir", str(runtime))
     assert_clean_error(unknown, 2)
     assert "node 'nope' is not in the ledger (known: 'n1')" in unknown.stderr
+
+
+def test_laneway_run_gives_the_controller_lock_back_when_its_run_ends(tmp_path):
+    """Another controller (here: this process again) can take the runtime dir's lock
+    once a foreground run has ended; before, `laneway run` kept it until it exited."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    config = tmp_path / "pipeline.toml"
+    config.write_text(
+        'name = "lock"\n[[nodes]]\nname = "box"\nmemory_floor_mib = 0\nmax_jobs = 1\n'
+        '[[lanes]]\nname = "main"\nnode = "box"\n'
+        '[[stages]]\nname = "s"\nargv = ["true"]\n'
+        '[[items]]\nkey = "one"\nlane = "main"\n'
+    )
+    runtime = tmp_path / "rt"
+    shown = CliRunner().invoke(app, ["run", str(config), "--runtime-dir", str(runtime)])
+    assert shown.exit_code == 0, shown.output
+    assert str(runtime.resolve()) not in daemon._controller_locks
+    assert daemon.hold_controller_lock(runtime)
+    daemon.release_controller_lock(runtime)
