@@ -121,18 +121,31 @@ class LaunchedSupervisor:
         self.stdout = stdout
         self.returncode: int | None = None
         self._status = Path(attempt_dir) / launcher_module.STATUS_FILE
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except OSError:
+            self._pidfd = None  # already gone (reaped): poll() reads its status
+        if self._pidfd is not None and identity.process_start_time(pid) != start_time:
+            os.close(self._pidfd)  # reaped, and the pid taken by another process since
+            self._pidfd = None
 
     def poll(self) -> int | None:
-        """None while it runs; its wait status once the launcher recorded it (the
-        launcher writes it before it reaps, so the process stays visible until then);
-        0, with ``returncode`` None, when it is gone without one (the launcher died)."""
+        """None while it runs (one ``select`` on its pidfd: a long attempt costs no file
+        reads); once it exited, the wait status the launcher recorded (written before it
+        reaps, so the process stays visible until then); 0, with ``returncode`` None,
+        when it is gone without one (the launcher died)."""
         if self.returncode is not None:
             return self.returncode
+        if self._pidfd is not None:
+            ready, _, _ = select.select([self._pidfd], [], [], 0)
+            if not ready:
+                return None
         if self._recorded() or identity.same_process(self.pid, self.start_time):
             return self.returncode
         # Gone. The launcher writes the status before it reaps, so if it wrote one it is
         # there now (it may have landed between the two looks above).
         self._recorded()
+        self._close()
         return 0 if self.returncode is None else self.returncode
 
     def _recorded(self) -> bool:
@@ -144,7 +157,13 @@ class LaunchedSupervisor:
         except (OSError, ValueError, KeyError, TypeError):
             self.returncode = None  # unreadable: exited, status unknown
             return False
+        self._close()
         return True
+
+    def _close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
 
 class Launcher:
