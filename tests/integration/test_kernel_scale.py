@@ -19,7 +19,7 @@ from controller import db, ledger
 from controller.daemon import Controller
 from controller.models import Job, StageStats
 from controller.states import JobState, Outcome
-from tests.support import make_config, py_stage, settle_one
+from tests.support import claim_on_n1, make_config, py_stage, settle_one
 
 THREE_STAGES = [
     py_stage("prepare", "pass"),
@@ -64,15 +64,8 @@ def one_cycle(engine, factory, make_run, register_worker, clock, items: int) -> 
     worker = register_worker()
     controller = Controller(engine, clock=clock)
     controller.tick()  # its first tick makes the one full pass
-    with statements(engine) as claim_count, db.transaction(factory) as session:
-        (claim,) = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=1,
-            mem_available_mib=64_000,
-            now=clock.now(),
-        )
+    with statements(engine) as claim_count:
+        (claim,) = claim_on_n1(factory, worker, clock)
     with statements(engine) as settle_count:
         settle_one(factory, claim, worker, clock, Outcome.SUCCEEDED)
     controller.tick()  # sees the settle
@@ -168,15 +161,7 @@ def test_settled_peaks_are_folded_into_the_stage_row(
     worker = register_worker()
     peaks = [300.0, 700.0, 500.0]
     for peak in peaks:
-        with db.transaction(factory) as session:
-            (claim,) = ledger.claim_jobs(
-                session,
-                worker_id=worker,
-                node="n1",
-                free_slots=1,
-                mem_available_mib=64_000,
-                now=clock.now(),
-            )
+        (claim,) = claim_on_n1(factory, worker, clock)
         settle_one(
             factory,
             claim,
