@@ -1,0 +1,88 @@
+"""``laneway logs``: print (and follow) an attempt's redacted output.
+
+The ledger is read through ``db.ReadOnlyLedger`` (as ``laneway status`` reads it) and the
+files through ``controller.logs``; this module only writes what they return.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from cli import render
+from controller import db
+from controller import logs as logs_module
+
+
+def show(
+    target: str,
+    *,
+    runtime_dir: Path,
+    job: bool,
+    run: int | None,
+    stream: str,
+    follow: bool,
+    tail: int | None,
+    as_json: bool,
+) -> None:
+    """Print the attempt's ``stream`` (its last ``tail`` lines, or all of it), then, with
+    ``follow``, what is appended until the attempt leaves intent/running. Raises
+    LanewayError for the caller to print."""
+    with db.ReadOnlyLedger(runtime_dir) as source:
+        with source.snapshot():
+            attempt = logs_module.resolve(source, target, job=job, run_id=run)
+        path = logs_module.check_here(attempt, stream)
+        data, offset = logs_module.tail_bytes(path, tail)
+        if as_json and not follow:
+            body = {
+                "attempt": attempt.as_dict(),
+                "stream": stream,
+                "path": str(path),
+                "text": data.decode("utf-8", errors="replace"),
+            }
+            sys.stdout.write(render.as_json(body) + "\n")
+            return
+        out = _Writer(attempt.attempt_id, stream, as_json)
+        out.write(data)
+        if not follow:
+            return
+
+        def state() -> str:
+            with source.snapshot():
+                return logs_module.attempt_state(source, attempt.attempt_id)
+
+        for chunk in logs_module.follow(path, offset, state, time.sleep):
+            out.write(chunk)
+        final = state()
+        if not as_json:
+            sys.stderr.write(f"laneway: attempt {attempt.attempt_id} is {final}\n")
+
+
+class _Writer:
+    """Raw bytes to a pipe or file; to a terminal, with escape sequences neutralised
+    (job output must not drive the operator's terminal); JSON lines with ``--json``."""
+
+    def __init__(self, attempt_id: int, stream: str, as_json: bool) -> None:
+        self.attempt_id = attempt_id
+        self.stream = stream
+        self.as_json = as_json
+        self.tty = sys.stdout.isatty()
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if self.as_json:
+            line = {
+                "attempt_id": self.attempt_id,
+                "stream": self.stream,
+                "text": data.decode("utf-8", errors="replace"),
+            }
+            sys.stdout.write(json.dumps(line) + "\n")
+        elif self.tty:
+            sys.stdout.write(render.clean(data.decode("utf-8", errors="replace")))
+        else:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(data)
+        sys.stdout.flush()
