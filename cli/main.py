@@ -61,6 +61,31 @@ RuntimeDir = Annotated[
         help="Where the ledger and runs/ live (env LANEWAY_RUNTIME_DIR).",
     ),
 ]
+
+
+def _use_database_url(value: str | None) -> str | None:
+    """``--database-url`` wins over the environment: it is put where every part of
+    laneway (and every service ``laneway run`` starts) reads the URL from."""
+    if value:
+        os.environ["LANEWAY_DATABASE_URL"] = value
+    return value
+
+
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        envvar="LANEWAY_DATABASE_URL",
+        callback=_use_database_url,
+        show_default=False,
+        help=(
+            "The ledger: postgresql://USER@HOST/DB for workers on several machines "
+            "(needs pip install 'laneway[postgres]'), or sqlite:///PATH; default: "
+            "the SQLite file in --runtime-dir (env LANEWAY_DATABASE_URL). Put a password "
+            "in ~/.pgpass or PGPASSWORD, not in the URL."
+        ),
+    ),
+]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 ConfigPath = Annotated[Path, typer.Argument(help="Pipeline config, .toml or .json.")]
 DEFAULT_RUNTIME = Path(".laneway")
@@ -99,7 +124,7 @@ def _writer(runtime_dir: Path) -> Engine:
     """An engine on an existing ledger for an operator's write (controls, cancel,
     reconcile, retry): no ledger is created, and an unknown revision is refused."""
     engine = db.make_engine(db.existing_ledger_url(runtime_dir))
-    db.check_revision(engine)
+    db.check_existing(engine, runtime_dir)
     return engine
 
 
@@ -165,6 +190,7 @@ def dry_run(config: ConfigPath, as_json: JsonFlag = False) -> None:
 def start_pipeline(
     config: ConfigPath,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
     controller: Annotated[
         bool,
         typer.Option(
@@ -227,6 +253,7 @@ def status(
         int | None, typer.Argument(help="Run id (default: the newest).", min=1, max=MAX_ID)
     ] = None,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
     watch: Annotated[bool, typer.Option("--watch", help="Refresh every 2 s.")] = False,
 ) -> None:
@@ -274,6 +301,7 @@ def explain(
         int, typer.Argument(help="The job's id (see `status`/`sql`).", min=1, max=MAX_ID)
     ],
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
 ) -> None:
     """List everything that blocks one job now, with the capacity arithmetic.
@@ -307,6 +335,7 @@ def report(
         float, typer.Option("--idle-min-seconds", min=0, help="Shortest idle period listed.")
     ] = 1.0,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Where a run's hours went, per lane, with an HTML lane-occupancy timeline.
@@ -335,6 +364,66 @@ def report(
         _fail(error, as_json)
         return
     _emit(body, as_json, render.report_text)
+
+
+@app.command()
+def logs(
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="An attempt id; or a job: its id with --job, or ITEM.STAGE (newest attempt).",
+            show_default=False,
+        ),
+    ],
+    job: Annotated[
+        bool, typer.Option("--job", help="TARGET is a job id: show its newest attempt.")
+    ] = False,
+    run: Annotated[
+        int | None,
+        typer.Option(
+            "--run", help="For ITEM.STAGE: the run (default: the newest).", min=1, max=MAX_ID
+        ),
+    ] = None,
+    stderr: Annotated[
+        bool, typer.Option("--stderr", help="stderr.log instead of stdout.log.")
+    ] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing until the attempt settles.")
+    ] = False,
+    tail: Annotated[
+        int | None, typer.Option("--tail", "-n", min=0, help="Only the last N lines first.")
+    ] = None,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="One JSON object (with --follow: one per chunk, a line each)."),
+    ] = False,
+) -> None:
+    """Print an attempt's output (redacted as it was written), or follow it.
+
+    Reads the ledger read-only and the attempt's stdout.log / stderr.log under its
+    directory. When that directory is on another machine (workers on several machines,
+    PostgreSQL), says on which node and host it is. With --follow, prints what the
+    attempt appends until it settles (or becomes unknown).
+    """
+    from cli import logs as logs_cli
+
+    try:
+        logs_cli.show(
+            target,
+            runtime_dir=runtime_dir,
+            job=job,
+            run=run,
+            stream="stderr" if stderr else "stdout",
+            follow=follow,
+            tail=tail,
+            as_json=as_json,
+        )
+    except LanewayError as error:
+        _fail(error, as_json)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
 
 
 class _Stopper:
@@ -378,6 +467,7 @@ def worker(
         ),
     ] = None,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Log lifecycle lines as JSON on stderr.")
     ] = False,
@@ -396,7 +486,7 @@ def worker(
         if slots is None:
             with db.session_factory(engine)() as session:
                 slots = node_max_jobs(SessionRows(session), node)
-        service = WorkerService(engine, node=node, slots=slots)
+        service = WorkerService(engine, node=node, slots=slots, runtime_dir=runtime_dir)
         worker_id = service.start()
     except LanewayError as error:
         _fail(error)
@@ -436,6 +526,7 @@ def worker(
 @app.command()
 def controller(
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
     interval: Annotated[
         float,
         typer.Option(
@@ -481,6 +572,7 @@ def controller(
 def run_pipeline(
     config: ConfigPath,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress lines.")] = False,
 ) -> None:
@@ -729,6 +821,7 @@ def pause(
     lane: LaneOpt = None,
     everything: AllOpt = False,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Pause dispatch (resumable): running attempts go on; nothing new starts."""
@@ -741,6 +834,7 @@ def stop(
     run: RunArg = None,
     everything: AllOpt = False,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Drain: no new dispatch; running attempts finish and settle. `resume` lifts it."""
@@ -753,6 +847,7 @@ def resume(
     run: RunArg = None,
     everything: AllOpt = False,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Lift pauses and stops (not halts: those need `clear-halt`)."""
@@ -773,6 +868,7 @@ def halt(
     run: RunArg = None,
     everything: AllOpt = False,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Halt dispatch (fatal): only `clear-halt` with a reason lifts it."""
@@ -785,6 +881,7 @@ def clear_halt(
     run: RunArg = None,
     everything: AllOpt = False,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Lift halts, with a recorded reason."""
@@ -804,6 +901,7 @@ def cancel(
         int | None, typer.Option("--run", help="Cancel a whole run instead.", min=1, max=MAX_ID)
     ] = None,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Cancel a running attempt, or a whole run (--run): TERM, grace, KILL, verified.
@@ -905,6 +1003,7 @@ def reconcile(
         Path | None, typer.Option("--result", help="A result JSON file to record with it.")
     ] = None,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Settle an unknown attempt as succeeded, failed or not-run, with a reason.
@@ -969,6 +1068,7 @@ def retry(
     ],
     reason: Annotated[str, typer.Option("--reason", help="Why it is safe to run again.")],
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Make a failed job ready for a new attempt (new idempotency key), with a reason.
@@ -1015,19 +1115,55 @@ def _read_result_file(path: Path) -> dict[str, Any]:
 def sql(
     query: Annotated[str, typer.Argument(help="A read-only SQL query.")],
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    readonly_url: Annotated[
+        str | None,
+        typer.Option(
+            "--readonly-url",
+            envvar="LANEWAY_READONLY_DATABASE_URL",
+            show_default=False,
+            help=(
+                "PostgreSQL: connect as a role that can only read laneway's tables "
+                "(postgresql://ROLE@HOST/DB; docs/deploy.md gives its grants) instead of "
+                "the ledger's own URL (env LANEWAY_READONLY_DATABASE_URL)."
+            ),
+        ),
+    ] = None,
+    superuser_ok: Annotated[
+        bool,
+        typer.Option(
+            "--i-know-this-is-superuser",
+            help=(
+                "PostgreSQL: run even when the role is a superuser (or may read or write "
+                "the server's files). Still read-only, one statement, no COPY."
+            ),
+        ),
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option("--timeout", min=0.001, help="Stop the query after this many seconds."),
+    ] = db.QUERY_TIMEOUT_S,
     as_json: JsonFlag = False,
 ) -> None:
-    """Run a read-only SQL query against the ledger.
+    """Run one read-only SQL query against the ledger.
 
     SQLite is opened read-only, with PRAGMA query_only and an authorizer that allows
     reads only: writes, ATTACH/DETACH, VACUUM (INTO), PRAGMAs that write and
     load_extension are refused before they run, and nothing is created. On PostgreSQL
-    the query runs in a READ ONLY transaction. A refused or invalid query exits 2 with
-    one line. Tables and views are documented in docs/ledger.md.
+    the query runs in a READ ONLY transaction with a statement timeout, as one statement
+    that returns rows (COPY, SET, DO and several statements are refused unrun), and as a
+    role that is not a superuser (--readonly-url; --i-know-this-is-superuser overrides).
+    A refused, invalid or timed-out query exits 2 with one line. Tables and views are
+    documented in docs/ledger.md.
     """
     try:
-        with db.ReadOnlyLedger(runtime_dir) as source:
-            headers, rows = source.query(query)
+        if readonly_url and not readonly_url.startswith("postgresql"):
+            raise UsageError(
+                "--readonly-url must name a PostgreSQL database (postgresql://ROLE@HOST/DB); "
+                "a SQLite ledger is read from --runtime-dir, opened read-only"
+            )
+        with db.ReadOnlyLedger(runtime_dir, url=readonly_url or None) as source:
+            headers, rows = source.query(query, timeout_s=timeout, allow_privileged=superuser_ok)
     except LanewayError as error:
         _fail(error, as_json)
         return

@@ -36,6 +36,7 @@ from controller import closeout, db, ledger, pipeline
 from controller.clock import Clock, SystemClock
 from controller.crashpoints import crash_point
 from controller.durable import make_private_dir, modes, read_json, write_json
+from controller.errors import CommitOutcomeUnknown
 from controller.models import Attempt, Job
 from controller.outcome import Verdict as OutcomeVerdict
 from controller.states import EventKind
@@ -85,9 +86,17 @@ class Controller:
         self._closeouts: dict[int, closeout.Closeout] = {}
         self._closeout_runs: list[int] | None = None
         self._last_recovery = float("-inf")
+        self.last_ledger_error: str | None = None
+        self.on_ledger_error: Callable[[str], None] | None = None
+        """Called with one line when the ledger stops answering (the CLI logs it)."""
+        self.on_ledger_back: Callable[[int], None] | None = None
 
     def tick(self, now: datetime | None = None) -> ControllerReport:
-        now = now or self.clock.now()
+        if now is None:
+            # The ledger's clock: the server's on PostgreSQL (db.ledger_now), so lease
+            # and heartbeat judgements do not depend on this host's clock.
+            with self.reader() as session:
+                now = db.ledger_now(session, self.clock)
         report = ControllerReport()
         self._recovery_step(now, report)
         touched = self._promotion_step(now, report)
@@ -300,12 +309,31 @@ class Controller:
         )
 
     def serve(self, should_stop: Callable[[], bool], interval: float = 0.05) -> None:
-        """Tick whenever ``due()``; in between, a stat of the ledger files every
-        ``interval`` seconds is all an idle controller does."""
+        """Tick whenever ``due()``; in between, an idle controller waits up to
+        ``interval`` seconds for the ledger to change (``ChangeWatch``: a stat of the
+        ledger files, or a notification on PostgreSQL)."""
+        failures = 0
+        backoff = db.backoff_wait()
         while not should_stop():
-            if self.due():
-                self.tick()
-            time.sleep(interval)
+            try:
+                if self.due():
+                    self.tick()
+            except Exception as exc:
+                # The ledger is unreachable, locked past its timeout or refusing writes:
+                # a transient failure rolled the tick's transaction back, and every step
+                # re-reads what it acts on, so the next try starts over (with backoff).
+                if not (db.is_transient(exc) or isinstance(exc, CommitOutcomeUnknown)):
+                    raise
+                failures += 1
+                self.last_ledger_error = db.describe(exc)
+                if failures == 1 and self.on_ledger_error is not None:
+                    self.on_ledger_error(self.last_ledger_error)
+                time.sleep(backoff(failures))
+                continue
+            if failures and self.on_ledger_back is not None:
+                self.on_ledger_back(failures)
+            failures = 0
+            self.watch.wait(interval)
 
 
 Classified = tuple[OutcomeVerdict, dict[str, Any] | None, dict[str, Any] | None]

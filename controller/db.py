@@ -12,18 +12,26 @@ import fcntl
 import os
 import re
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from controller import durable
-from controller.errors import LedgerRevisionError, UsageError
+from controller.errors import (
+    CommitOutcomeUnknown,
+    LedgerRevisionError,
+    LedgerUnavailable,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     from alembic.config import Config
-    from sqlalchemy import Connection, Engine
+    from sqlalchemy import URL, Connection, Engine
     from sqlalchemy.orm import Session, sessionmaker
+
+    from controller.clock import Clock
 
 # SQLAlchemy and alembic are imported where they are used: a read-only command on a
 # SQLite ledger (`laneway status`, `sql`) needs neither, and importing them costs most of
@@ -42,6 +50,10 @@ def ledger_url(runtime_dir: str | os.PathLike[str]) -> str:
     return f"sqlite:///{Path(runtime_dir).resolve() / LEDGER_FILENAME}"
 
 
+def is_sqlite_url(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
 def make_engine(url: str, *, readonly: bool = False) -> Engine:
     """An engine for the ledger. On SQLite: WAL, synchronous=FULL, busy_timeout, foreign
     keys, and every transaction begun with BEGIN IMMEDIATE (read-only engines open the
@@ -50,8 +62,13 @@ def make_engine(url: str, *, readonly: bool = False) -> Engine:
     from sqlalchemy.engine import make_url
 
     parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql":
+        return _postgres_engine(parsed, readonly=readonly)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True)
+        raise UsageError(
+            f"LANEWAY_DATABASE_URL: {parsed.get_backend_name()!r} is not a ledger backend; "
+            "use sqlite:///PATH or postgresql://USER@HOST/DATABASE"
+        )
     database = parsed.database or ""
     if readonly:
         engine = create_engine(
@@ -62,6 +79,38 @@ def make_engine(url: str, *, readonly: bool = False) -> Engine:
         engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
     _install_sqlite_seam(engine, readonly=readonly)
     return engine
+
+
+WRITE_LOCK_KEY = 0x6C616E65  # "lane": the PostgreSQL advisory lock every write holds
+IDLE_IN_TRANSACTION_MS = 60_000
+
+
+def _postgres_engine(url: URL, *, readonly: bool) -> Engine:
+    """PostgreSQL through psycopg 3 (``postgresql://`` means psycopg, not psycopg2).
+    Sessions run in UTC (ledger timestamps are naive UTC), and a session left idle inside
+    a transaction (a worker stopped with SIGSTOP while it held the write lock) is ended
+    by the server after ``IDLE_IN_TRANSACTION_MS``, so it cannot block every writer."""
+    from sqlalchemy import create_engine
+
+    if url.drivername == "postgresql":
+        url = url.set(drivername="postgresql+psycopg")
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            "LANEWAY_DATABASE_URL names PostgreSQL, but its driver is not installed; "
+            "install it with: pip install 'laneway[postgres]'"
+        ) from None
+    options = f"-c timezone=UTC -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        connect_args={
+            "application_name": "laneway-readonly" if readonly else "laneway",
+            "options": options,
+            "connect_timeout": 10,
+        },
+    )
 
 
 def _install_sqlite_seam(engine: Engine, *, readonly: bool) -> None:
@@ -121,10 +170,159 @@ def transaction(factory: sessionmaker[Session], *, fair: bool = True) -> Iterato
     SQLite's own busy handler sleeps and retries, so under contention a writer can lose
     the race again and again and wait for seconds; blocked in flock, waiters are woken
     the moment the lock is free (bench/bench_contention.py measures both).
+
+    On PostgreSQL every write transaction first takes one transaction-scoped advisory
+    lock (``WRITE_LOCK_KEY``), so writers are serialised exactly as SQLite's one write
+    lock serialises them: admission decides caps that span nodes (a lane on two
+    machines) from a snapshot no other claim can change under it, and event ids commit
+    in the order they were drawn, so the controller's event cursor never skips one.
+    Reads take no lock. docs/deploy.md says what this costs (claims/s).
     """
-    with _write_lock(factory.kw.get("bind") if fair else None):
-        with factory() as session, session.begin():
+    engine = factory.kw.get("bind")
+    with _write_lock(engine if fair else None), factory() as session:
+        session.begin()
+        try:
+            if engine is not None and not is_sqlite(engine):
+                # One round trip: the lock, then the server's clock read once it is held.
+                from sqlalchemy import text
+
+                session.info[LEDGER_NOW] = session.execute(text(_LOCK_THEN_NOW)).scalar_one()
             yield session
+        except BaseException:
+            session.rollback()
+            raise
+        try:
+            session.commit()
+        except Exception as exc:
+            if is_transient(exc):
+                raise CommitOutcomeUnknown(
+                    f"the ledger connection failed while a transaction was committing "
+                    f"({_first_line(getattr(exc, 'orig', None) or exc)}); it may or may not "
+                    "have been recorded: look with `laneway status` before repeating it"
+                ) from exc
+            raise
+
+
+# PostgreSQL SQLSTATE classes after which the transaction is known to be rolled back and
+# a new connection may succeed: 08 connection exception, 40 transaction rollback
+# (serialization failure, deadlock), 57 operator intervention (admin shutdown,
+# "cannot connect now" while the server starts), and 25006 (read-only transaction: a
+# failover left us on a standby).
+_TRANSIENT_SQLSTATE_CLASSES = ("08", "40", "57")
+_TRANSIENT_SQLSTATES = ("25006",)
+_SQLITE_BUSY = ("database is locked", "database is busy", "database table is locked")
+
+
+def is_transient(error: BaseException) -> bool:
+    """Did the ledger fail in a way a later try may not (a dropped connection, a server
+    restarting or failing over, SQLite busy past its timeout)? Such a failure rolled the
+    transaction back; a failure during COMMIT is ``CommitOutcomeUnknown`` instead, and is
+    never transient."""
+    from sqlalchemy.exc import DBAPIError
+
+    if isinstance(error, CommitOutcomeUnknown):
+        return False
+    if not isinstance(error, DBAPIError):
+        return False
+    if error.connection_invalidated:
+        return True
+    origin = error.orig
+    sqlstate = getattr(origin, "sqlstate", None)
+    if sqlstate:
+        return sqlstate[:2] in _TRANSIENT_SQLSTATE_CLASSES or sqlstate in _TRANSIENT_SQLSTATES
+    if isinstance(origin, sqlite3.OperationalError):
+        return any(phrase in str(origin) for phrase in _SQLITE_BUSY)
+    # psycopg raises OperationalError without a SQLSTATE when it cannot connect at all.
+    return type(origin).__name__ == "OperationalError" and type(origin).__module__.startswith(
+        "psycopg"
+    )
+
+
+def describe(error: BaseException) -> str:
+    """One line for a ledger error (no SQL text, no parameters, no password)."""
+    return _first_line(getattr(error, "orig", None) or error)
+
+
+def retrying(*, patience: float = 30.0) -> Any:
+    """tenacity's retry loop for one-shot commands: a transient failure (``is_transient``)
+    is retried with exponential backoff and jitter for up to ``patience`` seconds, then
+    becomes ``LedgerUnavailable``; any other error propagates at once. Use as::
+
+        for attempt in db.retrying():
+            with attempt, db.transaction(factory) as session:
+                ...
+    """
+    from tenacity import Retrying, retry_if_exception, stop_after_delay
+
+    def give_up(state: Any) -> None:
+        error = state.outcome.exception()
+        raise LedgerUnavailable(
+            f"the ledger stayed unreachable for {patience:.0f} s ({describe(error)}); "
+            "nothing was written: check the database (and --database-url), then repeat"
+        ) from error
+
+    return Retrying(
+        retry=retry_if_exception(is_transient),
+        wait=_backoff(most=2.0),
+        stop=stop_after_delay(patience),
+        retry_error_callback=give_up,
+    )
+
+
+def backoff_wait() -> Callable[[int], float]:
+    """Seconds to wait before try ``n`` (1, 2, ...) of a service loop whose ledger is
+    failing: tenacity's exponential backoff with jitter, at most 5 s."""
+    from tenacity import RetryCallState
+
+    wait = _backoff(most=5.0)
+
+    def seconds(attempt_number: int) -> float:
+        return float(wait(cast("RetryCallState", _RetryState(attempt_number))))
+
+    return seconds
+
+
+def _backoff(*, most: float) -> Any:
+    """0.05 s, doubling up to ``most``, plus up to 50 ms of jitter (so workers that lost
+    the ledger together do not all come back in the same millisecond)."""
+    from tenacity import wait_exponential, wait_random
+
+    return wait_exponential(multiplier=0.05, max=most) + wait_random(0, 0.05)
+
+
+class _RetryState:
+    """The one field tenacity's wait strategies read from a retry state."""
+
+    def __init__(self, attempt_number: int) -> None:
+        self.attempt_number = attempt_number
+
+
+LEDGER_NOW = "laneway_ledger_now"
+_LOCK_THEN_NOW = (
+    "SELECT timezone('UTC', clock_timestamp()) "
+    f"FROM (SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})) AS locked"
+)
+
+
+def ledger_now(session: Session, clock: Clock) -> datetime:
+    """The time for lease expiries, heartbeats and "worker lost" judgements.
+
+    On SQLite it is ``clock``'s (every writer runs on the one host that holds the file).
+    On PostgreSQL it is the server's clock, read inside the transaction (a write
+    transaction reads it with its lock, so this costs no round trip), so a node whose
+    clock is minutes off neither expires a lease early nor keeps a zombie one alive.
+    """
+    bind = session.get_bind()
+    if bind.dialect.name == "sqlite":
+        return clock.now()
+    found = session.info.get(LEDGER_NOW)
+    if found is None:
+        from sqlalchemy import text
+
+        found = session.execute(text("SELECT timezone('UTC', clock_timestamp())")).scalar_one()
+        session.info[LEDGER_NOW] = found
+    assert isinstance(found, datetime)
+    return found
 
 
 _lock_fds: dict[tuple[int, str], int] = {}
@@ -273,6 +471,8 @@ def check_known_revision(engine: Engine, *, head: bool = False) -> None:
         with engine.connect() as connection:
             found = connection.exec_driver_sql("SELECT version_num FROM alembic_version").all()
     except SQLAlchemyError as exc:
+        if _no_version_table(exc):
+            raise missing_ledger(None, engine.url.render_as_string(hide_password=False)) from None
         raise LedgerRevisionError(
             f"{where} is not a laneway ledger ({_first_line(getattr(exc, 'orig', None) or exc)})"
         ) from None
@@ -287,12 +487,44 @@ def check_known_revision(engine: Engine, *, head: bool = False) -> None:
         )
 
 
-def missing_ledger(runtime_dir: str | os.PathLike[str]) -> UsageError:
-    path = Path(runtime_dir) / LEDGER_FILENAME
+def missing_ledger(
+    runtime_dir: str | os.PathLike[str] | None, url: str | None = None
+) -> UsageError:
+    """The one-line refusal for a ledger that does not exist (yet)."""
+    url = url or ledger_url(runtime_dir or ".")
+    if not is_sqlite_url(url):
+        return UsageError(
+            f"{shown_url(url)}: the database holds no laneway ledger; `laneway "
+            "start-pipeline` or `laneway run` creates one (check --database-url or "
+            "LANEWAY_DATABASE_URL)"
+        )
+    path = Path(runtime_dir or ".") / LEDGER_FILENAME
     return UsageError(
         f"--runtime-dir {runtime_dir}: no ledger at {path}; `laneway start-pipeline` or "
         "`laneway run` creates one (check the path, or set LANEWAY_RUNTIME_DIR)"
     )
+
+
+def shown_url(url: str) -> str:
+    """A ledger URL as laneway prints it: never with its password."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    return parsed.set(drivername=parsed.get_backend_name()).render_as_string(hide_password=True)
+
+
+def _no_version_table(error: BaseException) -> bool:
+    """PostgreSQL said there is no ``alembic_version``: an empty database, not a ledger."""
+    origin = getattr(error, "orig", None) or error
+    return type(origin).__name__ == "UndefinedTable" and "alembic_version" in str(origin)
+
+
+def check_existing(engine: Engine, runtime_dir: str | os.PathLike[str]) -> None:
+    """For an operator's write: the ledger must exist (no schema is created here) and
+    carry a revision this build knows."""
+    if _stored_revision(engine) is None:
+        raise missing_ledger(runtime_dir)
+    check_revision(engine)
 
 
 def existing_ledger_url(runtime_dir: str | os.PathLike[str]) -> str:
@@ -358,6 +590,9 @@ _ACTION_WORDS = {
 }
 
 
+QUERY_TIMEOUT_S = 30.0  # `laneway sql --timeout`: a runaway query stops after this
+
+
 class ReadOnlyLedger:
     """A read-only connection to an existing ledger, for commands that only read.
 
@@ -366,11 +601,14 @@ class ReadOnlyLedger:
     (SELECT, reading columns, functions other than ``load_extension``, the read-only
     PRAGMAs in ``_READ_PRAGMAS``); ATTACH, DETACH, VACUUM (INTO), writing PRAGMAs and
     every write are refused before they run, so nothing is created anywhere. Elsewhere
-    (PostgreSQL) every transaction is ``SET TRANSACTION READ ONLY``.
+    (PostgreSQL) every transaction is ``SET TRANSACTION READ ONLY``, and an operator's
+    query goes through ``controller.sqlguard`` (role check, one statement, no COPY, a
+    statement timeout). ``url`` reads another database than the runtime dir's ledger
+    (``laneway sql --readonly-url``: the same ledger through a read-only role).
     """
 
-    def __init__(self, runtime_dir: str | os.PathLike[str]) -> None:
-        self.url = existing_ledger_url(runtime_dir)
+    def __init__(self, runtime_dir: str | os.PathLike[str], *, url: str | None = None) -> None:
+        self.url = url or existing_ledger_url(runtime_dir)
         self.refused: str | None = None
         self._sqlite: sqlite3.Connection | None = None
         self._connection: Connection | None = None
@@ -381,11 +619,24 @@ class ReadOnlyLedger:
             self._sqlite.set_authorizer(self._authorize)
         else:
             from sqlalchemy.engine import make_url
-            from sqlalchemy.exc import SQLAlchemyError
+            from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
             self._errors = (SQLAlchemyError,)
-            self.where = make_url(self.url).render_as_string(hide_password=True)
-            self._connection = make_engine(self.url).connect()
+            try:
+                self.where = make_url(self.url).render_as_string(hide_password=True)
+            except ArgumentError:
+                raise UsageError(
+                    "the database URL is not one laneway reads; use postgresql://ROLE@HOST/DATABASE"
+                ) from None
+            engine = make_engine(self.url, readonly=True)
+            try:
+                self._connection = engine.connect()
+            except SQLAlchemyError as exc:
+                engine.dispose()
+                origin = getattr(exc, "orig", None) or exc
+                raise UsageError(
+                    f"cannot connect to {self.where} ({_first_line(origin)})"
+                ) from None
         try:
             with self.snapshot():
                 revision = self._revision()
@@ -427,6 +678,8 @@ class ReadOnlyLedger:
         try:
             rows = self.rows("SELECT version_num FROM alembic_version")
         except self._errors as exc:
+            if not self.is_sqlite and _no_version_table(exc):
+                raise missing_ledger(None, self.url) from None
             raise LedgerRevisionError(
                 f"{self.where} is not a laneway ledger ({_first_line(exc)})"
             ) from None
@@ -468,22 +721,47 @@ class ReadOnlyLedger:
         """Rows of a query laneway wrote (named ``:parameters``)."""
         return [tuple(row) for row in self.execute(sql, params or {}).fetchall()]
 
-    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """An operator's query (``laneway sql``): headers and rows; a refused or failing
-        query raises UsageError with one line."""
+    def query(
+        self,
+        sql: str,
+        *,
+        timeout_s: float = QUERY_TIMEOUT_S,
+        allow_privileged: bool = False,
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """An operator's query (``laneway sql``): headers and rows; a refused, failing or
+        timed-out query (``timeout_s``) raises UsageError with one line. On PostgreSQL a
+        superuser is refused unless ``allow_privileged`` (``controller.sqlguard``)."""
+        from time import monotonic
+
         self.refused = None
+        deadline = monotonic() + timeout_s
         try:
             if self._sqlite is not None:
-                cursor = self._sqlite.execute(sql)
-                if cursor.description is None:
-                    raise UsageError("the query returned no rows; `laneway sql` is for SELECTs")
-                return [d[0] for d in cursor.description], [tuple(r) for r in cursor.fetchall()]
+                # Called every 1000 VM steps: a nonzero answer interrupts the statement.
+                self._sqlite.set_progress_handler(lambda: int(monotonic() > deadline), 1000)
+                try:
+                    cursor = self._sqlite.execute(sql)
+                    if cursor.description is None:
+                        raise UsageError("the query returned no rows; `laneway sql` is for SELECTs")
+                    headers = [d[0] for d in cursor.description]
+                    return headers, [tuple(r) for r in cursor.fetchall()]
+                finally:
+                    self._sqlite.set_progress_handler(None, 0)
+            from controller import sqlguard
+
+            assert self._connection is not None
             with self.snapshot():
-                result = self.execute(sql)
-                if not result.returns_rows:
-                    raise UsageError("the query returned no rows; `laneway sql` is for SELECTs")
-                return list(result.keys()), [tuple(r) for r in result]
+                return sqlguard.run_query(
+                    self._connection.connection.driver_connection,
+                    sql,
+                    timeout_s=timeout_s,
+                    allow_privileged=allow_privileged,
+                )
         except self._errors as exc:
+            if isinstance(exc, sqlite3.OperationalError) and monotonic() > deadline:
+                raise UsageError(
+                    f"query stopped: it ran past --timeout {timeout_s:g} s ({exc})"
+                ) from None
             if self.refused is not None:
                 raise UsageError(
                     f"query refused: {self.refused} is not allowed; `laneway sql` is "

@@ -51,3 +51,15 @@ class IllegalTransition(LanewayError):
 
 class StaleLease(IllegalTransition):
     """A write carried a fence token that is no longer the job's current one."""
+
+
+class LedgerUnavailable(LanewayError):
+    """The ledger could not be reached (or refused writes, or stayed locked) for longer
+    than a command retries; nothing was written."""
+
+    exit_code = 4
+
+
+class CommitOutcomeUnknown(LedgerUnavailable):
+    """The connection failed while a transaction was committing: it may or may not have
+    been recorded, so it is not retried blindly."""

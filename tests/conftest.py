@@ -3,6 +3,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, update
@@ -11,11 +12,62 @@ from sqlalchemy.orm import Session, sessionmaker
 from controller import db, ledger
 from controller.config import PipelineConfig
 from controller.models import Job
+from tests import backends
 from tests.support import FixedClock, make_config
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that opens a ledger (it uses ``ledger_backend``, directly or through
+    ``runtime``/``engine``, or sits in a directory whose conftest uses it for all) runs
+    once per backend in ``tests.backends.backends()``."""
+    if "ledger_backend" not in metafunc.fixturenames:
+        return
+    if metafunc.definition.get_closest_marker("no_ledger"):
+        metafunc.parametrize("ledger_backend", ["sqlite"], indirect=True)
+        return
+    only = metafunc.definition.get_closest_marker("sqlite_only")
+    params = []
+    for backend in backends.backends():
+        marks = []
+        if backend != "sqlite" and only is not None:
+            marks.append(pytest.mark.skip(reason=f"SQLite only: {only.args[0]}"))
+        params.append(pytest.param(backend, marks=marks, id=backend))
+    metafunc.parametrize("ledger_backend", params, indirect=True)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if backends.POSTGRES_URL:
+        backends.drop_template()
+
+
 @pytest.fixture
-def runtime(tmp_path: Path) -> Path:
+def ledger_backend(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """``sqlite``: the ledger is the runtime dir's file (LANEWAY_DATABASE_URL unset);
+    ``postgres``: LANEWAY_DATABASE_URL names a fresh database of this test's own."""
+    backend: str = getattr(request, "param", "sqlite")
+    if backend == "sqlite":
+        monkeypatch.delenv("LANEWAY_DATABASE_URL", raising=False)
+        monkeypatch.delenv("LANEWAY_READONLY_DATABASE_URL", raising=False)
+        yield backend
+        return
+    name = backends.create_database()
+    monkeypatch.setenv("LANEWAY_DATABASE_URL", backends.database_url(name))
+    monkeypatch.setenv("LANEWAY_READONLY_DATABASE_URL", backends.reader_url(name))
+    try:
+        yield backend
+    finally:
+        backends.drop_database(name)
+
+
+@pytest.fixture
+def on_postgres(ledger_backend: str) -> bool:
+    return ledger_backend == "postgres"
+
+
+@pytest.fixture
+def runtime(tmp_path: Path, ledger_backend: str) -> Path:
     path = tmp_path / "runtime"
     path.mkdir()
     return path
@@ -30,8 +82,10 @@ def migrated_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def engine(runtime: Path, migrated_template: Path) -> Iterator[Engine]:
-    shutil.copyfile(migrated_template, runtime / db.LEDGER_FILENAME)
+def engine(runtime: Path, ledger_backend: str, request: pytest.FixtureRequest) -> Iterator[Engine]:
+    if ledger_backend == "sqlite":
+        template: Any = request.getfixturevalue("migrated_template")
+        shutil.copyfile(template, runtime / db.LEDGER_FILENAME)
     engine = db.open_ledger(runtime)
     yield engine
     engine.dispose()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -16,7 +17,9 @@ PY = sys.executable
 
 
 def wait_until(predicate: Callable[[], T], timeout: float = 60.0, interval: float = 0.01) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``
+    (``LANEWAY_TEST_WAIT_CAP`` seconds at most, when set: a quick look at what fails)."""
+    timeout = min(timeout, float(os.environ.get("LANEWAY_TEST_WAIT_CAP", timeout)))
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

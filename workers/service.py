@@ -39,14 +39,14 @@ from typing import Any, Literal
 
 import psutil
 from sqlalchemy import Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError
 
 from controller import db, ledger, pipeline
 from controller.clock import Clock, SystemClock, iso
 from controller.config import CaptureConfig
 from controller.crashpoints import crash_point
 from controller.durable import make_private_dir, open_private, write_json
-from controller.errors import IllegalTransition, StaleLease
+from controller.errors import CommitOutcomeUnknown, IllegalTransition, StaleLease
 from controller.models import Job
 from controller.states import Outcome
 from controller.watch import ChangeWatch
@@ -92,6 +92,8 @@ class InFlight:
     secrets: list[str] = field(default_factory=list)
     """Values redacted from its result before the result reaches the ledger."""
     result_requirement: Literal["optional", "required"] = "optional"
+    unrecorded_report: dict[str, Any] | None = None
+    """Its supervisor's report, read but not yet in the ledger (the write failed)."""
 
 
 class AdoptedSupervisor:
@@ -298,8 +300,12 @@ class WorkerService:
         launch: bool = True,
         sample_seconds: float = 1.0,
         sample_flush_seconds: float = 5.0,
+        runtime_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.engine = engine
+        self.runtime_dir = None if runtime_dir is None else str(Path(runtime_dir).resolve())
+        """Where this worker keeps attempt directories (None: each run's own, as recorded
+        when it was created); with workers on several machines, each machine's own."""
         self.factory = db.session_factory(engine)
         self.node = node
         self.slots = slots
@@ -339,6 +345,14 @@ class WorkerService:
         self.last_heartbeat_error: str | None = None
         self.revoked: str | None = None
         """Why the ledger no longer accepts this worker (it was declared lost), if so."""
+        self.ledger_failures = 0
+        """Ticks in a row that failed because the ledger could not be reached."""
+        self.last_ledger_error: str | None = None
+        self.on_ledger_error: Callable[[str], None] | None = None
+        """Called with one line when the ledger stops answering (the CLI logs it)."""
+        self.on_ledger_back: Callable[[int], None] | None = None
+        """Called with the number of failed tries when it answers again."""
+        self._backoff = db.backoff_wait()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -356,7 +370,7 @@ class WorkerService:
                 boot_id=identity.boot_id(),
                 process_start_time=start_time,
                 slots=self.slots,
-                now=self.clock.now(),
+                now=db.ledger_now(session, self.clock),
             )
         # Reconcile before admitting: nothing is leased until what was left is settled.
         self.recovered = self.recover()
@@ -373,8 +387,8 @@ class WorkerService:
         """
         lines: list[str] = []
         boot = identity.boot_id()
-        now = self.clock.now()
         with db.transaction(self.factory) as session:
+            now = db.ledger_now(session, self.clock)
             for worker in ledger.active_workers(session, node=self.node):
                 if worker.id == self.worker_id:
                     continue
@@ -400,10 +414,10 @@ class WorkerService:
         return lines
 
     def _recover_one(self, attempt: Any, boot: str) -> str:
-        now = self.clock.now()
         label = f"attempt {attempt.id}"
         if attempt.boot_id is not None and attempt.boot_id != boot:
             with db.transaction(self.factory) as session:
+                now = db.ledger_now(session, self.clock)
                 ledger.mark_unknown(
                     session,
                     attempt.id,
@@ -420,6 +434,7 @@ class WorkerService:
         elif attempt.state == "intent":
             found = find_supervisor(attempt.id, attempt.attempt_dir)
         with db.transaction(self.factory) as session:
+            now = db.ledger_now(session, self.clock)
             fence = ledger.adopt_attempt(
                 session,
                 attempt.id,
@@ -497,6 +512,7 @@ class WorkerService:
             ),
         )
         with db.transaction(self.factory) as session:
+            now = db.ledger_now(session, self.clock)
             if verdict.outcome is None:
                 ledger.mark_unknown(
                     session,
@@ -522,14 +538,21 @@ class WorkerService:
     def stop(self) -> None:
         """Record a clean exit (call after ``drain``) and let the launcher go."""
         with db.transaction(self.factory) as session:
-            ledger.stop_worker(session, self.worker_id, now=self.clock.now())
+            ledger.stop_worker(session, self.worker_id, now=db.ledger_now(session, self.clock))
+        self.watch.close()
         if self.launcher is not None:
             self.launcher.close()
 
     def drain(self, poll: float = 0.05, should_abort: Callable[[], bool] = lambda: False) -> None:
         """Settle every in-flight attempt, claiming nothing new."""
         while self.in_flight and not should_abort():
-            self._settle_finished()
+            try:
+                self._settle_finished()
+            except Exception as exc:
+                if not self._ledger_failed(exc):
+                    raise
+                continue
+            self._ledger_back()
             self._heartbeat_if_due()
             if self.in_flight:
                 self.wait(poll)
@@ -567,8 +590,8 @@ class WorkerService:
     def _worth_claiming(self) -> bool:
         """Claim when an event was appended since the last claim, or every rescan period
         while ready work was refused (free memory changes without an event). The ledger
-        is only asked when its files changed (``ChangeWatch``: a stat), so an idle worker
-        costs almost nothing."""
+        is only asked when it changed (``ChangeWatch``: a stat, or a notification on
+        PostgreSQL), so an idle worker costs almost nothing."""
         if self._waiting_on_capacity and time.monotonic() - self._last_claim >= self.rescan_seconds:
             return True
         if not self.watch.changed():
@@ -611,10 +634,12 @@ class WorkerService:
                         fence=flight.claim.fence,
                         **measurements(flight.peaks),
                     )
-        except OperationalError as exc:
+        except DBAPIError as exc:
+            if not db.is_transient(exc):
+                raise
             # Samples are evidence, not state: keep them in memory and write them with the
             # next flush (or the settle).
-            self.last_sample_error = str(exc.orig or exc).splitlines()[0]
+            self.last_sample_error = db.describe(exc)
             return
         for flight in changed:
             flight.peaks.changed = False
@@ -652,18 +677,20 @@ class WorkerService:
                 ledger.heartbeat(
                     session,
                     self.worker_id,
-                    now=self.clock.now(),
+                    now=db.ledger_now(session, self.clock),
                     lease_seconds=self.lease_seconds,
                     mem_available_mib=available,
                     mem_total_mib=total,
                     gpus=gpus,
                     gpu_note=gpu_note,
                 )
-        except OperationalError as exc:
+        except (DBAPIError, CommitOutcomeUnknown) as exc:
+            if not (db.is_transient(exc) or isinstance(exc, CommitOutcomeUnknown)):
+                raise
             # The ledger is unreachable or locked for now: keep supervising, retry on the
             # next tick; past lease_seconds, trusts_its_leases() stops new claims.
             self.heartbeat_failures += 1
-            self.last_heartbeat_error = str(exc.orig or exc).splitlines()[0]
+            self.last_heartbeat_error = db.describe(exc)
             return
         except StaleLease as exc:
             # The controller declared this worker lost: it may write nothing more.
@@ -702,9 +729,9 @@ class WorkerService:
         available = self.memory_probe()[0] if free > 0 else None
         if finished:
             crash_point("worker_before_settle")
-        now = self.clock.now()
         claims: list[ledger.Claim] = []
         with db.transaction(self.factory) as session:
+            now = db.ledger_now(session, self.clock)
             for attempt_id, flight, (verdict, exit_record, result) in classified:
                 try:
                     with session.begin_nested():
@@ -751,6 +778,7 @@ class WorkerService:
                     source_problems=sources,
                     pick_ports=free_ports,
                     seen=seen,
+                    runtime_dir=self.runtime_dir,
                 )
                 self._waiting_on_capacity = seen.get("candidates", 0) > len(claims)
                 for claim in claims:
@@ -818,10 +846,7 @@ class WorkerService:
             and isinstance(flight.supervisor, (subprocess.Popen, LaunchedSupervisor))
             and flight.supervisor.stdout is not None
         }
-        if not waiting:
-            return 0
-        ready, _, _ = select.select(list(waiting), [], [], 0)
-        identities = []
+        ready, _, _ = select.select(list(waiting), [], [], 0) if waiting else ([], [], [])
         for stream in ready:
             flight = waiting[stream]
             line = stream.readline()  # one write of one line: never a partial read
@@ -829,15 +854,20 @@ class WorkerService:
             stream.close()
             flight.awaiting_report = False
             try:
-                reported = json.loads(line) if line else {}
+                flight.unrecorded_report = json.loads(line) if line else {}
             except json.JSONDecodeError:
-                reported = {}
-            identities.append((flight, reported))
+                flight.unrecorded_report = {}
+        # Reports read earlier whose write failed (the ledger was unreachable) go too.
+        identities = [
+            (flight, flight.unrecorded_report)
+            for flight in self.in_flight.values()
+            if flight.unrecorded_report is not None
+        ]
         if not identities:
             return 0
         boot = identity.boot_id()
-        now = self.clock.now()
         with db.transaction(self.factory) as session:
+            now = db.ledger_now(session, self.clock)
             for flight, reported in identities:
                 ledger.record_spawn(
                     session,
@@ -853,6 +883,7 @@ class WorkerService:
                     child_start_time=reported.get("child_start_time"),
                 )
         for flight, reported in identities:
+            flight.unrecorded_report = None
             self._write_receipt(flight.claim, flight.supervisor.pid, reported, boot, now)
         return len(identities)
 
@@ -981,7 +1012,7 @@ class WorkerService:
                 fence=claim.fence,
                 outcome=Outcome.HARNESS_FAILURE,
                 actor=self.worker_id,
-                now=self.clock.now(),
+                now=db.ledger_now(session, self.clock),
                 reason=f"not started: {reason}",
             )
 
@@ -1028,12 +1059,10 @@ class WorkerService:
             os.close(fd)
 
     def wait(self, timeout: float) -> None:
-        """Sleep until a supervisor exits or ``timeout`` passes (a slot is refilled the
-        moment its attempt ends, not at the next poll)."""
-        if self._selector.get_map():
-            self._selector.select(timeout)
-        else:
-            time.sleep(timeout)
+        """Sleep until a supervisor exits, the ledger notifies a commit (PostgreSQL) or
+        ``timeout`` passes (a slot is refilled the moment its attempt ends, and new work
+        is seen the moment it is committed, not at the next poll)."""
+        self.watch.wait(timeout, self._selector)
 
     def _capture(self, flight: InFlight) -> None:
         """The optional bounded capture of a failed attempt's workspace; its result or
@@ -1057,7 +1086,7 @@ class WorkerService:
                 info=info,
                 error=error,
                 actor=self.worker_id,
-                now=self.clock.now(),
+                now=db.ledger_now(session, self.clock),
             )
 
     def _read_outcome(self, flight: InFlight) -> tuple[Any, dict[str, Any] | None, Any]:
@@ -1079,9 +1108,42 @@ class WorkerService:
 
     def serve(self, should_stop: Callable[[], bool], poll_seconds: float = 0.05) -> None:
         """Tick until ``should_stop()``. Between ticks it waits on its supervisors'
-        pidfds, at most ``poll_seconds`` (work from elsewhere is seen by a stat of the
-        ledger files). The caller drains (``drain``) or leaves."""
+        pidfds and the ledger's notifications, at most ``poll_seconds`` (``wait``). The
+        caller drains (``drain``) or leaves."""
         while not should_stop() and self.revoked is None:
-            report = self.tick()
+            try:
+                report = self.tick()
+            except Exception as exc:
+                if not self._ledger_failed(exc):
+                    raise
+                continue
+            self._ledger_back()
             if not report.claimed and not report.settled:
                 self.wait(poll_seconds)
+
+    def _ledger_failed(self, error: Exception) -> bool:
+        """A tick failed: if the ledger is unreachable, locked past its timeout or
+        refusing writes (``db.is_transient``; or a commit whose outcome is unknown), note
+        it, back off (tenacity's exponential backoff with jitter) and return True so the
+        loop tries again. Running attempts stay under their supervisors; what finished is
+        settled when the ledger answers, and no new work is claimed once no heartbeat
+        has succeeded for a lease period (``trusts_its_leases``). Any other error: False.
+
+        Retrying is safe: a transient failure rolled its transaction back, and after a
+        commit that may have landed, every settle is a compare-and-set on the attempt's
+        state and fence, so it cannot be recorded twice; a claim that did land but was
+        never spawned keeps its intent, expires, and becomes unknown (never run twice).
+        """
+        if not (db.is_transient(error) or isinstance(error, CommitOutcomeUnknown)):
+            return False
+        self.ledger_failures += 1
+        self.last_ledger_error = db.describe(error)
+        if self.on_ledger_error is not None and self.ledger_failures == 1:
+            self.on_ledger_error(self.last_ledger_error)
+        self.wait(self._backoff(self.ledger_failures))
+        return True
+
+    def _ledger_back(self) -> None:
+        if self.ledger_failures and self.on_ledger_back is not None:
+            self.on_ledger_back(self.ledger_failures)
+        self.ledger_failures = 0

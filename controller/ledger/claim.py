@@ -84,8 +84,12 @@ def claim_jobs(
     source_problems: dict[int, list[str]] | None = None,
     pick_ports: PortPicker | None = None,
     seen: dict[str, int] | None = None,
+    runtime_dir: str | None = None,
 ) -> list[Claim]:
     """Lease admissible jobs for up to ``free_slots`` and write their intents.
+
+    ``runtime_dir``: where this worker keeps attempt directories (its own machine's
+    runtime dir); default: the run's, as recorded when it was created.
 
     ``pick_ports(n, taken)`` returns ``n`` free ports not in ``taken`` (the ports of the
     node's in-flight attempts); they are recorded on the attempt in this transaction.
@@ -141,6 +145,7 @@ def claim_jobs(
                 now=now,
                 lease_seconds=lease_seconds,
                 event_rows=event_rows,
+                runtime_dir=runtime_dir,
             )
         )
     append_events(session, event_rows)
@@ -208,6 +213,7 @@ def _grant(
     now: datetime,
     lease_seconds: float,
     event_rows: list[dict[str, Any]],
+    runtime_dir: str | None = None,
 ) -> Claim:
     stage = run.config.stage(job.stage)
     number = job.attempt_count + 1
@@ -232,7 +238,9 @@ def _grant(
         # checked when loaded): its intent is written, nothing is started.
         argv, env, cwd = [], {}, None
         render_error = f"its command cannot be rendered safely: {exc}"
-    directory = launch.attempt_dir(run.runtime_dir, run.id, job.item_key, job.stage, number)
+    directory = launch.attempt_dir(
+        runtime_dir or run.runtime_dir, run.id, job.item_key, job.stage, number
+    )
     key = f"lw-{run.id}-{job.id}-{number}-{uuid.uuid4().hex[:12]}"
     ports: list[int] | None = None
     if stage.ports:

@@ -301,9 +301,9 @@ def active_workers(session: Session, *, node: str) -> list[Worker]:
 def node_runs(session: Session, *, node: str) -> list[tuple[int, dict[str, str]]]:
     """(run id, frozen source hashes) of the active runs with a lane on ``node``."""
     rows = session.execute(
-        select(Run.id, Run.source_hashes)
-        .join(Lane, Lane.run_id == Run.id)
-        .where(Lane.node == node, Run.state == RunState.ACTIVE)
-        .distinct()
+        select(Run.id, Run.source_hashes).where(
+            Run.state == RunState.ACTIVE,
+            Run.id.in_(select(Lane.run_id).where(Lane.node == node)),
+        )
     ).all()
     return [(run_id, dict(hashes or {})) for run_id, hashes in rows]

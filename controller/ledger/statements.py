@@ -16,6 +16,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    cast,
     exists,
     func,
     insert,
@@ -242,7 +243,10 @@ STAGE_PEAKS = select(
     stage_stats.c.peak_gpu_mib,
 ).where(stage_stats.c.run_id.in_(bindparam("run_ids", expanding=True)))
 
-# stage_measured: a settle folds its measured attempt's peaks into its stage's row.
+# stage_measured: a settle folds its measured attempt's peaks into its stage's row (the
+# casts give PostgreSQL a type for a NULL peak).
+_RSS = cast(bindparam("rss"), stage_stats.c.peak_rss_mib.type)
+_GPU = cast(bindparam("gpu"), stage_stats.c.peak_gpu_mib.type)
 STAGE_MEASURED = (
     update(stage_stats)
     .where(
@@ -251,21 +255,15 @@ STAGE_MEASURED = (
     .values(
         measured=stage_stats.c.measured + 1,
         peak_rss_mib=case(
-            (
-                bindparam("rss", type_=stage_stats.c.peak_rss_mib.type).is_(None),
-                stage_stats.c.peak_rss_mib,
-            ),
-            (stage_stats.c.peak_rss_mib.is_(None), bindparam("rss")),
-            (stage_stats.c.peak_rss_mib < bindparam("rss"), bindparam("rss")),
+            (_RSS.is_(None), stage_stats.c.peak_rss_mib),
+            (stage_stats.c.peak_rss_mib.is_(None), _RSS),
+            (stage_stats.c.peak_rss_mib < _RSS, _RSS),
             else_=stage_stats.c.peak_rss_mib,
         ),
         peak_gpu_mib=case(
-            (
-                bindparam("gpu", type_=stage_stats.c.peak_gpu_mib.type).is_(None),
-                stage_stats.c.peak_gpu_mib,
-            ),
-            (stage_stats.c.peak_gpu_mib.is_(None), bindparam("gpu")),
-            (stage_stats.c.peak_gpu_mib < bindparam("gpu"), bindparam("gpu")),
+            (_GPU.is_(None), stage_stats.c.peak_gpu_mib),
+            (stage_stats.c.peak_gpu_mib.is_(None), _GPU),
+            (stage_stats.c.peak_gpu_mib < _GPU, _GPU),
             else_=stage_stats.c.peak_gpu_mib,
         ),
     )

@@ -147,7 +147,7 @@ def test_sql_bad_query_is_one_line(good_config, tmp_path):
 
 
 @pytest.mark.parametrize("args", [["status"], ["status", "99"], ["sql", "SELECT 1"]])
-def test_missing_ledger_or_run_is_a_clean_error(tmp_path, good_config, args):
+def test_missing_ledger_or_run_is_a_clean_error(tmp_path, good_config, args, without_ledger):
     runtime = tmp_path / "rt"
     if args[1:] == ["99"]:
         invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--no-controller")
@@ -229,6 +229,9 @@ def test_config_rejects_secret_reference_in_argv(tmp_path):
     assert "stages.0: argv.4: ${...} references are resolved only in env" in result.stderr
 
 
+@pytest.mark.sqlite_only(
+    "a ledger is a file only on SQLite (an empty PostgreSQL database: test_cli_services.py)"
+)
 def test_a_file_that_is_not_a_ledger_is_a_clean_error(tmp_path):
     (tmp_path / "ledger.sqlite3").write_text("not a database at all")
     for args in (["status"], ["sql", "SELECT 1"]):

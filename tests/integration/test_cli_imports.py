@@ -26,6 +26,12 @@ FAST = NEVER | {"sqlalchemy", "controller.models", "controller.config", "control
 is not listed: typer itself (0.29) parses parameters with it."""
 
 
+pytestmark = pytest.mark.sqlite_only(
+    "the quick read-only path is the standard library's sqlite3; on PostgreSQL a read-only "
+    "command needs SQLAlchemy and the driver"
+)
+
+
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("imports")

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from controller import daemon, db
+from tests.integration.conftest import tables_in
 from tests.integration.test_cli import assert_clean_error, invoke
 from tests.support import wait_until
 
@@ -144,26 +145,34 @@ def test_run_refused_by_preflight_creates_nothing(tmp_path):
         ["retry", "1", "--reason", "r"],
     ],
 )
-def test_a_runtime_dir_without_a_ledger_is_refused_and_left_alone(tmp_path, args):
+def test_a_runtime_dir_without_a_ledger_is_refused_and_left_alone(tmp_path, args, without_ledger):
     for runtime in (tmp_path / "typo", tmp_path / "empty"):
         if runtime.name == "empty":
             runtime.mkdir()
         result = invoke(*args, "--runtime-dir", str(runtime))
         assert_clean_error(result, 2)
         assert len(result.stderr.splitlines()) == 1
-        assert str(runtime / db.LEDGER_FILENAME) in result.stderr
+        if without_ledger is None:
+            assert str(runtime / db.LEDGER_FILENAME) in result.stderr
+        else:  # PostgreSQL: the database named by the URL holds no ledger
+            assert f"/{without_ledger}: the database holds no laneway ledger" in result.stderr
+            assert tables_in(without_ledger) == []
         assert "`laneway start-pipeline` or `laneway run` creates one" in result.stderr
         assert runtime.exists() == (runtime.name == "empty")
         if runtime.exists():
             assert list(runtime.iterdir()) == []
 
 
-def test_services_refuse_a_missing_ledger_as_real_processes(tmp_path):
+def test_services_refuse_a_missing_ledger_as_real_processes(tmp_path, without_ledger):
     runtime = tmp_path / "typo"
     for args in (["controller"], ["worker", "--node", "n1"]):
         code, _out, err = finish(spawn(*args, "--runtime-dir", str(runtime)))
         assert code == 2 and "Traceback" not in err
-        assert err.startswith(f"laneway: --runtime-dir {runtime}: no ledger at ")
+        if without_ledger is None:
+            assert err.startswith(f"laneway: --runtime-dir {runtime}: no ledger at ")
+        else:
+            assert "the database holds no laneway ledger" in err
+            assert tables_in(without_ledger) == []
     assert not runtime.exists()
 
 

@@ -57,6 +57,7 @@ ATTEMPTS = {
 }
 
 
+@pytest.mark.sqlite_only("SQLite statements; test_cli_sql_postgres.py has PostgreSQL's")
 @pytest.mark.parametrize("name", sorted(ATTEMPTS))
 def test_sql_refuses_every_write_and_creates_nothing(runtime, tmp_path, name):
     target = tmp_path / "elsewhere" / "x.db"
@@ -72,6 +73,7 @@ def test_sql_refuses_every_write_and_creates_nothing(runtime, tmp_path, name):
     assert dump(runtime) == ledger_before
 
 
+@pytest.mark.sqlite_only("the authorizer's words; test_cli_sql_postgres.py has PostgreSQL's")
 def test_sql_names_what_it_refused(runtime, tmp_path):
     attach = invoke("sql", f"ATTACH '{tmp_path / 'a.db'}' AS a", "--runtime-dir", str(runtime))
     assert "ATTACH" in attach.stderr
@@ -86,6 +88,7 @@ def test_sql_names_what_it_refused(runtime, tmp_path):
     assert "use PRAGMA table_info(...)" in table_function.stderr
 
 
+@pytest.mark.sqlite_only("PRAGMAs are SQLite's; test_cli_sql_postgres.py reads PostgreSQL")
 def test_sql_still_reads_and_reading_pragmas_work(runtime):
     rows = json.loads(
         invoke(
@@ -111,6 +114,7 @@ def test_sql_still_reads_and_reading_pragmas_work(runtime):
     assert json.loads(recursive.stdout) == [{"s": 6}]
 
 
+@pytest.mark.sqlite_only("edits the ledger file with sqlite3")
 def test_unknown_revision_is_still_refused_by_read_only_commands(runtime):
     path = runtime / db.LEDGER_FILENAME
     with sqlite3.connect(path) as connection:
@@ -120,3 +124,29 @@ def test_unknown_revision_is_still_refused_by_read_only_commands(runtime):
         result = invoke(*args, "--runtime-dir", str(runtime))
         assert_clean_error(result, 1)
         assert "'ffff_future', which this laneway does not know" in result.stderr
+
+
+def test_a_runaway_query_stops_at_the_timeout(runtime, ledger_backend):
+    # Bounded, so that without the timeout it ends (in tens of seconds) and the test fails.
+    endless = (
+        "WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r WHERE x < 100000000) "
+        "SELECT COUNT(*) AS n FROM r"
+    )
+    # On PostgreSQL the suite's role is a superuser: the flag lets the query run at all.
+    flag = ["--i-know-this-is-superuser"] if ledger_backend == "postgres" else []
+    result = invoke("sql", endless, "--runtime-dir", str(runtime), "--timeout", "0.2", *flag)
+    assert_clean_error(result, 2)
+    assert len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith("laneway: query stopped: it ran past --timeout 0.2 s")
+    again = invoke(
+        "sql", "SELECT COUNT(*) AS n FROM jobs", "--runtime-dir", str(runtime), "--json", *flag
+    )
+    assert json.loads(again.stdout) == [{"n": 2}]
+
+
+def test_readonly_url_must_name_postgresql(runtime, tmp_path):
+    url = f"sqlite:///{tmp_path / 'other.sqlite3'}"
+    result = invoke("sql", "SELECT 1", "--runtime-dir", str(runtime), "--readonly-url", url)
+    assert_clean_error(result, 2)
+    assert "--readonly-url must name a PostgreSQL database" in result.stderr
+    assert not (tmp_path / "other.sqlite3").exists()

@@ -11,15 +11,41 @@ from pathlib import Path
 
 import pytest
 
+from tests import backends
+
 ROOT = Path(__file__).resolve().parents[2]
 LANEWAY = [sys.executable, "-m", "cli.main"]
+LEDGERS: dict[Path, str] = {}
+"""runtime dir -> its PostgreSQL ledger's URL (absent: the runtime dir's SQLite file)."""
+
+# The demo runs once per backend (the module-scoped fixture's params), not once per test.
+pytestmark = pytest.mark.no_ledger
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
+@pytest.fixture(scope="module", params=backends.backends())
+def demo(request, tmp_path_factory):
     runtime = tmp_path_factory.mktemp("demo")
     paid = runtime / "paid_calls.jsonl"
     env = {**os.environ, "DEMO_API_KEY": "demo-key-for-tests-123", "DEMO_PAID_CALLS": str(paid)}
+    env.pop("LANEWAY_DATABASE_URL", None)
+    database = backends.create_database() if request.param == "postgres" else None
+    if database is not None:
+        env["LANEWAY_DATABASE_URL"] = LEDGERS[runtime] = backends.database_url(database)
+    try:
+        yield _run_demo(runtime, paid, env)
+    finally:
+        if database is not None:
+            backends.drop_database(database)
+
+
+def _env(runtime: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "LANEWAY_DATABASE_URL"}
+    if runtime in LEDGERS:
+        env["LANEWAY_DATABASE_URL"] = LEDGERS[runtime]
+    return env
+
+
+def _run_demo(runtime: Path, paid: Path, env: dict[str, str]):
     done = subprocess.run(
         [
             *LANEWAY,
@@ -40,6 +66,11 @@ def demo(tmp_path_factory):
 
 
 def query(runtime: Path, sql: str) -> list[tuple]:
+    if runtime in LEDGERS:
+        import psycopg
+
+        with psycopg.connect(LEDGERS[runtime].replace("+psycopg", "")) as conn:
+            return [tuple(row) for row in conn.execute(sql).fetchall()]
     with sqlite3.connect(f"file:{runtime / 'ledger.sqlite3'}?mode=ro", uri=True) as db:
         return db.execute(sql).fetchall()
 
@@ -114,6 +145,7 @@ def test_status_cli_reads_the_finished_run(demo):
     runtime, _, _ = demo
     done = subprocess.run(
         [*LANEWAY, "status", "--runtime-dir", str(runtime)],
+        env=_env(runtime),
         capture_output=True,
         text=True,
         timeout=60,
@@ -133,3 +165,11 @@ def test_the_api_key_the_jobs_print_is_stored_nowhere(demo):
         if path.is_file():
             assert key not in path.read_bytes(), path
     assert key.decode() not in json.dumps(status)
+    if runtime in LEDGERS:  # the ledger is not a file here: look in every table's rows
+        tables = query(runtime, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        assert len(tables) > 10
+        for (table,) in tables:
+            found = query(
+                runtime, f"SELECT count(*) FROM {table} t WHERE t::text LIKE '%{key.decode()}%'"
+            )
+            assert found == [(0,)], table

@@ -64,10 +64,10 @@ def test_expired_lease_makes_unknown_on_the_ledger_clock_and_rejects_the_zombie(
     claim = claim_one(factory, worker, clock)
     controller = Controller(engine, clock=clock, lost_after_seconds=3600)
     clock.advance(59)
-    controller.tick()
+    controller.tick(clock.now())
     assert attempt_row(factory, claim.attempt_id).state == "running"  # not yet expired
     clock.advance(2)
-    report = controller.tick()
+    report = controller.tick(clock.now())
     assert report.expired == [claim.attempt_id]
     attempt = attempt_row(factory, claim.attempt_id)
     assert attempt.state == "unknown" and "lease expired" in attempt.state_reason
@@ -101,7 +101,7 @@ def test_expired_lease_with_exit_record_is_settled_not_unknown(
     claim = claim_one(factory, worker, clock)
     (Path(claim.attempt_dir) / "exit.json").write_text(json.dumps({"exit_code": 0}))
     clock.advance(120)
-    Controller(engine, clock=clock, lost_after_seconds=3600).tick()
+    Controller(engine, clock=clock, lost_after_seconds=3600).tick(clock.now())
     attempt = attempt_row(factory, claim.attempt_id)
     assert attempt.outcome == "succeeded" and "settled by the controller" in attempt.state_reason
 
@@ -186,7 +186,7 @@ def test_reconcile_then_retry(factory, make_run, register_worker, clock):
             actor="op2",
             now=clock.now(),
         )
-    Controller(factory.kw["bind"], clock=clock, lost_after_seconds=3600).tick()
+    Controller(factory.kw["bind"], clock=clock, lost_after_seconds=3600).tick(clock.now())
     with factory() as session:
         states = dict(session.execute(select(Job.stage, Job.state)).all())
         assert states == {"one": "failed", "two": "skipped"}

@@ -56,12 +56,19 @@ def attempts(engine, run_id):
 INTENT_PROBE = textwrap.dedent(
     """
     import json, os, sqlite3, sys
-    ledger = os.path.join(sys.argv[2], "ledger.sqlite3")
-    with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as db:
-        row = db.execute(
-            "SELECT state, fence FROM attempts WHERE idempotency_key = ?",
-            (os.environ["LANEWAY_IDEMPOTENCY_KEY"],),
-        ).fetchone()
+    key = os.environ["LANEWAY_IDEMPOTENCY_KEY"]
+    if sys.argv[2].startswith("postgresql"):
+        import psycopg
+        with psycopg.connect(sys.argv[2]) as db:
+            row = db.execute(
+                "SELECT state, fence FROM attempts WHERE idempotency_key = %s", (key,)
+            ).fetchone()
+    else:
+        ledger = os.path.join(sys.argv[2], "ledger.sqlite3")
+        with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as db:
+            row = db.execute(
+                "SELECT state, fence FROM attempts WHERE idempotency_key = ?", (key,)
+            ).fetchone()
     env = {k: v for k, v in os.environ.items() if k.startswith("LANEWAY_")}
     result = {"job_id": os.environ["LANEWAY_JOB_ID"], "intent_row": row, "env": env,
               "token_len": len(os.environ["API_TOKEN"]), "cwd": os.getcwd()}
@@ -71,12 +78,18 @@ INTENT_PROBE = textwrap.dedent(
 )
 
 
+def _ledger_arg(runtime: Path) -> str:
+    """Where the probe finds the ledger: the runtime dir (SQLite) or a libpq URL."""
+    url = db.ledger_url(runtime)
+    return str(runtime) if url.startswith("sqlite") else url.replace("+psycopg", "")
+
+
 def test_intent_is_committed_before_the_process_starts(engine, runtime, make_run, monkeypatch):
     canary = "canary-token-value-991"
     monkeypatch.setenv("CANARY_TOKEN", canary)
     stage = {
         "name": "probe",
-        "argv": [sys.executable, "-c", escape(INTENT_PROBE), "{item}", str(runtime)],
+        "argv": [sys.executable, "-c", escape(INTENT_PROBE), "{item}", _ledger_arg(runtime)],
         "env": {"API_TOKEN": "${CANARY_TOKEN}"},
         "timeout_seconds": 30,
     }

@@ -3,14 +3,24 @@ an unknown revision is refused."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
 from controller import db
 from controller.errors import LedgerRevisionError
 from controller.models import Base
+from tests import backends
+
+REVISIONS = [
+    rev.revision
+    for rev in reversed(list(ScriptDirectory.from_config(db.alembic_config()).walk_revisions()))
+]
 
 VIEWS = {"v_job_current", "v_unknown_attempts", "v_lane_occupancy", "v_why_idle", "v_stage_peaks"}
 
@@ -56,6 +66,7 @@ def test_unknown_revision_is_refused(tmp_path):
         db.open_ledger(tmp_path)
 
 
+@pytest.mark.sqlite_only("PRAGMAs are SQLite's; PostgreSQL has none")
 def test_sqlite_pragmas(tmp_path):
     engine = db.open_ledger(tmp_path)
     with engine.connect() as connection:
@@ -63,3 +74,49 @@ def test_sqlite_pragmas(tmp_path):
         assert connection.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
         assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == db.BUSY_TIMEOUT_MS
+
+
+@pytest.fixture
+def empty_url(ledger_backend: str, tmp_path) -> Iterator[str]:
+    """A database with no schema at all, on this test's backend."""
+    if ledger_backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.sqlite3'}"
+        return
+    name = backends.create_empty_database()
+    try:
+        yield backends.database_url(name)
+    finally:
+        backends.drop_database(name)
+
+
+def _upgrade_to(engine, revision: str) -> None:
+    config = db.alembic_config()
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+
+
+@pytest.mark.parametrize("start", REVISIONS[:-1])
+def test_upgrade_from_every_revision_reaches_the_models(empty_url, start):
+    """A ledger left at any earlier revision, holding a run, upgrades to head: the schema
+    then matches the models exactly and the run is still there."""
+    engine = db.make_engine(empty_url)
+    try:
+        _upgrade_to(engine, start)
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO runs (name, state, config_json, config_sha256, "
+                    "source_hashes, runtime_dir, created_by, created_at) VALUES ('p', "
+                    "'active', '{}', 'sha', '{}', '/tmp/rt', 'test', '2026-01-01 00:00:00')"
+                )
+            )
+        db.upgrade(engine)
+        assert db.current_revision(engine) == db.head_revision()
+        with engine.connect() as connection:
+            context = MigrationContext.configure(connection, opts={"compare_type": True})
+            assert compare_metadata(context, Base.metadata) == []
+            names = connection.execute(text("SELECT name FROM runs")).scalars().all()
+        assert names == ["p"]
+    finally:
+        engine.dispose()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from sqlalchemy import select, text
 
 from controller import db, ledger
@@ -45,7 +47,8 @@ def test_refusals_are_recorded_once_per_change(factory, make_run, register_worke
             text("SELECT lane, stage, verdict, reason_code, detail FROM v_why_idle")
         ).one()
     assert why[:4] == ("a", "prep", "refused", "lane_cap")
-    assert '"cap": 1' in why[4]
+    detail = why[4] if isinstance(why[4], dict) else json.loads(why[4])  # PostgreSQL: json
+    assert detail["cap"] == 1
 
 
 def test_memory_floor_refusal_carries_the_arithmetic(factory, make_run, register_worker, clock):
