@@ -396,8 +396,9 @@ def _gap_label(gap: dict[str, Any], room: float, font_size: float) -> str | None
     return next((c for c in choices if text_width(c, font_size) <= room), None)
 
 
-def render_html(report: dict[str, Any]) -> str:
-    """A self-contained HTML page: summary table and an SVG lane-occupancy timeline.
+def timeline_svg(report: dict[str, Any]) -> str:
+    """The SVG lane-occupancy timeline (``render_html`` embeds it; ``laneway web`` shows
+    it alone). Styled by the classes the page's stylesheet sets, with fills inline.
 
     Every ``<text>`` carries its font size and is monospace, so its box is known
     (``text_width``): tick labels are spaced to fit, an idle gap is labelled only when
@@ -482,10 +483,23 @@ def render_html(report: dict[str, Any]) -> str:
                     "</text>"
                 )
         y = lane_bottom + 16
-    legend = "".join(
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + 10}" '
+        f'class="timeline">{"".join(parts)}</svg>'
+    )
+
+
+def legend_html() -> str:
+    """The outcome colours as HTML keys."""
+    return "".join(
         f'<span class="key"><i style="background:{c}"></i>{html.escape(k)}</span>'
         for k, c in COLOURS.items()
     )
+
+
+def render_html(report: dict[str, Any]) -> str:
+    """A self-contained HTML page: summary table and the SVG lane-occupancy timeline."""
+    legend = legend_html()
     rows = "".join(
         f"<tr><td>{html.escape(name)}</td><td>{html.escape(lane['node'])}</td>"
         f"<td>{lane['attempts']}</td><td>{lane['throughput_per_hour']}</td>"
@@ -514,7 +528,6 @@ window {report["window_seconds"]:.1f} s</p>
 <table><tr><th>lane</th><th>node</th><th>attempts</th><th>per hour</th>
 <th>all slots idle</th><th>failures</th></tr>{rows}</table>
 <div>{legend}</div>
-<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + 10}"
- class="timeline">{"".join(parts)}</svg>
+{timeline_svg(report)}
 </body></html>
 """

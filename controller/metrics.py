@@ -1,0 +1,264 @@
+"""Prometheus metrics read from the ledger at scrape time (``laneway controller
+--metrics-bind``, and ``/metrics`` on ``laneway web``).
+
+Nothing is counted in a process's memory: every value is read from the ledger when
+Prometheus scrapes, through the same read-only ``Rows`` source and ``status_report`` as
+``laneway status``, so any process that can read the ledger exports the same numbers and
+a restart loses nothing. A scrape costs what ``laneway status`` costs for each run it
+covers (the active runs, and the newest run when none is active), plus a few grouped
+counts over the run's decisions and leases; it never reads the event log.
+
+Series (``run`` is the run id; every gauge is the ledger's state at the scrape):
+
+- ``laneway_run_info{run,name,state}`` 1 per run covered
+- ``laneway_jobs{run,stage,state}``: jobs by state
+- ``laneway_attempts_settled_total{run,stage,outcome}``: settled attempts by outcome
+- ``laneway_attempts_in_flight{run,stage,state}``: attempts in intent / running
+- ``laneway_unknown_attempts{run}``: attempts awaiting ``laneway reconcile``
+- ``laneway_refusals_total{run,reason}``: recorded refusals by reason code (the
+  ``decisions`` table records changes of reason, so this counts changes, not polls)
+- ``laneway_lane_idle_seconds{run,lane,node,reason}``: how long a lane with pending work
+  has run nothing, and why (``reason``: the lane's current refusal code, ``no_worker``,
+  or ``unrecorded``); 0 with ``reason="busy"`` while it runs something, ``"done"`` when it
+  has nothing left
+- ``laneway_lane_pending_jobs{run,lane}`` / ``laneway_lane_running_jobs{run,lane}``
+- ``laneway_controls_active{run,kind,scope}``: pauses, stops and halts in force
+- ``laneway_node_free_memory_mib{node}``, ``laneway_node_memory_floor_mib{node}``,
+  ``laneway_node_memory_total_mib{node}``, ``laneway_node_sample_age_seconds{node}``,
+  ``laneway_node_live_workers{node}``
+- ``laneway_stage_peak_rss_mib{run,stage}``, ``laneway_stage_peak_gpu_mib{run,stage}``,
+  ``laneway_stage_measured_attempts{run,stage}``: measured peaks (``stage_stats``)
+- ``laneway_lease_expiries_total{run}``: leases released after they had expired (their
+  holder stopped renewing them; the attempt was settled from its exit record or marked
+  unknown)
+- ``laneway_leases_expired{}``: live leases past their expiry that the controller has
+  not acted on yet (it should, within a second: one that stays says no controller runs)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import CollectorRegistry
+
+from controller.states import AttemptState, RunState, Verdict
+from controller.status import Rows, _moment, node_workers, status_report
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MAX_RUNS = 20
+"""At most this many active runs are exported (the newest)."""
+
+
+SourceOpener = Callable[[], AbstractContextManager[Rows]]
+"""Opens one read transaction on the ledger (``ReadOnlyLedger.snapshot``)."""
+
+
+class LedgerCollector:
+    """A prometheus_client collector whose every value is read from the ledger."""
+
+    def __init__(self, snapshot: SourceOpener, now: Callable[[], datetime]) -> None:
+        self.snapshot = snapshot
+        self.now = now
+
+    def collect(self) -> Iterator[Metric]:
+        with self.snapshot() as source:
+            yield from collect(source, now=self.now())
+
+
+def registry(snapshot: SourceOpener, now: Callable[[], datetime]) -> CollectorRegistry:
+    """A registry holding only laneway's ledger collector."""
+    found = CollectorRegistry(auto_describe=False)
+    found.register(LedgerCollector(snapshot, now))
+    return found
+
+
+def exposition(snapshot: SourceOpener, now: Callable[[], datetime]) -> bytes:
+    """The metrics in Prometheus' text exposition format."""
+    return generate_latest(registry(snapshot, now))
+
+
+def covered_runs(source: Rows) -> list[int]:
+    """The active runs (newest ``MAX_RUNS``), or the newest run when none is active."""
+    found = source.rows(
+        f"SELECT id FROM runs WHERE state = '{RunState.ACTIVE.value}' "
+        f"ORDER BY id DESC LIMIT {MAX_RUNS}"
+    )
+    if not found:
+        found = source.rows("SELECT id FROM runs ORDER BY id DESC LIMIT 1")
+    return sorted(int(row[0]) for row in found)
+
+
+def collect(source: Rows, *, now: datetime) -> list[Metric]:
+    """Every metric family, read in one read transaction of ``source``."""
+    f = _Families()
+    nodes: set[str] = set()
+    for run_id in covered_runs(source):
+        status = status_report(source, run_id, now=now)
+        run = str(run_id)
+        info = status["run"]
+        f.gauge("run_info", "The runs covered (1 each).", ["run", "name", "state"]).add_metric(
+            [run, info["name"], info["state"]], 1
+        )
+        _run_metrics(f, source, run_id, status)
+        nodes |= {lane["node"] for lane in status["lanes"]}
+    _node_metrics(f, source, sorted(nodes), now=now)
+    _expired_leases(f, source, now=now)
+    return f.all()
+
+
+def _run_metrics(f: _Families, source: Rows, run_id: int, status: dict[str, Any]) -> None:
+    run = str(run_id)
+    jobs = f.gauge("jobs", "Jobs by stage and state.", ["run", "stage", "state"])
+    for stage, by_state in status["jobs"].items():
+        for state, count in by_state.items():
+            jobs.add_metric([run, stage, state], count)
+    settled = f.counter(
+        "attempts_settled", "Settled attempts by outcome.", ["run", "stage", "outcome"]
+    )
+    for stage, by_outcome in status["outcomes"].items():
+        for outcome, count in by_outcome.items():
+            settled.add_metric([run, stage, outcome], count)
+    in_flight: dict[tuple[str, str], int] = {}
+    for attempt in status["running"]:
+        key = (attempt["stage"], attempt["state"])
+        in_flight[key] = in_flight.get(key, 0) + 1
+    flying = f.gauge(
+        "attempts_in_flight", "Attempts in intent or running.", ["run", "stage", "state"]
+    )
+    for (stage, state), count in sorted(in_flight.items()):
+        flying.add_metric([run, stage, state], count)
+    f.gauge(
+        "unknown_attempts", "Attempts whose outcome is unknown (dispatch halted).", ["run"]
+    ).add_metric([run], len(status["unknown"]))
+    refusals = f.counter(
+        "refusals",
+        "Recorded admission refusals by reason (one per change of reason).",
+        ["run", "reason"],
+    )
+    for reason, count in source.rows(
+        "SELECT reason_code, COUNT(*) FROM decisions "
+        f"WHERE run_id = :run AND verdict = '{Verdict.REFUSED.value}' GROUP BY reason_code",
+        {"run": run_id},
+    ):
+        refusals.add_metric([run, str(reason or "refused")], count)
+    idle = f.gauge(
+        "lane_idle_seconds",
+        "Seconds a lane with pending work has run nothing, and why (0 while busy).",
+        ["run", "lane", "node", "reason"],
+    )
+    pending = f.gauge("lane_pending_jobs", "A lane's ready and waiting jobs.", ["run", "lane"])
+    running = f.gauge("lane_running_jobs", "A lane's running jobs.", ["run", "lane"])
+    for lane in status["lanes"]:
+        left = lane["ready"] + lane["waiting"]
+        if lane["running"]:
+            reason, seconds = "busy", 0.0
+        elif not left:
+            reason, seconds = "done", 0.0
+        else:
+            reason = lane["reason"]["code"] if lane["reason"] else "unrecorded"
+            seconds = lane["idle_seconds"] or 0.0
+        idle.add_metric([run, lane["lane"], lane["node"], reason], seconds)
+        pending.add_metric([run, lane["lane"]], left)
+        running.add_metric([run, lane["lane"]], lane["running"])
+    controls: dict[tuple[str, str], int] = {}
+    for control in status["controls"]:
+        key = (control["kind"], control["scope"])
+        controls[key] = controls.get(key, 0) + 1
+    active = f.gauge(
+        "controls_active", "Pauses, stops and halts in force.", ["run", "kind", "scope"]
+    )
+    for (kind, scope), count in sorted(controls.items()):
+        active.add_metric([run, kind, scope], count)
+    rss = f.gauge("stage_peak_rss_mib", "Highest measured RSS of a stage.", ["run", "stage"])
+    gpu = f.gauge("stage_peak_gpu_mib", "Highest measured GPU memory.", ["run", "stage"])
+    measured = f.gauge(
+        "stage_measured_attempts", "Settled attempts with a measurement.", ["run", "stage"]
+    )
+    for stage, count, peak_rss, peak_gpu in source.rows(
+        "SELECT stage, measured, peak_rss_mib, peak_gpu_mib FROM stage_stats "
+        "WHERE run_id = :run ORDER BY stage",
+        {"run": run_id},
+    ):
+        measured.add_metric([run, stage], count)
+        if peak_rss is not None:
+            rss.add_metric([run, stage], peak_rss)
+        if peak_gpu is not None:
+            gpu.add_metric([run, stage], peak_gpu)
+    expiries = source.rows(
+        "SELECT COUNT(*) FROM leases l JOIN attempts a ON a.id = l.attempt_id "
+        "WHERE a.run_id = :run AND l.released_at IS NOT NULL AND l.released_at > l.expires_at",
+        {"run": run_id},
+    )
+    f.counter("lease_expiries", "Leases released after they had expired.", ["run"]).add_metric(
+        [run], expiries[0][0] if expiries else 0
+    )
+
+
+def _node_metrics(f: _Families, source: Rows, nodes: list[str], *, now: datetime) -> None:
+    free = f.gauge("node_free_memory_mib", "A node's free memory, last sampled.", ["node"])
+    floor = f.gauge("node_memory_floor_mib", "A node's memory floor.", ["node"])
+    total = f.gauge("node_memory_total_mib", "A node's total memory.", ["node"])
+    age = f.gauge("node_sample_age_seconds", "Age of a node's last memory sample.", ["node"])
+    live = f.gauge("node_live_workers", "Workers heartbeating for a node.", ["node"])
+    wanted = set(nodes)
+    for name, available, mem_total, memory_floor, sampled_at in source.rows(
+        "SELECT name, mem_available_mib, mem_total_mib, memory_floor_mib, sampled_at "
+        "FROM nodes ORDER BY name"
+    ):
+        if name not in wanted:
+            continue
+        floor.add_metric([name], memory_floor)
+        if available is not None:
+            free.add_metric([name], available)
+        if mem_total is not None:
+            total.add_metric([name], mem_total)
+        sampled = _moment(sampled_at)
+        if sampled is not None:
+            age.add_metric([name], max(0.0, (now - sampled).total_seconds()))
+    counts: dict[str, int] = dict.fromkeys(nodes, 0)
+    for worker in node_workers(source, nodes, now=now):
+        counts[worker["node"]] += int(worker["live"])
+    for name, count in counts.items():
+        live.add_metric([name], count)
+
+
+def _expired_leases(f: _Families, source: Rows, *, now: datetime) -> None:
+    """Live leases (an index range: ``ix_leases_open``) past their expiry."""
+    in_flight = ", ".join(f"'{s.value}'" for s in (AttemptState.INTENT, AttemptState.RUNNING))
+    rows = source.rows(
+        "SELECT l.expires_at FROM leases l JOIN attempts a ON a.id = l.attempt_id "
+        f"WHERE l.released_at IS NULL AND a.state IN ({in_flight})"
+    )
+    late = sum(1 for (expires,) in rows if (_moment(expires) or now) < now)
+    f.gauge(
+        "leases_expired", "Live leases past expiry the controller has not acted on yet."
+    ).add_metric([], late)
+
+
+class _Families:
+    """Metric families by name, created on first use, in the order first used."""
+
+    def __init__(self) -> None:
+        self._found: dict[str, Metric] = {}
+
+    def gauge(self, name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
+        family = self._found.setdefault(
+            name, GaugeMetricFamily(f"laneway_{name}", doc, labels=labels or [])
+        )
+        assert isinstance(family, GaugeMetricFamily)
+        return family
+
+    def counter(self, name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+        family = self._found.setdefault(
+            name, CounterMetricFamily(f"laneway_{name}", doc, labels=labels)
+        )
+        assert isinstance(family, CounterMetricFamily)
+        return family
+
+    def all(self) -> list[Metric]:
+        return list(self._found.values())
