@@ -31,6 +31,9 @@ def lane_action(lane: dict[str, Any], status: dict[str, Any]) -> str | None:
     if reason is None:
         return "no refusal recorded yet: `laneway explain JOB` lists what blocks a ready job"
     code = reason["code"]
+    if status["unknown"] and code != "no_worker":
+        # An unknown attempt halts the run's dispatch whatever was recorded last.
+        code = "unknown_outcome"
     if code == "no_worker":
         return f"start a worker: {reason['detail'].get('start')}"
     if code == "unknown_outcome":

@@ -1,0 +1,389 @@
+"""``laneway web``: a read-only dashboard over the ledger, and the HTTP side of the
+Prometheus metrics (``/metrics``, also served alone by ``laneway controller
+--metrics-bind``).
+
+Standard library only (``http.server``): one self-contained page (``web_page.py``, no
+build step, no CDN) that polls small JSON endpoints. Every read goes through one
+``db.ReadOnlyLedger`` (as ``laneway status`` reads it), under a lock (one connection);
+``explain`` opens a read-only engine as ``laneway explain`` does. A poll costs one
+``status_report``; the timeline (``report.build_report``, which reads every attempt of
+the run) is rebuilt at most every ``TIMELINE_SECONDS`` and only when the run's newest
+event changed. Nothing here writes.
+
+Bound to loopback, no token is needed. Bound elsewhere, every request must carry the
+token from ``--token-file`` (``Authorization: Bearer TOKEN``, or ``?token=TOKEN`` once,
+which sets an HttpOnly cookie), compared in constant time (``hmac.compare_digest``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from http import HTTPStatus
+from http.cookies import SimpleCookie
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from controller import advice, db
+from controller import logs as logs_module
+from controller.clock import SystemClock, iso
+from controller.errors import LanewayError, NotFound, UsageError
+from controller.status import _moment, status_report
+
+DEFAULT_BIND = "127.0.0.1:8470"
+TIMELINE_SECONDS = 10.0
+TIMELINE_IDLE_SECONDS = 60.0
+LOG_TAIL_LINES = 100
+RECENT_RUNS = 50
+COOKIE = "laneway_token"
+EVIDENCE_FILES = (
+    "receipt.json",
+    "exit.json",
+    "result.json",
+    "stdout.log",
+    "stderr.log",
+    "supervisor.log",
+)
+
+
+def parse_bind(bind: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) as (host, port)."""
+    host, sep, port = bind.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"--bind {bind!r}: give HOST:PORT, e.g. {DEFAULT_BIND}")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(path: Path | None, host: str) -> str | None:
+    """The token from ``path``; required (UsageError) when ``host`` is not loopback."""
+    if path is None:
+        if not is_loopback(host):
+            raise UsageError(
+                f"binding to {host} exposes the ledger beyond this machine: pass "
+                "--token-file FILE (a file holding a long random token), or bind 127.0.0.1"
+            )
+        return None
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise UsageError(f"--token-file {path}: cannot read it ({exc.strerror or exc})") from None
+    if len(token) < 16:
+        raise UsageError(f"--token-file {path}: the token must be at least 16 characters")
+    return token
+
+
+class Dashboard:
+    """The read side of the page: each method returns JSON-able data (or text)."""
+
+    def __init__(self, runtime_dir: Path, *, now: Callable[[], datetime] | None = None) -> None:
+        self.runtime_dir = runtime_dir
+        self.source = db.ReadOnlyLedger(runtime_dir)
+        self.now = now or SystemClock().now
+        self.lock = threading.Lock()
+        self._engine: Any = None
+        self._timelines: dict[int, tuple[Any, float, str]] = {}
+
+    def close(self) -> None:
+        self.source.close()
+        if self._engine is not None:
+            self._engine.dispose()
+
+    def runs(self) -> list[dict[str, Any]]:
+        with self.lock, self.source.snapshot():
+            rows = self.source.rows(
+                "SELECT id, name, state, created_at, finished_at FROM runs "
+                f"ORDER BY id DESC LIMIT {RECENT_RUNS}"
+            )
+        return [
+            {
+                "id": r[0],
+                "name": r[1],
+                "state": r[2],
+                "created_at": _when(r[3]),
+                "finished_at": _when(r[4]),
+            }
+            for r in rows
+        ]
+
+    def state(self, run_id: int | None) -> dict[str, Any]:
+        """``status_report`` with, per lane, the operator's next step, and per unknown
+        attempt the evidence files found in its directory."""
+        with self.lock, self.source.snapshot():
+            status = status_report(self.source, run_id, now=self.now())
+            pids = {
+                attempt_id: (supervisor, child)
+                for attempt_id, supervisor, child in self.source.rows(
+                    "SELECT id, supervisor_pid, child_pid FROM attempts "
+                    "WHERE run_id = :run AND state = 'unknown'",
+                    {"run": status["run"]["id"]},
+                )
+            }
+        for lane in status["lanes"]:
+            lane["action"] = advice.lane_action(lane, status)
+        for unknown in status["unknown"]:
+            directory = Path(unknown["evidence"]) if unknown["evidence"] else None
+            unknown["files"] = [
+                name for name in EVIDENCE_FILES if directory and (directory / name).exists()
+            ]
+            unknown["supervisor_pid"], unknown["child_pid"] = pids.get(
+                unknown["attempt_id"], (None, None)
+            )
+        return status
+
+    def timeline(self, run_id: int | None) -> str:
+        """The run's lane timeline (SVG), rebuilt only when the run changed, and at most
+        every ``TIMELINE_SECONDS``."""
+        from controller import ledger
+        from controller import report as report_module
+
+        with self.lock, self.source.snapshot():
+            from controller.status import find_run
+
+            run = find_run(self.source, run_id)
+            newest = self.source.rows(
+                "SELECT MAX(id) FROM events WHERE run_id = :run", {"run": run["id"]}
+            )[0][0]
+        cached = self._timelines.get(run["id"])
+        if cached is not None:
+            age = time.monotonic() - cached[1]
+            # Running bars grow with time alone: an unchanged run is redrawn now and then.
+            if age < TIMELINE_SECONDS or (cached[0] == newest and age < TIMELINE_IDLE_SECONDS):
+                return cached[2]
+        with db.session_factory(self._orm())() as session:
+            run_row = ledger.get_run(session, run["id"])
+            body = report_module.build_report(session, run_row, now=self.now())
+        svg = report_module.timeline_svg(body)
+        self._timelines[run["id"]] = (newest, time.monotonic(), svg)
+        return svg
+
+    def explain(self, job_id: int) -> dict[str, Any]:
+        from controller.status import explain_job
+
+        with db.session_factory(self._orm())() as session:
+            return explain_job(session, job_id, now=self.now())
+
+    def attempt(self, attempt_id: int) -> dict[str, Any]:
+        """The attempt, its measured peaks, and the tail of each log (if its files are
+        on this machine; else where they are)."""
+        with self.lock, self.source.snapshot():
+            found = logs_module.get_attempt(self.source, attempt_id)
+            extra = self.source.rows(
+                "SELECT exit_code, exit_signal, state_reason, intent_at, started_at, "
+                "settled_at, current_rss_mib FROM attempts WHERE id = :id",
+                {"id": attempt_id},
+            )[0]
+        body = found.as_dict()
+        body.update(
+            zip(
+                (
+                    "exit_code",
+                    "exit_signal",
+                    "reason",
+                    "intent_at",
+                    "started_at",
+                    "settled_at",
+                    "current_rss_mib",
+                ),
+                (*extra[:3], *(_when(v) for v in extra[3:6]), extra[6]),
+                strict=True,
+            )
+        )
+        body["logs"] = {}
+        for stream in logs_module.STREAMS:
+            try:
+                path = logs_module.check_here(found, stream)
+            except LanewayError as error:
+                body["logs"][stream] = {"text": None, "unavailable": str(error)}
+                continue
+            data, size = logs_module.tail_bytes(path, LOG_TAIL_LINES)
+            body["logs"][stream] = {
+                "text": data.decode("utf-8", errors="replace"),
+                "bytes": size,
+                "path": str(path),
+            }
+        return body
+
+    def metrics(self) -> bytes:
+        from controller import metrics
+
+        with self.lock:
+            return metrics.exposition(self.source.snapshot, self.now)
+
+    def _orm(self) -> Any:
+        if self._engine is None:
+            engine = db.make_engine(db.existing_ledger_url(self.runtime_dir), readonly=True)
+            db.check_known_revision(engine, head=True)
+            self._engine = engine
+        return self._engine
+
+
+def make_server(
+    dashboard: Dashboard, host: str, port: int, *, token: str | None, metrics_only: bool = False
+) -> ThreadingHTTPServer:
+    """An HTTP server for ``dashboard`` (call ``serve_forever``); ``metrics_only``: just
+    ``/metrics`` (the controller's)."""
+    from controller import web_page
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "laneway"
+        sys_version = ""
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return  # requests are not logged; errors are (``_error``)
+
+        def do_GET(self) -> None:
+            url = urlsplit(self.path)
+            query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+            if not self._authorised(query):
+                self._send(
+                    HTTPStatus.UNAUTHORIZED, b'{"error": "token required"}', "application/json"
+                )
+                return
+            try:
+                self._route(url.path, query)
+            except LanewayError as error:
+                status = (
+                    HTTPStatus.NOT_FOUND if isinstance(error, NotFound) else HTTPStatus.BAD_REQUEST
+                )
+                self._json({"error": str(error)}, status)
+            except (BrokenPipeError, ConnectionResetError):
+                return
+            except Exception as error:  # one request fails, the server goes on
+                print(f"laneway web: {self.path}: {type(error).__name__}: {error}", file=sys.stderr)
+                self._json(
+                    {"error": f"{type(error).__name__}: {error}"}, HTTPStatus.INTERNAL_SERVER_ERROR
+                )
+
+        def _refuse(self) -> None:
+            self._send(HTTPStatus.METHOD_NOT_ALLOWED, b'{"error": "read-only"}', "application/json")
+
+        do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
+
+        def _route(self, path: str, query: dict[str, str]) -> None:
+            if path == "/metrics":
+                from controller.metrics import CONTENT_TYPE
+
+                self._send(HTTPStatus.OK, dashboard.metrics(), CONTENT_TYPE)
+            elif metrics_only:
+                self._json({"error": "not found"}, HTTPStatus.NOT_FOUND)
+            elif path == "/":
+                extra = {}
+                if token and "token" in query:
+                    extra["Set-Cookie"] = (
+                        f"{COOKIE}={query['token']}; HttpOnly; SameSite=Strict; Path=/"
+                    )
+                self._send(HTTPStatus.OK, web_page.PAGE.encode(), "text/html; charset=utf-8", extra)
+            elif path == "/app.js":
+                self._send(
+                    HTTPStatus.OK, web_page.SCRIPT.encode(), "text/javascript; charset=utf-8"
+                )
+            elif path == "/api/runs":
+                self._json(dashboard.runs())
+            elif path == "/api/state":
+                self._json(dashboard.state(_id(query, "run", optional=True)))
+            elif path == "/api/timeline":
+                svg = dashboard.timeline(_id(query, "run", optional=True))
+                self._send(HTTPStatus.OK, svg.encode(), "image/svg+xml; charset=utf-8")
+            elif path == "/api/explain":
+                self._json(dashboard.explain(_id(query, "job")))
+            elif path == "/api/attempt":
+                self._json(dashboard.attempt(_id(query, "id")))
+            else:
+                self._json({"error": "not found"}, HTTPStatus.NOT_FOUND)
+
+        def _authorised(self, query: dict[str, str]) -> bool:
+            if token is None:
+                return True
+            offered = []
+            header = self.headers.get("Authorization", "")
+            if header.startswith("Bearer "):
+                offered.append(header.removeprefix("Bearer ").strip())
+            cookie = SimpleCookie(self.headers.get("Cookie", ""))
+            if COOKIE in cookie:
+                offered.append(cookie[COOKIE].value)
+            if "token" in query:
+                offered.append(query["token"])
+            expected = token.encode()
+            return any(hmac.compare_digest(value.encode(), expected) for value in offered)
+
+        def _json(self, body: Any, status: HTTPStatus = HTTPStatus.OK) -> None:
+            self._send(status, json.dumps(body, default=str).encode(), "application/json")
+
+        def _send(
+            self,
+            status: HTTPStatus,
+            body: bytes,
+            content_type: str,
+            extra: dict[str, str] | None = None,
+        ) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.send_header("Referrer-Policy", "no-referrer")
+            self.send_header(
+                "Content-Security-Policy",
+                "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+                "frame-ancestors 'none'",
+            )
+            for name, value in (extra or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    return server
+
+
+def _when(value: Any) -> str | None:
+    """A ledger timestamp (text on SQLite, a datetime elsewhere) as ISO text."""
+    return iso(_moment(value))
+
+
+def _id(query: dict[str, str], name: str, *, optional: bool = False) -> Any:
+    value = query.get(name, "")
+    if not value and optional:
+        return None
+    if not value.isdigit() or not 0 < int(value) < 2**63:
+        raise UsageError(f"{name}: give an id (a positive number)")
+    return int(value)
+
+
+def serve_metrics_in_background(
+    runtime_dir: Path, bind: str, token_file: Path | None
+) -> tuple[ThreadingHTTPServer, str]:
+    """``/metrics`` on ``bind`` from a thread (``laneway controller --metrics-bind``);
+    returns the server and its URL."""
+    host, port = parse_bind(bind)
+    token = read_token(token_file, host)
+    server = make_server(Dashboard(runtime_dir), host, port, token=token, metrics_only=True)
+    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+    thread.start()
+    return server, url_of(server)
+
+
+def url_of(server: ThreadingHTTPServer) -> str:
+    address, port = server.server_address[:2]
+    host = address.decode() if isinstance(address, bytes) else str(address)
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/"
