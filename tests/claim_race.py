@@ -1,0 +1,154 @@
+"""Many worker processes claiming from one run at once (the test and the benchmark).
+
+``race(url, jobs=, workers=)`` creates a run of ``jobs`` one-stage jobs in the ledger at
+``url`` (which must be migrated and empty), starts ``workers`` processes that each loop
+like a worker service does (one transaction that settles what it holds and claims for
+its free slots, through the real ledger functions and ``db.transaction``), and returns
+what they saw. A child process is ``python -m tests.claim_race URL INDEX SLOTS``; it
+prints one JSON line: its claims, settles, worst claim wait and any errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_run(url: str, jobs: int, workers: int, slots: int) -> int:
+    from controller import db, ledger
+    from controller.clock import SystemClock
+    from tests.support import make_config, py_stage
+
+    config = make_config(
+        [py_stage("only", "pass")],
+        items=[{"key": f"i{n}", "lane": "a"} for n in range(jobs)],
+        max_jobs=workers * slots,
+    )
+    engine = db.make_engine(url)
+    with db.transaction(db.session_factory(engine)) as session:
+        run_id = ledger.create_run(
+            session,
+            config,
+            runtime_dir="/nonexistent/claim-race",
+            source_hashes={},
+            actor="race",
+            now=SystemClock().now(),
+        ).id
+    engine.dispose()
+    return run_id
+
+
+def race(url: str, *, jobs: int, workers: int, slots: int = 4) -> dict[str, Any]:
+    """Run the race; returns the children's reports and the wall time."""
+    make_run(url, jobs, workers, slots)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    started = time.monotonic()
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.claim_race", url, str(index), str(slots)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index in range(workers)
+    ]
+    reports, stderr = [], []
+    for child in children:
+        out, err = child.communicate(timeout=600)
+        stderr.append(err)
+        lines = out.strip().splitlines()
+        reports.append(json.loads(lines[-1]) if lines else {"errors": [f"exit {child.returncode}"]})
+    return {"reports": reports, "stderr": stderr, "seconds": time.monotonic() - started}
+
+
+def _child(url: str, index: int, slots: int) -> dict[str, Any]:
+    from sqlalchemy import func, select
+
+    from controller import db, ledger
+    from controller.clock import SystemClock
+    from controller.models import Job
+    from controller.states import JobState, Outcome
+
+    clock = SystemClock()
+    engine = db.make_engine(url)
+    factory = db.session_factory(engine)
+    with db.transaction(factory) as session:
+        worker = ledger.register_worker(
+            session,
+            node="n1",
+            host="race",
+            pid=os.getpid(),
+            boot_id="race",
+            process_start_time=index,
+            slots=slots,
+            now=db.ledger_now(session, clock),
+        )
+    held: list[Any] = []
+    claims = settles = 0
+    worst = 0.0
+    errors: list[str] = []
+    idle_looks = 0
+    while idle_looks < 3:
+        began = time.monotonic()
+        try:
+            with db.transaction(factory) as session:
+                now = db.ledger_now(session, clock)
+                for claim in held:
+                    ledger.record_spawn(
+                        session,
+                        claim.attempt_id,
+                        fence=claim.fence,
+                        actor=worker,
+                        now=now,
+                        boot_id="race",
+                        supervisor_pid=os.getpid(),
+                        supervisor_start_time=index,
+                        child_pid=None,
+                        child_start_time=None,
+                    )
+                    ledger.settle_attempt(
+                        session,
+                        claim.attempt_id,
+                        fence=claim.fence,
+                        outcome=Outcome.SUCCEEDED,
+                        actor=worker,
+                        now=now,
+                    )
+                settles += len(held)
+                held = ledger.claim_jobs(
+                    session,
+                    worker_id=worker,
+                    node="n1",
+                    free_slots=slots,
+                    mem_available_mib=1e9,
+                    now=now,
+                )
+        except Exception as exc:  # reported to the parent, which fails the test on it
+            errors.append(f"{type(exc).__name__}: {db.describe(exc)}")
+            held = []
+            continue
+        worst = max(worst, time.monotonic() - began)
+        claims += len(held)
+        if held:
+            idle_looks = 0
+            continue
+        with factory() as session:
+            ready = session.scalar(
+                select(func.count()).select_from(Job).where(Job.state == JobState.READY)
+            )
+        idle_looks = idle_looks + 1 if not ready else 0
+    engine.dispose()
+    return {"claims": claims, "settles": settles, "worst_wait_s": worst, "errors": errors}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_child(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))
