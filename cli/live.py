@@ -1,0 +1,261 @@
+"""Live progress for ``laneway run`` and ``laneway status --watch``.
+
+On a terminal: a rich ``Live`` display redrawn in place. Unknown attempts first, in red,
+with the reconcile command; controls; per stage a progress bar with done / running /
+ready / waiting / failed and the rate seen while watching; per lane what runs or, if
+idle, why and what to do; an ETA from measured durations. Elsewhere (a pipe, CI,
+``--json``): plain lines, one per change. rich is imported only here, and only when a
+terminal is shown.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import deque
+from typing import Any, TextIO
+
+from cli import render
+from controller import advice
+from controller import progress as progress_module
+from controller.status import Rows
+
+RATE_WINDOW = 60.0
+"""Seconds of history the per-stage rate is measured over."""
+
+
+class Progress:
+    """Shows each new status of one run (``show``); ``close`` before printing after it."""
+
+    def __init__(
+        self,
+        run_id: int | None,
+        *,
+        quiet: bool = False,
+        as_json: bool = False,
+        stream: TextIO | None = None,
+        live: bool | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.quiet = quiet
+        self.as_json = as_json
+        self.stream = stream or sys.stderr
+        self.live = (self.stream.isatty() and not as_json) if live is None else live
+        self._seen: dict[str, str] = {}
+        self._history: deque[tuple[float, dict[str, int]]] = deque()
+        self._display: Any = None
+
+    # -- feeding ---------------------------------------------------------------
+
+    def show(self, status: dict[str, Any], source: Rows | None = None) -> None:
+        """One refresh. ``source`` (inside the same read transaction) is read for the
+        ETA's measured durations; without it there is no ETA."""
+        if self.quiet:
+            return
+        durations = progress_module.recent_durations(source, status["run"]["id"]) if source else {}
+        eta = progress_module.eta_seconds(status, durations)
+        rates = self._rates(status)
+        if self.live:
+            self._draw(status, eta, rates)
+        elif self.as_json:
+            self._json_line(status, eta)
+        else:
+            self._plain_lines(status, eta)
+
+    def note(self, line: str) -> None:
+        if self.quiet:
+            return
+        if self._display is not None:
+            self._display.console.print(f"run {self.run_id}: {line}")
+        elif self._seen.get("note") != line:
+            self._seen["note"] = line
+            self._write(f"run {self.run_id}: {line}")
+
+    def close(self) -> None:
+        if self._display is not None:
+            self._display.stop()
+            self._display = None
+
+    # -- rates -----------------------------------------------------------------
+
+    def _rates(self, status: dict[str, Any]) -> dict[str, float | None]:
+        """Jobs per minute per stage, over what this display saw in ``RATE_WINDOW``."""
+        now = time.monotonic()
+        done = {row["stage"]: row["done"] for row in progress_module.stage_progress(status)}
+        self._history.append((now, done))
+        while len(self._history) > 2 and now - self._history[1][0] >= RATE_WINDOW:
+            self._history.popleft()
+        start, first = self._history[0]
+        span = now - start
+        if span < 1.0:
+            return dict.fromkeys(done)
+        return {stage: 60.0 * (count - first.get(stage, 0)) / span for stage, count in done.items()}
+
+    # -- plain -----------------------------------------------------------------
+
+    def _write(self, line: str) -> None:
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def _plain_lines(self, status: dict[str, Any], eta: float | None) -> None:
+        """One line per change: the run's totals, each lane's state and reason, each
+        unknown attempt (once)."""
+        run = status["run"]["id"]
+        totals = status["totals"]
+        total = sum(totals.values())
+        done = sum(totals.get(s, 0) for s in progress_module.TERMINAL)
+        parts = [f"{k} {v}" for k, v in sorted(totals.items()) if v]
+        self._once("totals", f"run {run}: {done}/{total} jobs terminal · " + " · ".join(parts))
+        for unknown in status["unknown"]:
+            self._once(
+                f"unknown {unknown['attempt_id']}",
+                render.clean(
+                    f"run {run}: UNKNOWN attempt {unknown['attempt_id']} {unknown['item']}."
+                    f"{unknown['stage']}: {unknown['reason']}; resolve: {unknown['reconcile']}"
+                ),
+            )
+        for lane in status["lanes"]:
+            self._once(f"lane {lane['lane']}", render.clean(f"run {run}: {_lane_words(lane)}"))
+
+    def _once(self, key: str, line: str) -> None:
+        if self._seen.get(key) != line:
+            self._seen[key] = line
+            self._write(line)
+
+    def _json_line(self, status: dict[str, Any], eta: float | None) -> None:
+        """The whole status as one JSON line, when anything but the clock changed."""
+        key = json.dumps(_without_clock(status), sort_keys=True, default=str)
+        if self._seen.get("json") != key:
+            self._seen["json"] = key
+            self._write(json.dumps({**status, "eta_seconds": eta}, default=str))
+
+    # -- rich ------------------------------------------------------------------
+
+    def _draw(self, status: dict[str, Any], eta: float | None, rates: dict[str, Any]) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        body = renderable(status, eta, rates)
+        if self._display is None:
+            console = Console(file=self.stream)
+            self._display = Live(body, console=console, auto_refresh=False, transient=False)
+            self._display.start()
+        self._display.update(body, refresh=True)
+
+
+def _lane_words(lane: dict[str, Any]) -> str:
+    if lane["running"]:
+        return f"lane {lane['lane']}: {lane['running']} running"
+    if lane["reason"]:
+        return f"lane {lane['lane']}: idle: {lane['reason']['words']}"
+    if lane["ready"] or lane["waiting"]:
+        return f"lane {lane['lane']}: idle"
+    return f"lane {lane['lane']}: done"
+
+
+_CLOCK_KEYS = {
+    "generated_at",
+    "elapsed_seconds",
+    "idle_seconds",
+    "heartbeat_age_seconds",
+    "heartbeat_at",
+    "per_hour",
+}
+
+
+def _without_clock(value: Any) -> Any:
+    """``value`` without the fields that change with the clock alone."""
+    if isinstance(value, dict):
+        return {k: _without_clock(v) for k, v in value.items() if k not in _CLOCK_KEYS}
+    if isinstance(value, list):
+        return [_without_clock(v) for v in value]
+    return value
+
+
+def renderable(status: dict[str, Any], eta: float | None, rates: dict[str, Any]) -> Any:
+    """The rich renderable of one refresh (a function of its arguments: tests render it
+    to text)."""
+    from rich.console import Group
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    run = status["run"]
+    parts: list[Any] = []
+    header = Text()
+    header.append(f"run {run['id']} ({run['name']})", style="bold")
+    header.append(f" — {run['state']}")
+    header.append(f" · ETA {render.duration(eta) if eta is not None else 'not measured yet'}")
+    parts.append(header)
+    if status["unknown"]:
+        box = Table.grid(padding=(0, 1))
+        box.add_row(
+            Text(
+                f"UNKNOWN OUTCOMES — dispatch halted until reconciled ({len(status['unknown'])})",
+                style="bold red",
+            )
+        )
+        for u in status["unknown"]:
+            box.add_row(
+                Text(
+                    render.clean(
+                        f"  attempt {u['attempt_id']} {u['item']}.{u['stage']}: {u['reason']}"
+                    ),
+                    style="red",
+                )
+            )
+            box.add_row(Text(f"    evidence: {u['evidence']}", style="red"))
+            box.add_row(Text(f"    resolve:  {u['reconcile']}", style="bold red"))
+        parts.append(box)
+    for c in status["controls"]:
+        where = c["scope"] + (f" {c['lane']}" if c["lane"] else "")
+        parts.append(
+            Text(
+                render.clean(f"{c['kind']} ({where}) by {c['set_by']}: {c['reason']}"),
+                style="yellow",
+            )
+        )
+    stages = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("stage", "progress", "done", "running", "ready", "waiting", "failed", "rate"):
+        stages.add_column(column, justify="left" if column in ("stage", "progress") else "right")
+    for row in progress_module.stage_progress(status):
+        rate = rates.get(row["stage"])
+        stages.add_row(
+            row["stage"],
+            ProgressBar(total=max(1, row["total"]), completed=row["done"], width=30),
+            f"{row['done']}/{row['total']}",
+            str(row["running"]),
+            str(row["ready"]),
+            str(row["waiting"]),
+            Text(str(row["failed"]), style="red" if row["failed"] else ""),
+            "-" if rate is None else f"{rate:.1f}/min",
+        )
+    parts.append(stages)
+    lanes = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("lane", "node", "now", "what to do"):
+        lanes.add_column(column, overflow="fold")
+    running_by_lane: dict[str, list[str]] = {}
+    for attempt in status["running"]:
+        running_by_lane.setdefault(attempt["lane"], []).append(
+            f"{attempt['item']}.{attempt['stage']} ({render.duration(attempt['elapsed_seconds'])})"
+        )
+    for lane in status["lanes"]:
+        if lane["running"]:
+            now = Text(", ".join(running_by_lane.get(lane["lane"], [])) or "running", style="green")
+        elif lane["reason"]:
+            now = Text(
+                render.clean(
+                    f"idle {render.duration(lane['idle_seconds'])}: {lane['reason']['words']}"
+                ),
+                style="yellow",
+            )
+        elif lane["ready"] or lane["waiting"]:
+            now = Text(f"idle {render.duration(lane['idle_seconds'])}", style="yellow")
+        else:
+            now = Text("done", style="dim")
+        lanes.add_row(
+            lane["lane"], lane["node"], now, render.clean(advice.lane_action(lane, status) or "")
+        )
+    parts.append(lanes)
+    return Group(*parts)

@@ -1,0 +1,80 @@
+"""Progress of a run for the live display: per stage done / running / ready / waiting /
+failed, and an ETA from measured attempt durations (read-only).
+
+``recent_durations`` reads at most ``RECENT_ATTEMPTS`` of the run's newest settled
+attempts (an index range on ``ix_attempts_run_settled``), so a refresh costs the same at
+a thousand jobs and at a million; ``stage_progress`` and ``eta_seconds`` only reshape a
+``status_report``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.states import AttemptState, JobState
+from controller.status import Rows, _moment
+
+RECENT_ATTEMPTS = 200
+TERMINAL = (
+    JobState.SUCCEEDED.value,
+    JobState.FAILED.value,
+    JobState.SKIPPED.value,
+    JobState.CANCELLED.value,
+)
+
+
+def recent_durations(source: Rows, run_id: int) -> dict[str, float]:
+    """Per stage, the mean seconds from start to settle of its newest settled attempts
+    (those that started)."""
+    totals: dict[str, list[float]] = {}
+    for stage, started, settled in source.rows(
+        "SELECT j.stage, a.started_at, a.settled_at FROM attempts a "
+        "JOIN jobs j ON j.id = a.job_id "
+        f"WHERE a.run_id = :run AND a.state = '{AttemptState.SETTLED.value}' "
+        f"ORDER BY a.settled_at DESC LIMIT {RECENT_ATTEMPTS}",
+        {"run": run_id},
+    ):
+        begun, ended = _moment(started), _moment(settled)
+        if begun is None or ended is None:
+            continue
+        totals.setdefault(stage, []).append(max(0.0, (ended - begun).total_seconds()))
+    return {stage: sum(values) / len(values) for stage, values in totals.items()}
+
+
+def stage_progress(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per stage: total, done (terminal), running, ready, waiting, failed, unknown."""
+    rows = []
+    for stage, by_state in status["jobs"].items():
+        rows.append(
+            {
+                "stage": stage,
+                "total": sum(by_state.values()),
+                "done": sum(by_state.get(state, 0) for state in TERMINAL),
+                "running": by_state.get(JobState.RUNNING.value, 0),
+                "ready": by_state.get(JobState.READY.value, 0),
+                "waiting": by_state.get(JobState.WAITING.value, 0),
+                "failed": by_state.get(JobState.FAILED.value, 0),
+                "unknown": by_state.get(JobState.UNKNOWN.value, 0),
+            }
+        )
+    return rows
+
+
+def eta_seconds(status: dict[str, Any], durations: dict[str, float]) -> float | None:
+    """Seconds until every job is terminal, if the work left runs at the measured mean
+    durations on the live workers' slots (at least one). None until every stage with
+    work left has a measured duration, or when nothing is left."""
+    work = 0.0
+    left = False
+    for row in stage_progress(status):
+        remaining = row["total"] - row["done"] - row["unknown"]
+        if remaining <= 0:
+            continue
+        left = True
+        if row["stage"] not in durations:
+            return None
+        work += remaining * durations[row["stage"]]
+    if not left:
+        return None
+    slots = sum(int(w["slots"]) for w in status.get("workers", []) if w["live"])
+    return work / max(1, slots)

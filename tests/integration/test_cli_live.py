@@ -1,0 +1,98 @@
+"""`laneway status --watch` and `laneway run` off a terminal: plain lines, one per change
+(JSON lines with --json), until interrupted; and the new read-only commands stay light
+(no rich, SQLAlchemy or service imports where a plain read is enough)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+
+from tests.integration.test_cli import invoke
+from tests.integration.test_cli_imports import FAST, NEVER, heavy, imported
+from tests.integration.test_cli_services import LANEWAY, ROOT, config_file, finish
+
+
+def watch(runtime, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*LANEWAY, "status", "--watch", "--runtime-dir", str(runtime), *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def started(tmp_path):
+    runtime = tmp_path / "rt"
+    result = invoke(
+        "start-pipeline",
+        str(config_file(tmp_path, items=2)),
+        "--runtime-dir",
+        str(runtime),
+        "--no-controller",
+    )
+    assert result.exit_code == 0, result.output
+    return runtime
+
+
+def test_watch_off_a_terminal_prints_plain_lines_until_interrupted(tmp_path):
+    runtime = started(tmp_path)
+    process = watch(runtime)
+    assert process.stdout is not None
+    try:
+        first = [process.stdout.readline().rstrip("\n") for _ in range(2)]
+    finally:
+        process.send_signal(signal.SIGINT)
+    assert first == [
+        "run 1: 0/2 jobs terminal · ready 2",
+        "run 1: lane a: idle: no_worker — no live worker on node n1; start one: laneway "
+        f"worker --node n1 --runtime-dir {runtime.resolve()}",
+    ]
+    code, rest, err = finish(process)
+    assert code == 130, err
+    assert rest == ""  # nothing changed, nothing more was printed
+    assert "Traceback" not in err
+
+
+def test_watch_json_prints_one_json_line_per_change(tmp_path):
+    runtime = started(tmp_path)
+    process = watch(runtime, "--json")
+    assert process.stdout is not None
+    try:
+        body = json.loads(process.stdout.readline())
+    finally:
+        process.send_signal(signal.SIGINT)
+    code, rest, _ = finish(process)
+    assert body["totals"] == {"ready": 2} and "eta_seconds" in body
+    assert code == 130 and rest == ""
+
+
+def test_run_off_a_terminal_reports_progress_in_lines(tmp_path):
+    config = config_file(tmp_path, items=3)
+    done = subprocess.run(
+        [*LANEWAY, "run", str(config), "--runtime-dir", str(tmp_path / "rt")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert "run 1: 3/3 jobs terminal · succeeded 3" in lines
+    assert "run 1: lane a: done" in lines
+    assert len(lines) == len(set(lines))  # one line per change, never a repeat
+    assert "\x1b" not in done.stderr
+
+
+def test_logs_and_web_help_stay_light(tmp_path):
+    runtime = started(tmp_path)
+    names, done = imported("logs", "1", "--job", "--runtime-dir", str(runtime))
+    assert done.returncode == 2 and "no attempt yet" in done.stderr  # a clean refusal
+    assert heavy(names, FAST) == set()
+    names, done = imported("web", "--help")
+    assert done.returncode == 0
+    assert heavy(names, FAST | {"prometheus_client"}) == set()
+    names, done = imported("status", "--watch", "--help")
+    assert heavy(names, NEVER) == set()
