@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli import render
+from cli import complete, render
 from controller import db
 from controller.clock import SystemClock, iso
-from controller.errors import ConfigError, LanewayError, UsageError
+from controller.errors import CommitOutcomeUnknown, ConfigError, LanewayError, UsageError
 from controller.states import ControlKind, ControlScope
 
 if TYPE_CHECKING:
@@ -47,7 +47,8 @@ app = typer.Typer(
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    # typer's own completion (bash, zsh, fish); values from the ledger: cli/complete.py.
+    add_completion=True,
     # Plain click help: rich's renderer costs more to import than a read-only command
     # takes to run.
     rich_markup_mode=None,
@@ -250,12 +251,25 @@ def start_pipeline(
 @app.command()
 def status(
     run: Annotated[
-        int | None, typer.Argument(help="Run id (default: the newest).", min=1, max=MAX_ID)
+        int | None,
+        typer.Argument(
+            help="Run id (default: the newest).",
+            min=1,
+            max=MAX_ID,
+            autocompletion=complete.runs,
+        ),
     ] = None,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
-    watch: Annotated[bool, typer.Option("--watch", help="Refresh every 2 s.")] = False,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help="Refresh every 2 s: a live display on a terminal; elsewhere (or with "
+            "--json) one line per change.",
+        ),
+    ] = False,
 ) -> None:
     """Show a run: controls, unknowns, jobs, running attempts, workers, lanes and why they idle.
 
@@ -264,21 +278,29 @@ def status(
     """
     from controller.status import status_report
 
+    progress = None
     try:
         with db.ReadOnlyLedger(runtime_dir) as source:
+            if watch:
+                from cli import live
+
+                progress = live.Progress(run, as_json=as_json, stream=sys.stdout)
             while True:
                 with source.snapshot():
-                    report = status_report(source, run, now=SystemClock().now())
-                if watch and not as_json:
-                    typer.echo("\x1b[2J\x1b[H", nl=False)
-                _emit(report, as_json, render.status_text)
-                if not watch:
+                    report = status_report(source, run, now=source.now())
+                    if progress is not None:
+                        progress.show(report, source)
+                if progress is None:
+                    _emit(report, as_json, render.status_text)
                     return
                 time.sleep(2)
     except LanewayError as error:
         _fail(error, as_json)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    finally:
+        if progress is not None:
+            progress.close()
 
 
 class _Log:
@@ -298,7 +320,13 @@ class _Log:
 @app.command()
 def explain(
     job: Annotated[
-        int, typer.Argument(help="The job's id (see `status`/`sql`).", min=1, max=MAX_ID)
+        int,
+        typer.Argument(
+            help="The job's id (see `status`/`sql`).",
+            min=1,
+            max=MAX_ID,
+            autocompletion=complete.jobs,
+        ),
     ],
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     database_url: DatabaseUrl = None,
@@ -315,7 +343,7 @@ def explain(
     try:
         engine = _reader(runtime_dir)
         with db.session_factory(engine)() as session:
-            report = explain_job(session, job, now=SystemClock().now())
+            report = explain_job(session, job, now=db.ledger_now(session, SystemClock()))
     except LanewayError as error:
         _fail(error, as_json)
         return
@@ -352,7 +380,10 @@ def report(
         with db.session_factory(engine)() as session:
             run_row = ledger.get_run(session, run)
             body = report_module.build_report(
-                session, run_row, now=SystemClock().now(), idle_min_seconds=idle_min_seconds
+                session,
+                run_row,
+                now=db.ledger_now(session, SystemClock()),
+                idle_min_seconds=idle_min_seconds,
             )
         target = html_path or Path(run_row.runtime_dir) / "runs" / str(run_row.id) / "report.html"
         try:
@@ -373,6 +404,7 @@ def logs(
         typer.Argument(
             help="An attempt id; or a job: its id with --job, or ITEM.STAGE (newest attempt).",
             show_default=False,
+            autocompletion=complete.attempts,
         ),
     ],
     job: Annotated[
@@ -426,6 +458,66 @@ def logs(
         raise typer.Exit(130) from None
 
 
+@app.command()
+def web(
+    bind: Annotated[
+        str,
+        typer.Option(
+            "--bind",
+            help="HOST:PORT to listen on (port 0: any free port). Beyond loopback, "
+            "--token-file is required.",
+        ),
+    ] = "127.0.0.1:8470",
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="A file holding the token every request must carry (Authorization: Bearer "
+            "TOKEN, or ?token=TOKEN once in the browser).",
+            show_default=False,
+        ),
+    ] = None,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Serve a read-only dashboard of the ledger, and Prometheus metrics at /metrics.
+
+    The page shows the runs; per lane what runs and why it is idle, with the step to
+    take; unknown attempts with their evidence and the exact reconcile command; controls
+    with who and why; a live lane timeline; explain for any job; an attempt's log tails
+    and measured peaks. It polls; nothing on it writes. Stop it with Ctrl-C.
+    """
+    from controller import web as web_module
+
+    try:
+        host, port = web_module.parse_bind(bind)
+        token = web_module.read_token(token_file, host)
+        dashboard = web_module.Dashboard(runtime_dir)
+        try:
+            server = web_module.make_server(dashboard, host, port, token=token)
+        except OSError as exc:
+            dashboard.close()
+            raise UsageError(f"--bind {bind}: cannot listen ({exc.strerror or exc})") from None
+    except LanewayError as error:
+        _fail(error)
+        return
+    typer.echo(f"laneway web: serving {web_module.url_of(server)} (read-only; Ctrl-C stops it)")
+    sys.stdout.flush()
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        dashboard.close()
+
+
+def _interrupt(_signum: int, _frame: Any) -> None:
+    """SIGTERM ends a server the way Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
 class _Stopper:
     """SIGTERM/SIGINT set a flag; a second signal asks to leave at once."""
 
@@ -456,7 +548,10 @@ class _Stopper:
 
 @app.command()
 def worker(
-    node: Annotated[str, typer.Option("--node", help="The node this machine is.")],
+    node: Annotated[
+        str,
+        typer.Option("--node", help="The node this machine is.", autocompletion=complete.nodes),
+    ],
     slots: Annotated[
         int | None,
         typer.Option(
@@ -468,6 +563,16 @@ def worker(
     ] = None,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     database_url: DatabaseUrl = None,
+    lease_seconds: Annotated[
+        float,
+        typer.Option(
+            "--lease-seconds",
+            min=1.0,
+            help="How long a claim stays this worker's without a heartbeat renewing it; "
+            "past it the controller settles the attempt from its exit record or marks it "
+            "unknown.",
+        ),
+    ] = 60.0,
     as_json: Annotated[
         bool, typer.Option("--json", help="Log lifecycle lines as JSON on stderr.")
     ] = False,
@@ -486,7 +591,14 @@ def worker(
         if slots is None:
             with db.session_factory(engine)() as session:
                 slots = node_max_jobs(SessionRows(session), node)
-        service = WorkerService(engine, node=node, slots=slots, runtime_dir=runtime_dir)
+        service = WorkerService(
+            engine,
+            node=node,
+            slots=slots,
+            runtime_dir=runtime_dir,
+            lease_seconds=lease_seconds,
+            heartbeat_seconds=min(2.0, lease_seconds / 4),
+        )
         worker_id = service.start()
     except LanewayError as error:
         _fail(error)
@@ -501,6 +613,15 @@ def worker(
     )
     for line in service.recovered:
         log("recovered", f"laneway worker {worker_id}: recovered {line}", line=line)
+    service.on_ledger_error = lambda line: log(
+        "ledger_unreachable",
+        f"laneway worker {worker_id}: the ledger is not answering ({line}); retrying with "
+        "backoff, running attempts stay under their supervisors",
+        error=line,
+    )
+    service.on_ledger_back = lambda tries: log(
+        "ledger_back", f"laneway worker {worker_id}: the ledger answers again", tries=tries
+    )
     stopper = _Stopper(log)
     service.serve(stopper.stop)
     if service.revoked is not None:
@@ -534,6 +655,31 @@ def controller(
             "changed or a periodic step (lease expiry, lost workers) is due."
         ),
     ] = 0.05,
+    lost_after: Annotated[
+        float,
+        typer.Option(
+            "--lost-after",
+            min=1.0,
+            help="Seconds without a heartbeat after which a worker is declared lost.",
+        ),
+    ] = 30.0,
+    metrics_bind: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-bind",
+            help="Serve Prometheus metrics read from the ledger at http://HOST:PORT/metrics "
+            "(e.g. 127.0.0.1:9470; beyond loopback, --token-file is required).",
+            show_default=False,
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="With --metrics-bind: the bearer token scrapes must carry.",
+            show_default=False,
+        ),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Log lifecycle lines as JSON on stderr.")
     ] = False,
@@ -555,16 +701,56 @@ def controller(
         return
     log = _Log(as_json)
     runtime = runtime_dir.resolve()
-    if not daemon_module.hold_controller_lock(runtime):
+    if not daemon_module.hold_controller_lock(runtime, engine):
+        if not db.is_sqlite(engine):
+            _fail(
+                UsageError(
+                    f"another controller already serves the ledger at "
+                    f"{db.shown_url(db.ledger_url(runtime_dir))} (one per ledger; "
+                    "`laneway status` lists its workers), or the database cannot be reached"
+                )
+            )
         other = daemon_module.running_controller(runtime)
         _fail(UsageError(f"another controller already runs for {runtime} (pid {other})"))
+    metrics_url = None
+    if metrics_bind:
+        from controller import web as web_module
+
+        try:
+            _server, metrics_url = web_module.serve_metrics_in_background(
+                runtime_dir, metrics_bind, token_file
+            )
+        except OSError as exc:
+            _fail(UsageError(f"--metrics-bind {metrics_bind}: cannot listen ({exc.strerror})"))
+        except LanewayError as error:
+            _fail(error)
     daemon_module.claim_pidfile(runtime)
     log("controller_started", f"laneway controller: {runtime}", runtime_dir=str(runtime))
+    if metrics_url:
+        log("metrics", f"laneway controller: metrics at {metrics_url}metrics", url=metrics_url)
     stopper = _Stopper(log, drains=False)
     try:
-        daemon_module.Controller(engine).serve(stopper.stop, interval=interval)
+        serving = daemon_module.Controller(engine, lost_after_seconds=lost_after)
+        serving.on_ledger_error = lambda line: log(
+            "ledger_unreachable",
+            f"laneway controller: the ledger is not answering ({line}); retrying with backoff",
+            error=line,
+        )
+        serving.on_ledger_back = lambda tries: log(
+            "ledger_back", "laneway controller: the ledger answers again", tries=tries
+        )
+        serving.serve(
+            stopper.stop,
+            interval=interval,
+            keep_lock=lambda: daemon_module.hold_controller_lock(runtime, engine),
+        )
     finally:
         daemon_module.release_pidfile(runtime)
+    if serving.lost_lock:
+        log(
+            "controller_lost_lock", "laneway controller: lost the ledger's controller lock; exiting"
+        )
+        raise typer.Exit(1)
     log("controller_stopped", "laneway controller: stopped")
 
 
@@ -589,7 +775,7 @@ def run_pipeline(
     from controller import config as config_module
     from controller import daemon as daemon_module
     from controller import ledger, pipeline
-    from controller.status import build_status
+    from controller.status import SessionRows, build_status
     from workers.service import WorkerService
 
     try:
@@ -610,52 +796,73 @@ def run_pipeline(
     daemon = daemon_module.Controller(engine)
     # One controller per runtime dir: if another holds the lock, it closes the run and
     # runs its closeout; this loop only watches the ledger (and takes over if it can).
-    own = daemon_module.hold_controller_lock(runtime)
+    own = daemon_module.hold_controller_lock(runtime, engine)
+    from cli import live
+
     stopper = _Stopper()
-    progress = _Progress(run_id, quiet=quiet or as_json)
+    progress = live.Progress(run_id, quiet=quiet or as_json)
     blocked: str | None = None
     last_look = last_probe = float("-inf")
+    ledger_failures = 0
+    backoff = db.backoff_wait()
     while True:
-        busy = False
-        if own and daemon.due():
-            report = daemon.tick()
-            busy = bool(report.promoted or report.closed)
-        for service in services:
-            tick = service.tick()
-            busy = busy or bool(tick.claimed or tick.settled)
-        # The whole status (its cost grows with the run) at most every LOOK_SECONDS; in
-        # between, the run's own row says when it finished, whoever closed it.
-        probe = not busy and time.monotonic() - last_probe >= PROBE_SECONDS
-        if probe:
-            last_probe = time.monotonic()
-        if time.monotonic() - last_look > LOOK_SECONDS or (probe and _run_finished(engine, run_id)):
-            last_look = time.monotonic()
-            own = own or daemon_module.hold_controller_lock(runtime)
-            with db.reader(engine)() as session:
-                snapshot = build_status(
-                    session, ledger.get_run(session, run_id), now=daemon.clock.now()
-                )
-            progress.show(snapshot)
-            if snapshot["run"]["state"] == "finished":
+        try:
+            busy = False
+            if own and daemon.due():
+                report = daemon.tick()
+                busy = bool(report.promoted or report.closed)
+            for service in services:
+                tick = service.tick()
+                busy = busy or bool(tick.claimed or tick.settled)
+            # The whole status (its cost grows with the run) at most every LOOK_SECONDS; in
+            # between, the run's own row says when it finished, whoever closed it.
+            probe = not busy and time.monotonic() - last_probe >= PROBE_SECONDS
+            if probe:
+                last_probe = time.monotonic()
+            if time.monotonic() - last_look > LOOK_SECONDS or (
+                probe and _run_finished(engine, run_id)
+            ):
+                last_look = time.monotonic()
+                own = daemon_module.hold_controller_lock(runtime, engine)
+                with db.reader(engine)() as session:
+                    snapshot = build_status(
+                        session, ledger.get_run(session, run_id), now=daemon.clock.now()
+                    )
+                    progress.show(snapshot, SessionRows(session))
+                if snapshot["run"]["state"] == "finished":
+                    break
+                in_flight = sum(len(s.in_flight) for s in services)
+                blocked = _blocked_reason(snapshot) if in_flight == 0 else None
+            if blocked or stopper.stop():
                 break
-            in_flight = sum(len(s.in_flight) for s in services)
-            blocked = _blocked_reason(snapshot) if in_flight == 0 else None
-        if blocked or stopper.stop():
-            break
-        if not busy:
-            # A local supervisor's exit wakes this at once (its pidfd); new work from
-            # elsewhere is seen within the timeout.
-            if len(services) == 1:
-                services[0].wait(0.02)
-            else:
-                time.sleep(0.02)
+            if not busy:
+                # A local supervisor's exit wakes this at once (its pidfd); new work from
+                # elsewhere is seen within the timeout.
+                if len(services) == 1:
+                    services[0].wait(0.02)
+                else:
+                    time.sleep(0.02)
+        except Exception as exc:
+            # The ledger is unreachable, locked past its timeout or refusing writes: what
+            # runs keeps running under its supervisors; try again with backoff.
+            if not (db.is_transient(exc) or isinstance(exc, CommitOutcomeUnknown)):
+                raise
+            ledger_failures += 1
+            if ledger_failures == 1:
+                progress.note(f"the ledger is not answering ({db.describe(exc)}); retrying")
+            time.sleep(backoff(ledger_failures))
+            continue
+        if ledger_failures:
+            progress.note(f"the ledger answers again (after {ledger_failures} tries)")
+            ledger_failures = 0
+
     for service in services:
         service.drain(should_abort=stopper.abort)
         if not service.in_flight:
             service.stop()
     noted = False
     while True:
-        own = own or daemon_module.hold_controller_lock(runtime)
+        own = daemon_module.hold_controller_lock(runtime, engine)
         if own:
             daemon.tick()
             if not daemon.closeout_pending(run_id):
@@ -673,7 +880,8 @@ def run_pipeline(
             progress.note("closeout running ...")
             noted = True
         time.sleep(0.05)
-    daemon_module.release_controller_lock(runtime)
+    daemon_module.release_controller_lock(runtime, engine)
+    progress.close()
     with db.session_factory(engine)() as session:
         final = build_status(session, ledger.get_run(session, run_id), now=daemon.clock.now())
     _emit(final, as_json, render.status_text)
@@ -715,33 +923,15 @@ def _blocked_reason(snapshot: dict[str, Any]) -> str | None:
     return None
 
 
-class _Progress:
-    def __init__(self, run_id: int, *, quiet: bool) -> None:
-        self.run_id = run_id
-        self.quiet = quiet
-        self.last = ""
-
-    def note(self, line: str) -> None:
-        if not self.quiet and line != self.last:
-            typer.echo(f"run {self.run_id}: {line}", err=True)
-            self.last = line
-
-    def show(self, status: dict[str, Any]) -> None:
-        if self.quiet:
-            return
-        totals = status["totals"]
-        total = sum(totals.values())
-        done = sum(totals.get(s, 0) for s in ("succeeded", "failed", "skipped", "cancelled"))
-        parts = [f"{k} {v}" for k, v in sorted(totals.items()) if v]
-        line = f"run {self.run_id}: {done}/{total} jobs terminal · " + " · ".join(parts)
-        if line != self.last:
-            typer.echo(line, err=True)
-            self.last = line
-
-
 RunArg = Annotated[
     int | None,
-    typer.Argument(help="Run id (omit with --all).", min=1, max=MAX_ID, show_default=False),
+    typer.Argument(
+        help="Run id (omit with --all).",
+        min=1,
+        max=MAX_ID,
+        show_default=False,
+        autocompletion=complete.runs,
+    ),
 ]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded with who and when).")]
 AllOpt = Annotated[bool, typer.Option("--all", help="Every run (a global control).")]
@@ -895,7 +1085,13 @@ def cancel(
     reason: ReasonOpt,
     attempt: Annotated[
         int | None,
-        typer.Argument(help="A running attempt's id.", min=1, max=MAX_ID, show_default=False),
+        typer.Argument(
+            help="A running attempt's id.",
+            min=1,
+            max=MAX_ID,
+            show_default=False,
+            autocompletion=complete.attempts,
+        ),
     ] = None,
     run: Annotated[
         int | None, typer.Option("--run", help="Cancel a whole run instead.", min=1, max=MAX_ID)
@@ -912,6 +1108,7 @@ def cancel(
     dispatch and cancels its waiting and ready jobs. Run it on the attempt's machine.
     """
     from controller import ledger
+    from workers import stopping
 
     try:
         if (attempt is None) == (run is None):
@@ -929,7 +1126,7 @@ def cancel(
             # Check every supervisor's identity before recording anything: a refused
             # cancel leaves the ledger as it was.
             for target in targets:
-                _check_local_supervisor(target)
+                stopping.check_local_supervisor(target)
             pending = 0
             if run is not None:
                 ledger.set_control(
@@ -944,7 +1141,7 @@ def cancel(
                 pending = ledger.cancel_pending(session, run, reason=why, actor=actor, now=now)
             for target in targets:
                 ledger.request_cancel(session, target.id, reason=why, actor=actor, now=now)
-        signalled = [_terminate_supervisor(target) for target in targets]
+        signalled = [stopping.terminate_supervisor(target) for target in targets]
     except LanewayError as error:
         _fail(error, as_json)
         return
@@ -959,33 +1156,6 @@ def cancel(
     )
 
 
-def _check_local_supervisor(attempt: Any) -> None:
-    """Refuse unless the attempt's supervisor is that very process on this machine."""
-    from workers import identity
-
-    if attempt.state != "running":
-        raise UsageError(
-            f"attempt {attempt.id} is {attempt.state}; only a running attempt can be cancelled"
-        )
-    same = (
-        attempt.boot_id == identity.boot_id()
-        and attempt.supervisor_pid is not None
-        and identity.same_process(attempt.supervisor_pid, attempt.supervisor_start_time)
-    )
-    if not same:
-        raise UsageError(
-            f"attempt {attempt.id}: its supervisor (pid {attempt.supervisor_pid}) is not "
-            "running on this machine; run cancel where it runs, or reconcile it"
-        )
-
-
-def _terminate_supervisor(attempt: Any) -> int:
-    """TERM to the attempt's supervisor (identity checked just before)."""
-    _check_local_supervisor(attempt)
-    os.kill(attempt.supervisor_pid, signal.SIGTERM)
-    return int(attempt.supervisor_pid)
-
-
 class ReconcileAs(StrEnum):
     succeeded = "succeeded"
     failed = "failed"
@@ -995,7 +1165,13 @@ class ReconcileAs(StrEnum):
 @app.command()
 def reconcile(
     attempt: Annotated[
-        int, typer.Argument(help="The unknown attempt's id (see `status`).", min=1, max=MAX_ID)
+        int,
+        typer.Argument(
+            help="The unknown attempt's id (see `status`).",
+            min=1,
+            max=MAX_ID,
+            autocompletion=complete.unknown_attempts,
+        ),
     ],
     as_: Annotated[ReconcileAs, typer.Option("--as", help="What really happened to the attempt.")],
     reason: Annotated[str, typer.Option("--reason", help="Why you know (recorded).")],
@@ -1064,7 +1240,13 @@ def _verified_exit(attempt: Any) -> tuple[int | None, int | None]:
 @app.command()
 def retry(
     job: Annotated[
-        int, typer.Argument(help="The failed job's id (see `status`/`sql`).", min=1, max=MAX_ID)
+        int,
+        typer.Argument(
+            help="The failed job's id (see `status`/`sql`).",
+            min=1,
+            max=MAX_ID,
+            autocompletion=complete.jobs,
+        ),
     ],
     reason: Annotated[str, typer.Option("--reason", help="Why it is safe to run again.")],
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,

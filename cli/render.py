@@ -188,6 +188,31 @@ def workers_text(status: dict[str, Any]) -> list[str]:
                 ],
             )
         )
+    nodes = status.get("nodes") or []
+    if nodes:
+        out += ["", "nodes:"]
+        out.append(
+            table(
+                ["node", "live workers", "last heartbeat", "free memory", "floor", "running"],
+                [
+                    [
+                        n["node"],
+                        n["live_workers"],
+                        "never"
+                        if n["heartbeat_age_seconds"] is None
+                        else f"{duration(max(0.0, n['heartbeat_age_seconds']))} ago",
+                        "-"
+                        if n["mem_available_mib"] is None
+                        else f"{n['mem_available_mib']:.0f} MiB",
+                        f"{n['memory_floor_mib']} MiB"
+                        if n["memory_floor_mib"] is not None
+                        else "-",
+                        f"{n['running']}/{n['max_jobs']}",
+                    ]
+                    for n in nodes
+                ],
+            )
+        )
     for entry in status.get("no_worker") or []:
         out.append(clean(f"  node {entry['node']}: no live worker — start one: {entry['start']}"))
     return out if len(out) > 2 else []

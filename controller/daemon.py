@@ -45,6 +45,8 @@ from controller.watch import ChangeWatch
 from workers import identity, jobenv
 
 ACTOR = "controller"
+LOCK_CHECK_SECONDS = 5.0
+"""How often a serving controller makes sure it still holds the ledger's lock."""
 PIDFILE = "controller.pid"
 
 
@@ -87,6 +89,8 @@ class Controller:
         self._closeout_runs: list[int] | None = None
         self._last_recovery = float("-inf")
         self.last_ledger_error: str | None = None
+        self.lost_lock = False
+        """``serve`` stopped because this controller no longer holds the ledger's lock."""
         self.on_ledger_error: Callable[[str], None] | None = None
         """Called with one line when the ledger stops answering (the CLI logs it)."""
         self.on_ledger_back: Callable[[int], None] | None = None
@@ -308,13 +312,26 @@ class Controller:
             for run_id in self._snapshot_owed
         )
 
-    def serve(self, should_stop: Callable[[], bool], interval: float = 0.05) -> None:
+    def serve(
+        self,
+        should_stop: Callable[[], bool],
+        interval: float = 0.05,
+        keep_lock: Callable[[], bool] | None = None,
+    ) -> None:
         """Tick whenever ``due()``; in between, an idle controller waits up to
         ``interval`` seconds for the ledger to change (``ChangeWatch``: a stat of the
         ledger files, or a notification on PostgreSQL)."""
         failures = 0
         backoff = db.backoff_wait()
+        checked = time.monotonic()
         while not should_stop():
+            if keep_lock is not None and time.monotonic() - checked >= LOCK_CHECK_SECONDS:
+                checked = time.monotonic()
+                if not keep_lock():
+                    # Its lock's connection was lost and another controller took the
+                    # ledger meanwhile (or the server is gone): one controller per ledger.
+                    self.lost_lock = True
+                    return
             try:
                 if self.due():
                     self.tick()
@@ -406,14 +423,24 @@ def running_controller(runtime_dir: Path) -> int | None:
 _controller_locks: dict[str, int] = {}
 
 
-def hold_controller_lock(runtime_dir: Path) -> bool:
+CONTROLLER_LOCK_KEY = 0x6C616E66  # the PostgreSQL advisory lock of the one controller
+_ledger_locks: dict[str, Any] = {}
+
+
+def hold_controller_lock(runtime_dir: Path, engine: Engine | None = None) -> bool:
     """Take the runtime dir's controller lock until ``release_controller_lock`` (or the
     end of this process). False if another process holds it (flock: atomic, and freed by
     the kernel when the holder dies, even by SIGKILL). True again if this process holds
-    it already."""
+    it already.
+
+    With a PostgreSQL ``engine`` the ledger is shared by machines, so the lock is the
+    ledger's too: a session-level advisory lock on a connection of its own, freed by the
+    server when this process or its connection dies (``holds_ledger_lock`` re-checks)."""
     key = str(Path(runtime_dir).resolve())
     if key in _controller_locks:
-        return True
+        return engine is None or holds_ledger_lock(engine)
+    if engine is not None and not holds_ledger_lock(engine):
+        return False
     fd = os.open(Path(key) / "controller.lock", os.O_RDWR | os.O_CREAT, modes()[0])
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -424,12 +451,52 @@ def hold_controller_lock(runtime_dir: Path) -> bool:
     return True
 
 
-def release_controller_lock(runtime_dir: Path) -> None:
+def release_controller_lock(runtime_dir: Path, engine: Engine | None = None) -> None:
     """Give the runtime dir's controller lock back (``laneway run`` when its run ended),
     so another controller, or another run in this process, can take it."""
     fd = _controller_locks.pop(str(Path(runtime_dir).resolve()), None)
     if fd is not None:
         os.close(fd)  # closing the last descriptor of the open file releases the flock
+    if engine is not None:
+        connection = _ledger_locks.pop(_lock_key(engine), None)
+        if connection is not None:
+            connection.close()  # the server frees a session's advisory locks
+
+
+def _lock_key(engine: Engine) -> str:
+    return engine.url.render_as_string(hide_password=False)
+
+
+def holds_ledger_lock(engine: Engine) -> bool:
+    """On PostgreSQL: does this process hold the ledger's controller lock (taking it if
+    it is free, also again after its connection was lost)? Always True on SQLite, where
+    the runtime dir's flock is the ledger's lock (one host)."""
+    if db.is_sqlite(engine):
+        return True
+    import psycopg
+
+    key = _lock_key(engine)
+    connection = _ledger_locks.get(key)
+    if connection is not None:
+        try:
+            connection.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            connection.close()
+            del _ledger_locks[key]
+    url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    try:
+        connection = psycopg.connect(url, autocommit=True, application_name="laneway-controller")
+        row = connection.execute(
+            "SELECT pg_try_advisory_lock(%s)", (CONTROLLER_LOCK_KEY,)
+        ).fetchone()
+    except psycopg.OperationalError:
+        return False  # the server cannot be reached: not held (the caller retries)
+    if not (row and row[0]):
+        connection.close()
+        return False
+    _ledger_locks[key] = connection
+    return True
 
 
 def claim_pidfile(runtime_dir: Path) -> None:

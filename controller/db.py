@@ -498,7 +498,12 @@ def missing_ledger(
             "start-pipeline` or `laneway run` creates one (check --database-url or "
             "LANEWAY_DATABASE_URL)"
         )
-    path = Path(runtime_dir or ".") / LEDGER_FILENAME
+    path = sqlite_path(url) or Path(runtime_dir or ".") / LEDGER_FILENAME
+    if os.environ.get("LANEWAY_DATABASE_URL"):
+        return UsageError(
+            f"LANEWAY_DATABASE_URL: no ledger at {path}; `laneway start-pipeline` or "
+            "`laneway run` creates one (check the URL)"
+        )
     return UsageError(
         f"--runtime-dir {runtime_dir}: no ledger at {path}; `laneway start-pipeline` or "
         "`laneway run` creates one (check the path, or set LANEWAY_RUNTIME_DIR)"
@@ -531,9 +536,14 @@ def existing_ledger_url(runtime_dir: str | os.PathLike[str]) -> str:
     """The ledger URL of ``runtime_dir``, refusing a SQLite runtime dir with no ledger
     (only ``start-pipeline`` and ``run`` create one)."""
     url = ledger_url(runtime_dir)
-    if url.startswith("sqlite") and not (Path(runtime_dir) / LEDGER_FILENAME).is_file():
+    if is_sqlite_url(url) and not Path(sqlite_path(url)).is_file():
         raise missing_ledger(runtime_dir)
     return url
+
+
+def sqlite_path(url: str) -> str:
+    """The file a ``sqlite:///PATH`` URL names."""
+    return url.split("///", 1)[1].split("?", 1)[0] if "///" in url else ""
 
 
 def open_existing_ledger(runtime_dir: str | os.PathLike[str]) -> Engine:
@@ -614,7 +624,7 @@ class ReadOnlyLedger:
         self._connection: Connection | None = None
         self._errors: tuple[type[Exception], ...] = (sqlite3.Error,)
         if self.url.startswith("sqlite"):
-            self.where = str(Path(runtime_dir).resolve() / LEDGER_FILENAME)
+            self.where = str(Path(sqlite_path(self.url)).resolve())
             self._sqlite = _open_sqlite_readonly(self.where)
             self._sqlite.set_authorizer(self._authorize)
         else:
@@ -716,6 +726,17 @@ class ReadOnlyLedger:
         if params is None:
             return self._connection.exec_driver_sql(sql)
         return self._connection.execute(text(sql), dict(params))
+
+    def now(self) -> datetime:
+        """The ledger's clock (``ledger_now``): this host's on SQLite, the server's on
+        PostgreSQL (heartbeat ages judged on a host whose clock is off stay right)."""
+        if self.is_sqlite:
+            from controller.clock import SystemClock
+
+            return SystemClock().now()
+        found = self.rows("SELECT timezone('UTC', clock_timestamp())")[0][0]
+        assert isinstance(found, datetime)
+        return found
 
     def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
         """Rows of a query laneway wrote (named ``:parameters``)."""

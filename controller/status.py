@@ -205,6 +205,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
     workers = node_workers(source, nodes, now=now)
     live = {w["node"] for w in workers if w["live"]}
     last_seen = _last_seen(workers)
+    node_summary = node_rows(source, nodes, workers)
 
     settled_count = sum(sum(by.values()) for by in outcomes.values())
     end = run["finished_at"] or now
@@ -245,6 +246,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
         "outcomes": outcomes,
         "running": running,
         "workers": workers,
+        "nodes": node_summary,
         "no_worker": [
             {"node": node, "start": worker_command(node, run["runtime_dir"])}
             for node in nodes
@@ -308,6 +310,46 @@ def node_workers(source: Rows, nodes: list[str], *, now: datetime) -> list[dict[
             }
         )
     return workers
+
+
+def node_rows(
+    source: Rows, nodes: list[str], workers: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per node of the run: its live workers, its newest heartbeat, the free memory its
+    last heartbeat reported against its floor, and its in-flight attempts (of every run:
+    they all share the node's memory). One indexed look per node."""
+    found = []
+    for node in nodes:
+        params = {"node": node}
+        memory = source.rows(
+            "SELECT mem_available_mib, mem_total_mib, memory_floor_mib, max_jobs "
+            "FROM nodes WHERE name = :node",
+            params,
+        )
+        in_flight = source.rows(
+            f"SELECT COUNT(*) FROM attempts WHERE node = :node AND state IN ({IN_FLIGHT})",
+            params,
+        )[0][0]
+        mine = [w for w in workers if w["node"] == node]
+        beats = [w["heartbeat_at"] for w in mine if w["state"] == WorkerState.ACTIVE.value]
+        available, total, floor, max_jobs = memory[0] if memory else (None, None, None, None)
+        found.append(
+            {
+                "node": node,
+                "live_workers": sum(1 for w in mine if w["live"]),
+                "last_heartbeat_at": max(beats) if beats else None,
+                "heartbeat_age_seconds": min(
+                    (w["heartbeat_age_seconds"] for w in mine if w["state"] == "active"),
+                    default=None,
+                ),
+                "mem_available_mib": None if available is None else round(available, 1),
+                "mem_total_mib": None if total is None else round(total, 1),
+                "memory_floor_mib": floor,
+                "running": in_flight,
+                "max_jobs": max_jobs,
+            }
+        )
+    return found
 
 
 def _last_seen(workers: list[dict[str, Any]]) -> dict[str, str]:
