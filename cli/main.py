@@ -28,13 +28,21 @@ import typer
 from cli import complete, render
 from controller import db
 from controller.clock import SystemClock, iso
-from controller.errors import CommitOutcomeUnknown, ConfigError, LanewayError, UsageError
+from controller.errors import (
+    CommitOutcomeUnknown,
+    ConfigError,
+    LanewayError,
+    LedgerUnavailable,
+    UsageError,
+)
 from controller.states import ControlKind, ControlScope
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
 EXIT_BLOCKED = 3
+RETRY_SECONDS = 15.0
+"""How long an operator's write retries a ledger that is unreachable or locked."""
 MAX_ID = 2**63 - 1
 BLOCKING_REASONS = {"halted", "unknown_outcome", "paused", "stopped"}
 
@@ -145,6 +153,31 @@ def schema(
     from controller import config as config_module
 
     typer.echo(render.as_json(config_module.json_schema()))
+
+
+@app.command()
+def migrate(
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create the ledger, or upgrade it to this laneway's schema, and print its revision.
+
+    Every command that writes (`start-pipeline`, `run`, `controller`, `worker`) does this
+    too when it starts, in one transaction (two starting at once take turns); run it on
+    its own to upgrade a PostgreSQL ledger before restarting the services of several
+    machines (docs/deploy.md). A ledger newer than this laneway is refused.
+    """
+    try:
+        engine = db.open_ledger(runtime_dir)
+        revision = db.current_revision(engine)
+        shown = db.shown_url(engine.url.render_as_string(hide_password=False))
+        engine.dispose()
+    except LanewayError as error:
+        _fail(error, as_json)
+        return
+    body = {"ok": True, "ledger": shown, "revision": revision, "head": db.head_revision()}
+    _emit(body, as_json, lambda b: f"ledger {b['ledger']} is at revision {b['revision']} (head)")
 
 
 @app.command("dry-run")
@@ -958,42 +991,43 @@ def _control(
             raise UsageError("--lane needs a RUN")
         engine = _writer(runtime_dir)
         now = SystemClock().now()
-        with db.transaction(db.session_factory(engine)) as session:
-            if run is not None:
-                run_row = ledger.get_run(session, run)
-                if lane is not None and lane not in {
-                    lane_config.name for lane_config in ledger.run_config(run_row).lanes
-                }:
-                    raise UsageError(f"run {run} has no lane {lane!r}")
-            if clear:
-                count = ledger.clear_controls(
-                    session, clear, reason=_reason(reason), actor=_actor(), now=now, run_id=run
-                )
-                body = {"ok": True, "cleared": count, "kinds": [k.value for k in clear]}
-            else:
-                scope = (
-                    ControlScope.GLOBAL
-                    if run is None
-                    else ControlScope.LANE
-                    if lane
-                    else ControlScope.RUN
-                )
-                control_id = ledger.set_control(
-                    session,
-                    kind,
-                    scope=scope,
-                    run_id=run,
-                    lane=lane,
-                    reason=_reason(reason),
-                    actor=_actor(),
-                    now=now,
-                )
-                body = {
-                    "ok": True,
-                    "control_id": control_id,
-                    "kind": kind.value,
-                    "scope": scope.value,
-                }
+        for trying in db.retrying(patience=RETRY_SECONDS):
+            with trying, db.transaction(db.session_factory(engine)) as session:
+                if run is not None:
+                    run_row = ledger.get_run(session, run)
+                    if lane is not None and lane not in {
+                        lane_config.name for lane_config in ledger.run_config(run_row).lanes
+                    }:
+                        raise UsageError(f"run {run} has no lane {lane!r}")
+                if clear:
+                    count = ledger.clear_controls(
+                        session, clear, reason=_reason(reason), actor=_actor(), now=now, run_id=run
+                    )
+                    body = {"ok": True, "cleared": count, "kinds": [k.value for k in clear]}
+                else:
+                    scope = (
+                        ControlScope.GLOBAL
+                        if run is None
+                        else ControlScope.LANE
+                        if lane
+                        else ControlScope.RUN
+                    )
+                    control_id = ledger.set_control(
+                        session,
+                        kind,
+                        scope=scope,
+                        run_id=run,
+                        lane=lane,
+                        reason=_reason(reason),
+                        actor=_actor(),
+                        now=now,
+                    )
+                    body = {
+                        "ok": True,
+                        "control_id": control_id,
+                        "kind": kind.value,
+                        "scope": scope.value,
+                    }
     except LanewayError as error:
         _fail(error, as_json)
         return
@@ -1116,31 +1150,32 @@ def cancel(
         engine = _writer(runtime_dir)
         now = SystemClock().now()
         why, actor = _reason(reason), _actor()
-        with db.transaction(db.session_factory(engine)) as session:
-            if run is not None:
-                ledger.get_run(session, run)
-                targets = ledger.running_attempts(session, run)
-            else:
-                assert attempt is not None
-                targets = [ledger.get_attempt(session, attempt)]
-            # Check every supervisor's identity before recording anything: a refused
-            # cancel leaves the ledger as it was.
-            for target in targets:
-                stopping.check_local_supervisor(target)
-            pending = 0
-            if run is not None:
-                ledger.set_control(
-                    session,
-                    ControlKind.STOP,
-                    scope=ControlScope.RUN,
-                    run_id=run,
-                    reason=why,
-                    actor=actor,
-                    now=now,
-                )
-                pending = ledger.cancel_pending(session, run, reason=why, actor=actor, now=now)
-            for target in targets:
-                ledger.request_cancel(session, target.id, reason=why, actor=actor, now=now)
+        for trying in db.retrying(patience=RETRY_SECONDS):
+            with trying, db.transaction(db.session_factory(engine)) as session:
+                if run is not None:
+                    ledger.get_run(session, run)
+                    targets = ledger.running_attempts(session, run)
+                else:
+                    assert attempt is not None
+                    targets = [ledger.get_attempt(session, attempt)]
+                # Check every supervisor's identity before recording anything: a refused
+                # cancel leaves the ledger as it was.
+                for target in targets:
+                    stopping.check_local_supervisor(target)
+                pending = 0
+                if run is not None:
+                    ledger.set_control(
+                        session,
+                        ControlKind.STOP,
+                        scope=ControlScope.RUN,
+                        run_id=run,
+                        reason=why,
+                        actor=actor,
+                        now=now,
+                    )
+                    pending = ledger.cancel_pending(session, run, reason=why, actor=actor, now=now)
+                for target in targets:
+                    ledger.request_cancel(session, target.id, reason=why, actor=actor, now=now)
         signalled = [stopping.terminate_supervisor(target) for target in targets]
     except LanewayError as error:
         _fail(error, as_json)
@@ -1195,18 +1230,19 @@ def reconcile(
         engine = _writer(runtime_dir)
         with db.session_factory(engine)() as session:
             exit_code, exit_signal = _verified_exit(ledger.get_attempt(session, attempt))
-        with db.transaction(db.session_factory(engine)) as session:
-            job_state = ledger.reconcile_attempt(
-                session,
-                attempt,
-                verdict=as_.value,
-                reason=_reason(reason),
-                actor=_actor(),
-                now=SystemClock().now(),
-                result=recorded,
-                exit_code=exit_code,
-                exit_signal=exit_signal,
-            )
+        for trying in db.retrying(patience=RETRY_SECONDS):
+            with trying, db.transaction(db.session_factory(engine)) as session:
+                job_state = ledger.reconcile_attempt(
+                    session,
+                    attempt,
+                    verdict=as_.value,
+                    reason=_reason(reason),
+                    actor=_actor(),
+                    now=SystemClock().now(),
+                    result=recorded,
+                    exit_code=exit_code,
+                    exit_signal=exit_signal,
+                )
     except LanewayError as error:
         _fail(error, as_json)
         return
@@ -1261,10 +1297,11 @@ def retry(
 
     try:
         engine = _writer(runtime_dir)
-        with db.transaction(db.session_factory(engine)) as session:
-            moved = ledger.retry_job(
-                session, job, reason=_reason(reason), actor=_actor(), now=SystemClock().now()
-            )
+        for trying in db.retrying(patience=RETRY_SECONDS):
+            with trying, db.transaction(db.session_factory(engine)) as session:
+                moved = ledger.retry_job(
+                    session, job, reason=_reason(reason), actor=_actor(), now=SystemClock().now()
+                )
     except LanewayError as error:
         _fail(error, as_json)
         return
@@ -1361,6 +1398,15 @@ def main() -> None:
     except LanewayError as error:  # errors raised outside a command's own handling
         typer.echo(f"laneway: {error}", err=True)
         sys.exit(error.exit_code)
+    except Exception as error:
+        # The ledger failed in a way no command handles (a connection lost mid-way):
+        # one line, never a traceback; anything else is a bug and propagates.
+        from sqlalchemy.exc import DBAPIError
+
+        if not isinstance(error, DBAPIError):
+            raise
+        typer.echo(f"laneway: the ledger failed: {db.describe(error)}", err=True)
+        sys.exit(LedgerUnavailable.exit_code)
 
 
 if __name__ == "__main__":

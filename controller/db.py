@@ -369,10 +369,21 @@ def current_revision(engine: Engine) -> str | None:
         with engine.connect() as connection:
             return MigrationContext.configure(connection).get_current_revision()
     except DatabaseError as exc:
+        if is_transient(exc):
+            raise unreachable(engine, exc) from None
         raise LedgerRevisionError(
             f"{engine.url.database or engine.url} is not a laneway ledger "
             f"({str(exc.orig or exc).splitlines()[0]})"
         ) from None
+
+
+def unreachable(engine: Engine, error: BaseException) -> LedgerUnavailable:
+    """The one line for a ledger that cannot be reached (its URL shown without password)."""
+    where = shown_url(engine.url.render_as_string(hide_password=False))
+    return LedgerUnavailable(
+        f"cannot reach the ledger at {where} ({describe(error)}); check that the database "
+        "server runs and the URL (--database-url / LANEWAY_DATABASE_URL)"
+    )
 
 
 def check_revision(engine: Engine) -> None:
@@ -471,6 +482,8 @@ def check_known_revision(engine: Engine, *, head: bool = False) -> None:
         with engine.connect() as connection:
             found = connection.exec_driver_sql("SELECT version_num FROM alembic_version").all()
     except SQLAlchemyError as exc:
+        if is_transient(exc):
+            raise unreachable(engine, exc) from None
         if _no_version_table(exc):
             raise missing_ledger(None, engine.url.render_as_string(hide_password=False)) from None
         raise LedgerRevisionError(

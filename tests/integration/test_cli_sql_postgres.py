@@ -25,7 +25,7 @@ from tests.integration.test_cli import assert_clean_error, good_config, invoke
 __all__ = ["good_config"]  # the fixture, shared with test_cli
 
 DEPLOY = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
-SECTION = "## A read-only role for laneway sql"
+SECTION = "A read-only role for laneway sql\n"
 SUPERUSER_OK = "--i-know-this-is-superuser"
 
 
