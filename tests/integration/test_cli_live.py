@@ -8,6 +8,8 @@ import json
 import signal
 import subprocess
 
+import pytest
+
 from tests.integration.test_cli import invoke
 from tests.integration.test_cli_imports import FAST, NEVER, heavy, imported
 from tests.integration.test_cli_services import LANEWAY, ROOT, config_file, finish
@@ -86,6 +88,10 @@ def test_run_off_a_terminal_reports_progress_in_lines(tmp_path):
     assert "\x1b" not in done.stderr
 
 
+@pytest.mark.sqlite_only(
+    "the quick read-only path is the standard library's sqlite3; on PostgreSQL a read-only "
+    "command needs SQLAlchemy and the driver"
+)
 def test_logs_and_web_help_stay_light(tmp_path):
     runtime = started(tmp_path)
     names, done = imported("logs", "1", "--job", "--runtime-dir", str(runtime))

@@ -81,7 +81,11 @@ def test_unknown_ids_and_names_are_one_line_errors(finished_run: Path):
     assert_clean_error(invoke("logs", "99", "--job", *rt), 2)
     assert_clean_error(invoke("logs", "x9.only", *rt), 2)
     assert_clean_error(invoke("logs", "nodot", *rt), 2)
-    assert_clean_error(invoke("logs", "1", "--runtime-dir", str(finished_run.parent / "no")), 2)
+    nowhere = finished_run.parent / "no"  # no ledger (on PostgreSQL: a missing file's URL)
+    missing = f"sqlite:///{nowhere / 'ledger.sqlite3'}"
+    assert_clean_error(
+        invoke("logs", "1", "--runtime-dir", str(nowhere), "--database-url", missing), 2
+    )
 
 
 def test_a_job_without_an_attempt_says_its_state(tmp_path: Path, monkeypatch):

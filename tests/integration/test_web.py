@@ -160,7 +160,11 @@ def test_binding_beyond_loopback_needs_a_token(tmp_path: Path):
         2,
     )
     assert_clean_error(invoke("web", "--bind", "nonsense", "--runtime-dir", str(runtime)), 2)
-    assert_clean_error(invoke("web", "--runtime-dir", str(tmp_path / "none")), 2)
+    # No ledger there (on PostgreSQL the URL names one: point it at a missing file).
+    missing = f"sqlite:///{tmp_path / 'none' / 'ledger.sqlite3'}"
+    assert_clean_error(
+        invoke("web", "--runtime-dir", str(tmp_path / "none"), "--database-url", missing), 2
+    )
 
 
 def test_a_token_is_required_and_compared(tmp_path: Path):
