@@ -220,6 +220,16 @@ def dry_run(config: ConfigPath, as_json: JsonFlag = False) -> None:
         raise typer.Exit(1)
 
 
+NewOpt = Annotated[
+    bool,
+    typer.Option(
+        "--new",
+        help="Start a new run even though the ledger holds an unfinished run of this "
+        "pipeline (without it, that is refused: continue it with `laneway run --continue`).",
+    ),
+]
+
+
 @app.command("start-pipeline")
 def start_pipeline(
     config: ConfigPath,
@@ -233,6 +243,7 @@ def start_pipeline(
             "runtime dir (log: RUNTIME_DIR/controller.log).",
         ),
     ] = True,
+    new: NewOpt = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Preflight a config and freeze it into a new run.
@@ -248,7 +259,7 @@ def start_pipeline(
 
     try:
         parsed = config_module.load_config(config)
-        run_id = pipeline.start(parsed, runtime_dir=runtime_dir, actor=_actor())
+        run_id = pipeline.start(parsed, runtime_dir=runtime_dir, actor=_actor(), new=new)
     except LanewayError as error:
         _fail(error, as_json)
         return
@@ -789,9 +800,25 @@ def controller(
 
 @app.command("run")
 def run_pipeline(
-    config: ConfigPath,
+    config: Annotated[
+        str | None,
+        typer.Argument(
+            help="Pipeline config, .toml or .json; with --continue: a run id, or a config "
+            "whose unfinished run to continue (omitted: the newest unfinished run).",
+            show_default=False,
+        ),
+    ] = None,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     database_url: DatabaseUrl = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--continue",
+            help="Continue an unfinished run: start the controller and the workers for "
+            "it; nothing is re-created and nothing that succeeded runs again.",
+        ),
+    ] = False,
+    new: NewOpt = False,
     as_json: JsonFlag = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress lines.")] = False,
 ) -> None:
@@ -803,7 +830,11 @@ def run_pipeline(
     takes over only if it goes away. It ends when the run is finished in the ledger,
     whoever closed it, and its closeout (if any) is done. A config that preflight refuses
     creates nothing. Exit 0 when every job is terminal, 3 when the run is blocked and
-    needs an operator (halt, pause, unknown outcome), 130 when interrupted.
+    needs an operator (halt, pause, unknown outcome), 130 when interrupted; each of
+    these prints the command that continues the run.
+
+    When the ledger holds an unfinished run of the same pipeline it refuses (exit 1):
+    `--continue` carries that run on, `--new` starts another deliberately.
     """
     from controller import config as config_module
     from controller import daemon as daemon_module
@@ -812,14 +843,22 @@ def run_pipeline(
     from workers.service import WorkerService
 
     try:
-        parsed = config_module.load_config(config)
-        # Preflight first (pipeline.start refuses before it opens anything), then the
-        # ledger that start created or migrated.
-        run_id = pipeline.start(parsed, runtime_dir=runtime_dir, actor=_actor())
-        engine = db.open_ledger(runtime_dir)
-        services = [
-            WorkerService(engine, node=node.name, slots=node.max_jobs) for node in parsed.nodes
-        ]
+        if resume:
+            if new:
+                raise UsageError("--continue and --new: choose one")
+            engine = db.open_existing_ledger(runtime_dir)
+            run_id, frozen = _run_to_continue(engine, config)
+            nodes = frozen.nodes
+        else:
+            if config is None:
+                raise UsageError("name a pipeline CONFIG (or pass --continue)")
+            parsed = config_module.load_config(Path(config))
+            # Preflight first (pipeline.start refuses before it opens anything), then the
+            # ledger that start created or migrated.
+            run_id = pipeline.start(parsed, runtime_dir=runtime_dir, actor=_actor(), new=new)
+            engine = db.open_ledger(runtime_dir)
+            nodes = parsed.nodes
+        services = [WorkerService(engine, node=node.name, slots=node.max_jobs) for node in nodes]
         for service in services:
             service.start()
     except LanewayError as error:
@@ -918,11 +957,45 @@ def run_pipeline(
     with db.session_factory(engine)() as session:
         final = build_status(session, ledger.get_run(session, run_id), now=daemon.clock.now())
     _emit(final, as_json, render.status_text)
+    if final["run"]["state"] != "finished":
+        if blocked:
+            typer.echo(f"laneway: run {run_id} is blocked: {blocked}", err=True)
+        typer.echo(
+            f"laneway: run {run_id} is not finished; continue it with: "
+            f"{pipeline.continue_command(run_id, runtime)}",
+            err=True,
+        )
     if blocked:
-        typer.echo(f"laneway: run {run_id} is blocked: {blocked}", err=True)
         raise typer.Exit(EXIT_BLOCKED)
     if final["run"]["state"] != "finished":
         raise typer.Exit(130 if stopper.stop() else 1)
+
+
+def _run_to_continue(engine: Any, target: str | None) -> tuple[int, Any]:
+    """The unfinished run ``laneway run --continue [TARGET]`` means, and its frozen
+    config: TARGET is a run id, or a config naming a pipeline with an unfinished run;
+    none: the newest unfinished run."""
+    from controller import config as config_module
+    from controller import ledger
+
+    with db.reader(engine)() as session:
+        if target is not None and target.isdigit():
+            run = ledger.get_run(session, int(target))
+            if run.state != "active":
+                raise UsageError(f"run {run.id} is finished; there is nothing to continue")
+            return run.id, ledger.run_config(run)
+        name = None
+        if target is not None:
+            name = config_module.load_config(Path(target)).name
+        unfinished = ledger.unfinished_runs(session, name)
+        if not unfinished:
+            which = f"of pipeline {name!r} " if name else ""
+            raise UsageError(
+                f"the ledger holds no unfinished run {which}to continue; "
+                "start one with `laneway run CONFIG`"
+            )
+        run = ledger.get_run(session, unfinished[0])
+        return run.id, ledger.run_config(run)
 
 
 LOOK_SECONDS = 1.0

@@ -35,6 +35,15 @@ class PreflightError(LanewayError):
         super().__init__("; ".join(reasons))
 
 
+class UnfinishedRun(LanewayError):
+    """A new run was asked for while the ledger holds an unfinished run of the same
+    pipeline: continue that one, or ask for a new run deliberately. ``reasons`` says how."""
+
+    def __init__(self, reasons: list[str]) -> None:
+        self.reasons = reasons
+        super().__init__("; ".join(reasons))
+
+
 class LedgerRevisionError(LanewayError):
     """The ledger's schema revision is one this build of laneway does not know."""
 

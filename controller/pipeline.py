@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -21,7 +22,7 @@ from controller import admission, db, ledger
 from controller.clock import Clock, SystemClock
 from controller.config import ENV_REF, PipelineConfig, placeholders, render, render_values
 from controller.durable import make_private_dir
-from controller.errors import PreflightError
+from controller.errors import PreflightError, UnfinishedRun
 
 
 def hash_file(path: str | Path) -> str:
@@ -243,9 +244,14 @@ def start(
     actor: str,
     clock: Clock | None = None,
     engine: Engine | None = None,
+    new: bool = False,
 ) -> int:
     """Preflight, then freeze ``config`` into a new run. Raises PreflightError (having
     created nothing) when preflight refuses. Returns the new run's id.
+
+    Raises UnfinishedRun (creating nothing) when the ledger holds an unfinished run of
+    the same pipeline, unless ``new``: running the same command again after an
+    interruption must continue that run (``continue_command``), not start over.
 
     Never clears a pause or halt: controls are separate rows that only operators lift.
     """
@@ -256,6 +262,9 @@ def start(
     engine = engine or db.open_ledger(runtime)
     clock = clock or SystemClock()
     with db.transaction(db.session_factory(engine)) as session:
+        unfinished = [] if new else ledger.unfinished_runs(session, config.name)
+        if unfinished:
+            raise UnfinishedRun(unfinished_reasons(config.name, unfinished, runtime))
         run = ledger.create_run(
             session,
             config,
@@ -267,3 +276,19 @@ def start(
         run_id = run.id
     make_private_dir(runtime / "runs" / str(run_id))
     return run_id
+
+
+def continue_command(run_id: int, runtime_dir: str | Path) -> str:
+    """The exact command that continues run ``run_id`` in the foreground."""
+    return f"laneway run --continue {run_id} --runtime-dir {shlex.quote(str(runtime_dir))}"
+
+
+def unfinished_reasons(name: str, run_ids: list[int], runtime_dir: str | Path) -> list[str]:
+    """Why a new run of pipeline ``name`` is refused, and the two ways on."""
+    listed = ", ".join(str(run_id) for run_id in run_ids)
+    return [
+        f"pipeline {name!r} has an unfinished run in this ledger (run {listed}); "
+        "a new run would execute its succeeded work again",
+        f"continue it (nothing is re-created): {continue_command(run_ids[0], runtime_dir)}",
+        "or start a new run deliberately: the same command with --new",
+    ]

@@ -66,6 +66,7 @@ from controller.ledger.runs import (
     run_config,
     stale_workers,
     stop_worker,
+    unfinished_runs,
     upsert_node,
 )
 from controller.ledger.settle import (
@@ -153,5 +154,6 @@ __all__ = [
     "stage_peaks",
     "stale_workers",
     "stop_worker",
+    "unfinished_runs",
     "upsert_node",
 ]

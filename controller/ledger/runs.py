@@ -151,6 +151,16 @@ def get_run(session: Session, run_id: int | None = None) -> Run:
     return run
 
 
+def unfinished_runs(session: Session, name: str | None = None) -> list[int]:
+    """Ids of the active (unfinished) runs, newest first; of pipeline ``name`` only when
+    given. A new run of a pipeline with one of these is refused unless asked for
+    deliberately: continuing it never repeats work that succeeded."""
+    query = select(Run.id).where(Run.state == RunState.ACTIVE).order_by(Run.id.desc())
+    if name is not None:
+        query = query.where(Run.name == name)
+    return list(session.scalars(query))
+
+
 def active_run_ids(session: Session) -> list[int]:
     return list(session.scalars(select(Run.id).where(Run.state == RunState.ACTIVE)))
 

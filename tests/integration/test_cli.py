@@ -210,7 +210,7 @@ def test_start_pipeline_ensures_one_controller(good_config, tmp_path):
         wait_until(lambda: daemon.running_controller(runtime.resolve()) == pid)
         second = json.loads(
             invoke(
-                "start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--json"
+                "start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--json", "--new"
             ).stdout
         )
         assert second["controller_pid"] == pid and second["controller_started"] is False

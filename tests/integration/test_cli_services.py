@@ -105,8 +105,13 @@ def test_run_ends_when_another_controller_closes_its_run(tmp_path, controller_on
 def test_two_runs_on_one_runtime_dir_both_end(tmp_path):
     runtime = tmp_path / "rt"
     db.open_ledger(runtime).dispose()
-    first = spawn("run", str(config_file(tmp_path, items=4)), "--runtime-dir", str(runtime))
-    second = spawn("run", str(config_file(tmp_path, items=2)), "--runtime-dir", str(runtime))
+    # Two runs of one pipeline at once: deliberately (--new), or the second is refused.
+    first = spawn(
+        "run", str(config_file(tmp_path, items=4)), "--runtime-dir", str(runtime), "--new"
+    )
+    second = spawn(
+        "run", str(config_file(tmp_path, items=2)), "--runtime-dir", str(runtime), "--new"
+    )
     for process in (first, second):
         code, _out, err = finish(process)
         assert code == 0, err[-2000:]

@@ -1,0 +1,138 @@
+"""Continue, never repeat: running the same command again after an interruption
+continues the unfinished run instead of executing its succeeded work a second time.
+
+Real `laneway run` processes; every job appends its item to a file, so a second
+execution of anything shows up as a repeated line.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.integration.test_cli import invoke
+from tests.integration.test_cli_services import BOUND, LANEWAY, ROOT
+from tests.support import wait_until
+
+JOB = """
+import os, sys, time
+item, stage, count, gate = sys.argv[1:5]
+with open(count, 'a') as handle:
+    handle.write(stage + ' ' + item + chr(10))
+deadline = time.monotonic() + 60
+while item == 'x3' and not os.path.exists(gate) and time.monotonic() < deadline:
+    time.sleep(0.01)
+"""
+
+
+def write_config(
+    tmp_path: Path,
+    *,
+    items: int = 6,
+    stages: list[dict[str, Any]] | None = None,
+    name: str = "cont",
+    **extra: Any,
+) -> Path:
+    count, gate = tmp_path / "count.txt", tmp_path / "gate"
+    stages = stages or [{"name": "work"}]
+    body = {
+        "name": name,
+        "nodes": [{"name": "n1", "memory_floor_mib": 0, "max_jobs": 1}],
+        "lanes": [{"name": "a", "node": "n1"}],
+        "stages": [
+            {
+                "argv": [sys.executable, "-c", JOB, "{item}", stage["name"], str(count), str(gate)],
+                "timeout_seconds": 60,
+                **stage,
+            }
+            for stage in stages
+        ],
+        "items": [{"key": f"x{i}", "lane": "a"} for i in range(1, items + 1)],
+        **extra,
+    }
+    path = tmp_path / "pipeline.json"
+    path.write_text(json.dumps(body))
+    return path
+
+
+def executions(tmp_path: Path) -> list[str]:
+    path = tmp_path / "count.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_interrupted_run_continues_without_repeating_succeeded_items(tmp_path):
+    config = write_config(tmp_path)
+    runtime = tmp_path / "rt"
+    err_path = tmp_path / "first.err"
+    with err_path.open("w") as err_file:
+        first = subprocess.Popen(
+            [*LANEWAY, "run", str(config), "--runtime-dir", str(runtime), "--quiet"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+            text=True,
+        )
+        try:
+            # x1 and x2 succeeded, x3 is running (held at its gate): interrupt half-way.
+            wait_until(lambda: "work x3" in executions(tmp_path), BOUND)
+            first.send_signal(signal.SIGINT)
+            wait_until(lambda: "stopping" in err_path.read_text(), BOUND)
+            (tmp_path / "gate").touch()
+            code = first.wait(timeout=BOUND)
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.wait()
+    err = err_path.read_text()
+    assert code == 130, err[-2000:]
+    assert executions(tmp_path) == ["work x1", "work x2", "work x3"]
+    hint = [line for line in err.splitlines() if "continue it with: " in line]
+    assert hint, err[-2000:]
+    command = shlex.split(hint[-1].split("continue it with: ", 1)[1])
+    assert command[:4] == ["laneway", "run", "--continue", "1"]
+
+    # The same command again refuses, creates nothing, and names both ways on.
+    again = invoke("run", str(config), "--runtime-dir", str(runtime))
+    assert again.exit_code == 1, again.output
+    assert "laneway run --continue 1" in again.stderr and "--new" in again.stderr
+    assert "Traceback" not in again.output
+    refused = invoke("start-pipeline", str(config), "--runtime-dir", str(runtime), "--json")
+    assert refused.exit_code == 1
+    assert json.loads(refused.stdout)["error"] == "UnfinishedRun"
+
+    # The printed command continues the same run: nothing is re-created, and no item
+    # that succeeded runs again.
+    finished = subprocess.run(
+        [*LANEWAY, *command[1:], "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+    )
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    status = json.loads(finished.stdout)
+    assert status["run"]["id"] == 1 and status["run"]["state"] == "finished"
+    assert status["totals"] == {"succeeded": 6}
+    assert sorted(executions(tmp_path)) == [f"work x{i}" for i in range(1, 7)]
+
+
+def test_continue_refuses_what_cannot_be_continued(tmp_path):
+    config = write_config(tmp_path, items=1)
+    runtime = tmp_path / "rt"
+    done = invoke("run", str(config), "--runtime-dir", str(runtime), "--quiet")
+    assert done.exit_code == 0, done.output
+    finished_run = invoke("run", "--continue", "1", "--runtime-dir", str(runtime))
+    assert finished_run.exit_code == 2 and "run 1 is finished" in finished_run.stderr
+    nothing = invoke("run", "--continue", "--runtime-dir", str(runtime))
+    assert nothing.exit_code == 2 and "no unfinished run" in nothing.stderr
+    both = invoke("run", str(config), "--continue", "--new", "--runtime-dir", str(runtime))
+    assert both.exit_code == 2 and "choose one" in both.stderr
+    # A finished run is no obstacle: the same command starts a new run.
+    second = invoke("run", str(config), "--runtime-dir", str(runtime), "--json")
+    assert second.exit_code == 0, second.output
+    assert json.loads(second.stdout)["run"]["id"] == 2
