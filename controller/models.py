@@ -291,6 +291,9 @@ class Reservation(Base):
     gpu_mib: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime())
     released_at: Mapped[datetime | None] = mapped_column(DateTime())
+    usage: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """Usage key -> the attempt's expected cost, held against its run's and stage's
+    budgets (``usage_totals.reserved``) until the reservation is released."""
 
 
 class Control(Base):
@@ -369,3 +372,38 @@ class StageStats(Base):
     """How many settled attempts had a measurement folded in."""
     peak_rss_mib: Mapped[float | None] = mapped_column(Float)
     peak_gpu_mib: Mapped[float | None] = mapped_column(Float)
+
+
+class AttemptUsage(Base):
+    """What an attempt reported in its result's ``usage``: one row per key. Written once,
+    by the settle (or the unknown mark, or the reconcile) that read the result."""
+
+    __tablename__ = "attempt_usage"
+    __table_args__ = (
+        # The expected cost: a stage's newest values of one key in one run.
+        Index("ix_attempt_usage_window", "run_id", "stage", "key", "attempt_id"),
+    )
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
+    stage: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float] = mapped_column(Float)
+    recorded_at: Mapped[datetime] = mapped_column(DateTime())
+
+
+class UsageTotal(Base):
+    """Per (run, stage, usage key): what was spent and what live attempts hold, kept by
+    the transactions that report or reserve it, so a budget check reads a few rows
+    instead of every attempt. A run's total is the sum over its stages."""
+
+    __tablename__ = "usage_totals"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    stage: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    spent: Mapped[float] = mapped_column(Float, default=0.0)
+    reserved: Mapped[float] = mapped_column(Float, default=0.0)
+    """Expected costs of attempts that hold a reservation (running, or unknown until
+    reconciled: they may have spent)."""
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    """How many attempts reported this key."""

@@ -521,6 +521,7 @@ class WorkerService:
                     actor=self.worker_id,
                     now=now,
                     fence=fence,
+                    result=result,
                 )
                 return f"{label}: unknown ({verdict.reason})"
             ledger.settle_from_verdict(
@@ -743,6 +744,7 @@ class WorkerService:
                                 actor=self.worker_id,
                                 now=now,
                                 fence=flight.claim.fence,
+                                result=result,
                             )
                         else:
                             ledger.settle_from_verdict(

@@ -11,7 +11,9 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from controller import usage as usage_math
 from controller.errors import IllegalTransition, NotFound
+from controller.ledger import usage as usage_ledger
 from controller.ledger.promotion import promote_item
 from controller.ledger.runs import run_config
 from controller.ledger.settle import fold_peaks, release
@@ -65,7 +67,7 @@ def reconcile_attempt(
         "state_reason": f"reconciled by {actor}: {reason}",
     }
     if result is not None:
-        values["result"] = result
+        values["result"] = usage_math.storable(result)
     if exit_code is not None:
         values["exit_code"] = exit_code
     if exit_signal is not None:
@@ -93,6 +95,15 @@ def reconcile_attempt(
         now=now,
         actor=actor,
         reason=f"attempt {attempt.number} reconciled as {verdict}: {reason}",
+    )
+    usage_ledger.record_usage(
+        session,
+        attempt_id=attempt_id,
+        run_id=moved.run_id,
+        job_id=attempt.job_id,
+        stage=moved.stage,
+        usage=usage_math.read_usage(result)[0],
+        now=now,
     )
     release(session, attempt_id, now=now)
     fold_peaks(session, moved.run_id, moved.stage, attempt, {})

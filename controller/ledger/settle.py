@@ -15,7 +15,9 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from controller import breakers, policy
+from controller import usage as usage_math
 from controller.ledger import statements
+from controller.ledger import usage as usage_ledger
 from controller.ledger.controls import run_paused, set_control
 from controller.ledger.promotion import promote_item
 from controller.ledger.runs import frozen_config
@@ -90,8 +92,13 @@ def settle_attempt(
     The job's next state comes from ``policy.next_job_state``. Downstream jobs of the
     item are promoted or skipped in the same transaction. Returns the job's new state.
     StaleLease if ``fence`` is no longer current.
+
+    The result's ``usage`` is stored and added to its stage's spend whatever the
+    outcome (money spent on a failure is spent); a value that is not a finite,
+    non-negative number is left out with a diagnostic and changes nothing else.
     """
     columns = _measured_columns(measured)
+    usage, usage_warnings = usage_math.read_usage(result)
     attempt = move_attempt(
         session,
         attempt_id,
@@ -106,13 +113,22 @@ def settle_attempt(
             "state_reason": reason,
             "exit_code": exit_code,
             "exit_signal": exit_signal,
-            "result": result,
-            "diagnostics": diagnostics or [],
+            "result": usage_math.storable(result),
+            "diagnostics": [*(diagnostics or []), *usage_warnings],
             **columns,
         },
         event_detail={"outcome": outcome.value, "exit_code": exit_code, "reason": reason},
     )
     job = session.execute(statements.JOB_CONTEXT, {"job_id": attempt.job_id}).one()
+    usage_ledger.record_usage(
+        session,
+        attempt_id=attempt_id,
+        run_id=job.run_id,
+        job_id=job.id,
+        stage=job.stage,
+        usage=usage,
+        now=now,
+    )
     config = frozen_config(session, job.run_id, job.config_sha256)
     new_state = policy.next_job_state(config.stage(job.stage), outcome, job.attempt_count)
     move_job(
@@ -300,10 +316,13 @@ def mark_unknown(
     actor: str,
     now: datetime,
     fence: int | None = None,
+    result: dict[str, Any] | None = None,
 ) -> None:
     """The attempt's outcome cannot be established: attempt and job become unknown, the
     lease is revoked (fence bumped), and dispatch for the run halts until reconciled.
-    The reservation stays held: the process may still be running."""
+    The reservation stays held: the process may still be running (and its expected
+    cost stays held against budgets). Usage in ``result``, when one was read, is
+    stored: it was spent whatever the outcome turns out to be."""
     attempt = move_attempt(
         session,
         attempt_id,
@@ -315,7 +334,7 @@ def mark_unknown(
         values={"state_reason": reason},
         event_detail={"reason": reason},
     )
-    move_job(
+    moved = move_job(
         session,
         attempt.job_id,
         JobState.RUNNING,
@@ -325,10 +344,23 @@ def mark_unknown(
         reason=reason,
         bump_fence=True,
     )
+    usage_ledger.record_usage(
+        session,
+        attempt_id=attempt_id,
+        run_id=moved.run_id,
+        job_id=attempt.job_id,
+        stage=moved.stage,
+        usage=usage_math.read_usage(result)[0],
+        now=now,
+    )
     session.execute(statements.RELEASE_LEASE, {"b_attempt_id": attempt_id, "b_now": now})
 
 
 def release(session: Session, attempt_id: int, *, now: datetime) -> None:
-    """An attempt's lease and reservation end (it settled)."""
+    """An attempt's lease and reservation end (it settled); the expected cost the
+    reservation held against budgets is given back."""
     session.execute(statements.RELEASE_LEASE, {"b_attempt_id": attempt_id, "b_now": now})
-    session.execute(statements.RELEASE_RESERVATION, {"b_attempt_id": attempt_id, "b_now": now})
+    held = session.execute(
+        usage_ledger.RELEASE_RESERVATION_USAGE, {"b_attempt_id": attempt_id, "b_now": now}
+    ).scalar()
+    usage_ledger.release_expected(session, attempt_id, held)

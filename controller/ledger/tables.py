@@ -10,6 +10,7 @@ from sqlalchemy import Table
 
 from controller.models import (
     Attempt,
+    AttemptUsage,
     Control,
     Decision,
     Event,
@@ -21,6 +22,7 @@ from controller.models import (
     Reservation,
     Run,
     StageStats,
+    UsageTotal,
     Worker,
 )
 
@@ -32,6 +34,7 @@ def _table(model: type) -> Table:
 
 
 attempts = _table(Attempt)
+attempt_usage = _table(AttemptUsage)
 controls = _table(Control)
 decisions = _table(Decision)
 events = _table(Event)
@@ -43,4 +46,5 @@ nodes = _table(Node)
 reservations = _table(Reservation)
 runs = _table(Run)
 stage_stats = _table(StageStats)
+usage_totals = _table(UsageTotal)
 workers = _table(Worker)

@@ -22,7 +22,19 @@ REVISIONS = [
     for rev in reversed(list(ScriptDirectory.from_config(db.alembic_config()).walk_revisions()))
 ]
 
-VIEWS = {"v_job_current", "v_unknown_attempts", "v_lane_occupancy", "v_why_idle", "v_stage_peaks"}
+VIEWS = {
+    "v_job_current",
+    "v_unknown_attempts",
+    "v_lane_occupancy",
+    "v_why_idle",
+    "v_stage_peaks",
+    "v_attempt_usage",
+    "v_usage_job",
+    "v_usage_stage",
+    "v_usage_lane",
+    "v_usage_item",
+    "v_usage_run",
+}
 
 
 def test_upgrade_head_matches_models(tmp_path):
