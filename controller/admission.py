@@ -23,6 +23,13 @@ Reason codes, in the order they are checked for a candidate job:
   part of each reservation the attempt may still grow into. An attempt not yet sampled
   holds its whole reservation. The stage reservation is the configured ``memory_mib``,
   or, with ``learn_memory``, ``max(memory_mib, measured peak x memory_margin)``.
+- ``budget`` — the run's (or the stage's) ``budget`` for a usage key is reached, or
+  ``spent + reserved + expected > budget``: ``spent`` is what settled attempts
+  reported, ``reserved`` the expected costs held by attempts still running or unknown
+  (they may have spent), ``expected`` this attempt's expected cost: the p90 of the
+  stage's newest reported values in this run, or its ``expected_usage`` until there
+  are any. Equality admits. Checked right after the controls: only more budget (or a
+  reconcile that gives a reservation back) lifts it.
 - ``needs_pending`` — (lane-level) nothing is ready, but jobs wait on earlier stages
   (unless a halt, unknown outcome, pause or stop covers the lane: that is the reason).
 
@@ -38,6 +45,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller import usage as usage_math
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -50,6 +59,10 @@ class Candidate:
     gpu_mib: int = 0
     gpu_peak_mib: float | None = None
     """The stage's measured GPU peak (settled attempts), if any."""
+    expected_usage: dict[str, float] = field(default_factory=dict, compare=False)
+    """Usage key -> this attempt's expected cost, for each key a budget covers."""
+    expected_from: dict[str, str] = field(default_factory=dict, compare=False)
+    """Usage key -> where the expected cost comes from (``p90 of N attempt(s)``, ...)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +115,10 @@ class Snapshot:
     run's dispatch, not only their own."""
     waiting_lanes: set[tuple[int, str]] = field(default_factory=set)
     """(run, lane) pairs with jobs waiting on `needs`."""
+    budgets: dict[tuple[int, str | None], dict[str, float]] = field(default_factory=dict)
+    """(run, stage or None for the run) -> usage key -> budget."""
+    spend: dict[tuple[int, str | None, str], tuple[float, float]] = field(default_factory=dict)
+    """(run, stage or None, usage key) -> (spent, reserved by live attempts)."""
 
 
 @dataclass(frozen=True)
@@ -135,12 +152,13 @@ def admit(snapshot: Snapshot) -> Admission:
     gpu_peaks = list(snapshot.node.gpu_running_peaks)
     lane_stage = Counter(snapshot.running_lane_stage)
     stage = Counter(snapshot.running_stage)
+    held: dict[tuple[int, str | None, str], float] = {}
     refused: set[tuple[int, str, str | None]] = set()
     blocked_lanes: set[tuple[int, str]] = set()
 
     for job in snapshot.candidates:
         reason = _first_refusal(
-            snapshot, job, running, free, reserved, gpu_peaks, lane_stage, stage
+            snapshot, job, running, free, reserved, gpu_peaks, lane_stage, stage, held
         )
         if reason is None:
             result.starts.append(job)
@@ -151,6 +169,10 @@ def admit(snapshot: Snapshot) -> Admission:
             reserved += job.memory_mib
             lane_stage[(job.run_id, job.lane, job.stage)] += 1
             stage[(job.run_id, job.stage)] += 1
+            for usage_key, amount in job.expected_usage.items():
+                for scope in (None, job.stage):
+                    where = (job.run_id, scope, usage_key)
+                    held[where] = held.get(where, 0.0) + amount
             continue
         blocked_lanes.add((job.run_id, job.lane))
         key = (job.run_id, job.lane, job.stage)
@@ -179,8 +201,9 @@ def _first_refusal(
     gpu_peaks: list[float | None],
     lane_stage: Counter[tuple[int, str, str]],
     stage: Counter[tuple[int, str]],
+    held: dict[tuple[int, str | None, str], float],
 ) -> tuple[str, dict[str, Any]] | None:
-    reasons = _refusals(snap, job, running, free, reserved, gpu_peaks, lane_stage, stage)
+    reasons = _refusals(snap, job, running, free, reserved, gpu_peaks, lane_stage, stage, held)
     return next(reasons, None)
 
 
@@ -197,6 +220,7 @@ def explain(snap: Snapshot, job: Candidate) -> list[tuple[str, dict[str, Any]]]:
             list(node.gpu_running_peaks),
             Counter(snap.running_lane_stage),
             Counter(snap.running_stage),
+            {},
         )
     )
 
@@ -210,10 +234,14 @@ def _refusals(
     gpu_peaks: list[float | None],
     lane_stage: Counter[tuple[int, str, str]],
     stage: Counter[tuple[int, str]],
+    held: dict[tuple[int, str | None, str], float],
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     blocked = _control_refusal(snap, job)
     if blocked is not None:
         yield blocked
+    over = _budget_refusal(snap, job, held)
+    if over is not None:
+        yield over
     node = snap.node
     if running >= node.max_jobs:
         yield "max_jobs", {"running": running, "max_jobs": node.max_jobs}
@@ -243,6 +271,30 @@ def _refusals(
                 "floor_mib": node.memory_floor_mib,
             },
         )
+
+
+def _budget_refusal(
+    snap: Snapshot, job: Candidate, held: dict[tuple[int, str | None, str], float]
+) -> tuple[str, dict[str, Any]] | None:
+    """The first budget (the run's, then the stage's; keys in name order) that this
+    attempt's expected cost would pass. ``held``: what this admission already started."""
+    for scope in (None, job.stage):
+        for key, budget in sorted(snap.budgets.get((job.run_id, scope), {}).items()):
+            spent, reserved = snap.spend.get((job.run_id, scope, key), (0.0, 0.0))
+            reserved += held.get((job.run_id, scope, key), 0.0)
+            expected = job.expected_usage.get(key, 0.0)
+            if usage_math.over_budget(spent + reserved, expected, budget):
+                return "budget", {
+                    "scope": "run" if scope is None else "stage",
+                    "stage": job.stage,
+                    "key": key,
+                    "spent": round(spent, 6),
+                    "reserved": round(reserved, 6),
+                    "expected": round(expected, 6),
+                    "expected_from": job.expected_from.get(key, "no measurement"),
+                    "budget": budget,
+                }
+    return None
 
 
 def _gpu_refusal(
@@ -311,6 +363,8 @@ def describe(code: str, detail: dict[str, Any]) -> str:
             f"memory_floor — free {detail['available_mib']} MiB - unreleased "
             f"{detail['reserved_mib']} - stage {detail['stage_mib']} < floor {detail['floor_mib']}"
         )
+    if code == "budget" and "key" in detail:
+        return budget_words(detail)
     if code in ("lane_cap", "stage_cap"):
         return f"{code} — {detail['running']} running, cap {detail['cap']}"
     if code == "max_jobs":
@@ -334,3 +388,21 @@ def describe(code: str, detail: dict[str, Any]) -> str:
     if "why" in detail:
         return f"{code} — {detail['why']}"
     return code
+
+
+def budget_words(detail: dict[str, Any]) -> str:
+    """A budget refusal's arithmetic, e.g. ``budget (run) — cost_usd: spent 45 + reserved
+    3 + expected 4 (p90 of 12 attempt(s)) = 52 > budget 50``."""
+    scope = "run" if detail["scope"] == "run" else f"stage {detail['stage']}"
+    committed = detail["spent"] + detail["reserved"]
+    total = committed + detail["expected"]
+    head = (
+        f"budget ({scope}) — {detail['key']}: spent {detail['spent']:g} + reserved "
+        f"{detail['reserved']:g}"
+    )
+    if committed >= detail["budget"]:
+        return f"{head} = {committed:g} reaches budget {detail['budget']:g}"
+    return (
+        f"{head} + expected {detail['expected']:g} ({detail['expected_from']}) = "
+        f"{total:g} > budget {detail['budget']:g}"
+    )

@@ -67,6 +67,14 @@ PATTERN_HELP = {
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Key = Annotated[str, Field(pattern=KEY_PATTERN)]
+USAGE_KEY_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$"
+PATTERN_HELP[USAGE_KEY_PATTERN] = (
+    "a usage key uses letters, digits, '_', '.', '-' (at most 64), starting with a letter"
+)
+UsageKey = Annotated[str, Field(pattern=USAGE_KEY_PATTERN)]
+Amount = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Budget = dict[UsageKey, Amount]
+"""Usage key -> most the run (or stage) may spend, e.g. ``budget = { cost_usd = 50 }``."""
 
 
 class _Strict(BaseModel):
@@ -152,6 +160,16 @@ class StageConfig(_Strict):
     cap: int | None = Field(None, ge=0, description="Most running at once across all lanes.")
     exit_codes: dict[int, Outcome] = Field(default_factory=_default_exit_codes)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    budget: Budget | None = Field(
+        None,
+        description="Usage key -> most this stage's attempts may spend in the run; "
+        "admission refuses (reason budget) an attempt whose expected cost would pass it.",
+    )
+    expected_usage: Budget = Field(
+        default_factory=dict,
+        description="Usage key -> expected cost of one attempt, used until attempts of "
+        "this stage have reported usage (then their p90 is).",
+    )
     result: Literal["optional", "required"] = Field(
         "optional",
         description='"required": an attempt settles succeeded only with a result.json '
@@ -238,6 +256,11 @@ class PipelineConfig(_Strict):
         "run",
         description="What an attempt with an unknown outcome stops until it is reconciled: "
         "its own run's dispatch, or every run's.",
+    )
+    budget: Budget | None = Field(
+        None,
+        description="Usage key -> most the run may spend (e.g. { cost_usd = 50 }); "
+        "admission refuses (reason budget) an attempt whose expected cost would pass it.",
     )
     sources: list[str] = Field(default_factory=list, description="Files hashed and frozen.")
     closeout: list[CloseoutStep] = Field(

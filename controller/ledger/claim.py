@@ -22,7 +22,8 @@ from controller import admission, launch
 from controller.config import TemplateError
 from controller.errors import IllegalTransition
 from controller.ledger import statements
-from controller.ledger.controls import set_control
+from controller.ledger import usage as usage_ledger
+from controller.ledger.controls import run_paused, set_control
 from controller.ledger.snapshot import RunInfo, admission_snapshot
 from controller.ledger.tables import decisions
 from controller.ledger.transitions import append_events, event_row, move_job
@@ -138,6 +139,7 @@ def claim_jobs(
                 job,
                 run,
                 memory_mib=candidate.memory_mib,
+                expected_usage=candidate.expected_usage,
                 pick_ports=pick_ports,
                 taken_ports=taken,
                 worker_id=worker_id,
@@ -162,7 +164,42 @@ def claim_jobs(
         worker_id=worker_id,
         now=now,
     )
+    _pause_when_nothing_fits(session, snapshot, verdict, now=now, actor=worker_id)
     return claims
+
+
+def _pause_when_nothing_fits(
+    session: Session,
+    snapshot: admission.Snapshot,
+    verdict: admission.Admission,
+    *,
+    now: datetime,
+    actor: str,
+) -> None:
+    """Pause a run, with the arithmetic as its reason, once its budget leaves nothing
+    more to start: this claim refused all of its candidates for ``budget``, started
+    none and none of its attempts is running (those are never interrupted; their
+    settles give back what they held and may leave room)."""
+    started = {c.run_id for c in verdict.starts}
+    by_run: dict[int, list[admission.Refusal]] = {}
+    for refusal in verdict.refusals:
+        by_run.setdefault(refusal.run_id, []).append(refusal)
+    for run_id, refusals in sorted(by_run.items()):
+        if run_id in started or any(r.code != "budget" for r in refusals):
+            continue
+        if any(n for (r, _), n in snapshot.running_stage.items() if r == run_id):
+            continue
+        if run_paused(session, run_id):
+            continue
+        set_control(
+            session,
+            ControlKind.PAUSE,
+            scope=ControlScope.RUN,
+            run_id=run_id,
+            reason=f"nothing more fits the budget: {refusals[0].words()}",
+            actor=actor,
+            now=now,
+        )
 
 
 def _ports_in_use(session: Session, node: str) -> set[int]:
@@ -206,6 +243,7 @@ def _grant(
     run: RunInfo,
     *,
     memory_mib: float,
+    expected_usage: dict[str, float],
     pick_ports: PortPicker | None,
     taken_ports: set[int],
     worker_id: str,
@@ -277,16 +315,18 @@ def _grant(
             "expires_at": now + timedelta(seconds=lease_seconds),
         },
     )
-    session.execute(
-        statements.INSERT_RESERVATION,
-        {
-            "attempt_id": attempt_id,
-            "node": node,
-            "memory_mib": math.ceil(memory_mib),
-            "gpu_mib": stage.gpu_mib,
-            "created_at": now,
-        },
-    )
+    reservation: dict[str, Any] = {
+        "attempt_id": attempt_id,
+        "node": node,
+        "memory_mib": math.ceil(memory_mib),
+        "gpu_mib": stage.gpu_mib,
+        "created_at": now,
+    }
+    if expected_usage:
+        # Left out otherwise: SQL NULL, not JSON null, for a stage no budget covers.
+        reservation["usage"] = expected_usage
+    session.execute(statements.INSERT_RESERVATION, reservation)
+    usage_ledger.hold_expected(session, run.id, job.stage, expected_usage)
     event_rows.append(
         event_row(
             EventKind.ATTEMPT_INTENT,

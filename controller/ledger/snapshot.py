@@ -18,6 +18,7 @@ from controller import admission
 from controller.config import PipelineConfig
 from controller.errors import NotFound
 from controller.ledger import statements
+from controller.ledger import usage as usage_ledger
 from controller.ledger.runs import frozen_config
 from controller.ledger.tables import jobs
 from controller.models import Run
@@ -113,12 +114,22 @@ def admission_snapshot(
     per_partition = limit if limit is not None else free_slots + 1
     ready_rows = _ready_rows(session, partitions, per_partition, job_id=job_id, lock=lock)
     peaks = stage_peaks(session, run_ids)
+    budgets, spend = budget_state(session, run_infos)
+    expected: dict[tuple[int, str], dict[str, tuple[float, str]]] = {}
     candidates = []
     jobs_by_id: dict[int, tuple[Any, RunInfo]] = {}
     for job in ready_rows:
         info = run_infos[job.run_id]
         stage = info.config.stage(job.stage)
         rss_peak, gpu_peak = peaks.get((job.run_id, job.stage), (None, None))
+        keys = set(budgets.get((job.run_id, None), {})) | set(
+            budgets.get((job.run_id, job.stage), {})
+        )
+        if keys and (job.run_id, job.stage) not in expected:
+            expected[(job.run_id, job.stage)] = usage_ledger.expected_cost(
+                session, job.run_id, stage, keys
+            )
+        costs = expected.get((job.run_id, job.stage), {})
         candidates.append(
             admission.Candidate(
                 job_id=job.id,
@@ -128,6 +139,8 @@ def admission_snapshot(
                 memory_mib=reservation_mib(stage, rss_peak),
                 gpu_mib=stage.gpu_mib,
                 gpu_peak_mib=gpu_peak,
+                expected_usage={key: cost for key, (cost, _) in costs.items()},
+                expected_from={key: source for key, (_, source) in costs.items()},
             )
         )
         jobs_by_id[job.id] = (job, info)
@@ -196,8 +209,35 @@ def admission_snapshot(
         unknown_runs=unknown_runs,
         unknown_everywhere=unknown_everywhere,
         waiting_lanes=waiting,
+        budgets=budgets,
+        spend=spend,
     )
     return snapshot, jobs_by_id
+
+
+def budget_state(
+    session: Session, run_infos: dict[int, RunInfo]
+) -> tuple[
+    dict[tuple[int, str | None], dict[str, float]],
+    dict[tuple[int, str | None, str], tuple[float, float]],
+]:
+    """The budgets of these runs (run-wide: stage None) and, for runs that have one,
+    what was spent and is held per (run, stage or None, key), from ``usage_totals``."""
+    budgets: dict[tuple[int, str | None], dict[str, float]] = {}
+    for run_id, info in run_infos.items():
+        if info.config.budget:
+            budgets[(run_id, None)] = dict(info.config.budget)
+        for stage in info.config.stages:
+            if stage.budget:
+                budgets[(run_id, stage.name)] = dict(stage.budget)
+    spend: dict[tuple[int, str | None, str], tuple[float, float]] = {}
+    totals = usage_ledger.run_spend(session, {run_id for run_id, _ in budgets})
+    for run_id, figures in totals.items():
+        for key, total in figures.run.items():
+            spend[(run_id, None, key)] = (total.spent, total.reserved)
+        for (stage_name, key), total in figures.stages.items():
+            spend[(run_id, stage_name, key)] = (total.spent, total.reserved)
+    return budgets, spend
 
 
 def _ready_rows(

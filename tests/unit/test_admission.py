@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ ORDER = [
     "unknown_outcome",
     "paused",
     "stopped",
+    "budget",
     "max_jobs",
     "slots_full",
     "lane_cap",
@@ -112,6 +114,9 @@ def conditions_snapshot(active: set[str]) -> Snapshot:
         memory_mib=4096 if "memory_floor" in active else 0,
         gpu_mib=512 if "gpu_capacity" in active else 0,
     )
+    candidate = replace(
+        candidate, expected_usage={"cost_usd": 2.0}, expected_from={"cost_usd": "p90 of 3"}
+    )
     return Snapshot(
         node=node(
             max_jobs=2,
@@ -128,6 +133,8 @@ def conditions_snapshot(active: set[str]) -> Snapshot:
         running_stage=Counter({(RUN, "solve"): 3 if "stage_cap" in active else 0}),
         controls=controls,
         unknown_runs={RUN: 2} if "unknown_outcome" in active else {},
+        budgets={(RUN, None): {"cost_usd": 10.0}},
+        spend={(RUN, None, "cost_usd"): (7.0, 1.5 if "budget" in active else 0.0)},
     )
 
 
@@ -136,6 +143,16 @@ EXPECTED_DETAIL: dict[str, dict[str, Any]] = {
     "unknown_outcome": {"unknown_attempts": 2},
     "paused": {"scope": "global", "reason": "pause by op"},
     "stopped": {"scope": "global", "reason": "stop by op"},
+    "budget": {
+        "scope": "run",
+        "stage": "solve",
+        "key": "cost_usd",
+        "spent": 7.0,
+        "reserved": 1.5,
+        "expected": 2.0,
+        "expected_from": "p90 of 3",
+        "budget": 10.0,
+    },
     "max_jobs": {"running": 2, "max_jobs": 2},
     "slots_full": {"slots": 0},
     "lane_cap": {"running": 1, "cap": 1},
@@ -594,3 +611,73 @@ def test_explain_lists_every_blocking_reason() -> None:
     )
     codes = [code for code, _ in explain(snap, snap.candidates[0])]
     assert codes == ["paused", "max_jobs", "slots_full", "gpu_capacity", "memory_floor"]
+
+
+# -- budget ----------------------------------------------------------------------
+
+
+def budgeted(*candidates: Candidate, spent: float = 0.0, reserved: float = 0.0, **kw: Any):
+    return snapshot(
+        *candidates,
+        budgets={(RUN, None): {"cost_usd": 10.0}, (RUN, "judge"): {"calls": 3.0}},
+        spend={(RUN, None, "cost_usd"): (spent, reserved)},
+        **kw,
+    )
+
+
+def costing(job_id: int, cost: float, stage: str = "solve", **usage: float) -> Candidate:
+    return replace(
+        job(job_id, stage=stage),
+        expected_usage={"cost_usd": cost, **usage},
+        expected_from={"cost_usd": "expected_usage"},
+    )
+
+
+def test_budget_counts_what_this_admission_starts() -> None:
+    # 3 + 3 + 3 = 9 fits in 10; a fourth would make 12.
+    result = admit(budgeted(*(costing(i, 3.0) for i in range(1, 6)), free_slots=5))
+    assert started(result) == [1, 2, 3]
+    assert codes(result) == ["budget"]
+    assert result.refusals[0].detail["reserved"] == 9.0
+
+
+def test_budget_equality_admits_and_a_reached_budget_refuses_even_free_attempts() -> None:
+    assert started(admit(budgeted(costing(1, 4.0), spent=6.0))) == [1]
+    refused = admit(budgeted(costing(1, 0.0), spent=6.0, reserved=4.0))
+    assert codes(refused) == ["budget"]
+    assert refused.refusals[0].words() == (
+        "budget (run) — cost_usd: spent 6 + reserved 4 = 10 reaches budget 10"
+    )
+
+
+def test_reserved_by_running_and_unknown_attempts_counts() -> None:
+    result = admit(budgeted(costing(1, 2.0), spent=5.0, reserved=3.5))
+    assert codes(result) == ["budget"]
+    assert result.refusals[0].words() == (
+        "budget (run) — cost_usd: spent 5 + reserved 3.5 + expected 2 (expected_usage) "
+        "= 10.5 > budget 10"
+    )
+
+
+def test_stage_budget_refuses_its_stage_only() -> None:
+    result = admit(
+        budgeted(
+            costing(1, 0.0, stage="judge", calls=2.0),
+            costing(2, 0.0, stage="judge", calls=2.0),
+            costing(3, 1.0),
+        )
+    )
+    assert started(result) == [1, 3]
+    assert [(r.stage, r.code, r.detail["scope"]) for r in result.refusals] == [
+        ("judge", "budget", "stage")
+    ]
+
+
+def test_no_budget_no_refusal_whatever_the_spend() -> None:
+    result = admit(snapshot(costing(1, 1e9), spend={(RUN, None, "cost_usd"): (1e9, 0.0)}))
+    assert started(result) == [1]
+
+
+def test_explain_lists_budget_with_other_reasons() -> None:
+    snap = budgeted(costing(1, 20.0), free_slots=0)
+    assert [code for code, _ in explain(snap, snap.candidates[0])] == ["budget", "slots_full"]
