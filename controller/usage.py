@@ -82,3 +82,63 @@ def over_budget(committed: float, expected: float, budget: float) -> bool:
     """Refuse when the budget is already reached, or when this attempt's expected cost
     would take the committed total (spent + reserved) past it. Equality admits."""
     return committed >= budget or committed + expected > budget
+
+
+def budget_plan(config: Any, jobs_per_stage: dict[str, int]) -> list[dict[str, Any]]:
+    """Dry-run arithmetic for every budget of ``config``: per key, each stage's jobs x
+    expected cost (its ``expected_usage``: a new run has no measurements), their sum,
+    and whether it fits. First attempts only: retries add to it."""
+    plans: list[dict[str, Any]] = []
+    scopes: list[tuple[str | None, dict[str, float]]] = [(None, dict(config.budget or {}))]
+    scopes += [(stage.name, dict(stage.budget)) for stage in config.stages if stage.budget]
+    for scope, budget in scopes:
+        for key, limit in sorted(budget.items()):
+            stages = [s for s in config.stages if scope is None or s.name == scope]
+            parts = [
+                {
+                    "stage": s.name,
+                    "jobs": jobs_per_stage.get(s.name, 0),
+                    "expected": s.expected_usage.get(key),
+                }
+                for s in stages
+            ]
+            total = sum(p["jobs"] * (p["expected"] or 0.0) for p in parts)
+            plans.append(
+                {
+                    "scope": "run" if scope is None else f"stage {scope}",
+                    "key": key,
+                    "budget": limit,
+                    "stages": parts,
+                    "projected": total,
+                    "fits": total <= limit,
+                    "unestimated": [p["stage"] for p in parts if p["expected"] is None],
+                }
+            )
+    return plans
+
+
+def budget_plan_lines(plans: list[dict[str, Any]]) -> list[str]:
+    """``budget_plan`` in words, one line per budget."""
+    lines = []
+    for plan in plans:
+        terms = " + ".join(
+            f"{p['stage']} {p['jobs']} x {p['expected']:g}"
+            for p in plan["stages"]
+            if p["expected"] is not None
+        )
+        verdict = (
+            "fits"
+            if plan["fits"]
+            else "passes it: admission will refuse (budget) the attempt that would pass it"
+        )
+        line = (
+            f"budget ({plan['scope']}) {plan['key']}: {terms or 'nothing estimated'} = "
+            f"{plan['projected']:g} of {plan['budget']:g} — {verdict}"
+        )
+        if plan["unestimated"]:
+            line += (
+                f"; no expected_usage for {', '.join(plan['unestimated'])} (counted as 0 "
+                "until its attempts report usage)"
+            )
+        lines.append(line)
+    return lines
