@@ -256,6 +256,7 @@ class Supervision:
         kill_at: float | None = None
         child_done = False
         group_gone_at: float | None = None
+        last_output = float("-inf")
         open_pipes = 2
 
         while True:
@@ -297,7 +298,10 @@ class Supervision:
                 self.record["group_empty"] = True
                 if group_gone_at is None:
                     group_gone_at = now
-                if open_pipes == 0 or now - group_gone_at > DRAIN_SECONDS:
+                # Pipes still held open by an escaped process are given up on only after
+                # DRAIN_SECONDS without output: output still flowing is read to the end,
+                # however slow this machine is right now.
+                if open_pipes == 0 or now - max(group_gone_at, last_output) > DRAIN_SECONDS:
                     break
 
             wait = 0.05 if child_done or kill_at is not None else max(0.0, deadline - now)
@@ -313,6 +317,7 @@ class Supervision:
                     if tail:
                         self._write(logs[key.data], tail, key.data)
                     continue
+                last_output = time.monotonic()
                 self._write(logs[key.data], redactors[key.data].feed(data), key.data)
         selector.close()
 
@@ -323,11 +328,12 @@ class Supervision:
         if not data:
             return
         written = self._written.get(name, 0)
-        if written >= self.log_cap:
+        if name in self.record["logs_truncated"]:
             return  # past the cap: keep draining the pipe, keep nothing
         if written + len(data) > self.log_cap:
+            # Also when the cap was met exactly by earlier output: the marker says so.
             data = (
-                data[: self.log_cap - written]
+                data[: max(0, self.log_cap - written)]
                 + (
                     f"\n[laneway: {name} truncated at {self.log_cap} bytes; "
                     "further output discarded]\n"

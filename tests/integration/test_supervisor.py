@@ -210,3 +210,35 @@ def test_log_cap_keeps_a_marker_and_the_exit_code(tmp_path):
         b"[laneway: stdout truncated at 1000 bytes; further output discarded]\n"
     )
     assert len(log) < 1100
+
+
+def test_output_that_meets_the_cap_exactly_then_goes_on_is_marked_truncated(tmp_path):
+    """The cap filled exactly by one read, more output after: the marker still says so
+    (it once dropped the rest silently)."""
+    attempt = tmp_path / "attempt"
+    attempt.mkdir()
+    code = (
+        "import sys, time\nsys.stdout.write('x' * 1000)\nsys.stdout.flush()\n"
+        "time.sleep(0.3)\nprint('y' * 10)"
+    )
+    spec = {
+        "attempt_id": 1,
+        "attempt_dir": str(attempt),
+        "argv": [sys.executable, "-c", code],
+        "cwd": str(tmp_path),
+        "timeout_seconds": 30,
+        "grace_seconds": 1,
+        "secret_env": [],
+        "log_cap_bytes": 1000,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.supervisor", json.dumps(spec)],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    assert proc.wait(timeout=30) == 0
+    assert exit_record(attempt)["logs_truncated"] == ["stdout"]
+    log = (attempt / "stdout.log").read_bytes()
+    assert log == b"x" * 1000 + (
+        b"\n[laneway: stdout truncated at 1000 bytes; further output discarded]\n"
+    )
