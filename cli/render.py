@@ -6,6 +6,8 @@ import json
 import re
 from typing import Any
 
+from cli import spend_text
+
 _CONTROL_CHARS = re.compile(
     r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|[\x00-\x08\x0b-\x1f\x7f]"
 )
@@ -420,5 +422,6 @@ def report_text(report: dict[str, Any]) -> str:
                     f"+{gap['start']:.0f} s: {reasons}"
                 )
             )
+    out += spend_text.usage_lines(report.get("usage"))
     out.append(f"HTML timeline: {report['html']}")
     return "\n".join(out)

@@ -30,7 +30,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller import admission, ledger
+from controller import admission, ledger, spend
 from controller.clock import iso
 from controller.models import Attempt, Decision, Event, Item, Job, Run, Worker
 from controller.states import EventKind, WorkerState
@@ -100,7 +100,12 @@ def _percentiles(values: list[float]) -> dict[str, float] | None:
 
 
 def build_report(
-    session: Session, run: Run, *, now: datetime, idle_min_seconds: float = IDLE_MIN_SECONDS
+    session: Session,
+    run: Run,
+    *,
+    now: datetime,
+    idle_min_seconds: float = IDLE_MIN_SECONDS,
+    yield_keys: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     config = ledger.run_config(run)
     start = run.created_at
@@ -204,6 +209,9 @@ def build_report(
         "window_seconds": round(window, 3),
         "generated_at": iso(now),
         "lanes": lanes,
+        "usage": spend.spend_report(
+            session, run.id, start=start, window_seconds=window, yield_keys=yield_keys
+        ),
     }
 
 
@@ -527,7 +535,11 @@ td, th {{ border: 1px solid #ddd; padding: 4px 8px; text-align: left; }}
 window {report["window_seconds"]:.1f} s</p>
 <table><tr><th>lane</th><th>node</th><th>attempts</th><th>per hour</th>
 <th>all slots idle</th><th>failures</th></tr>{rows}</table>
+{spend.usage_table_html(report.get("usage") or {})}
 <div>{legend}</div>
-{timeline_svg(report)}
+<div style="display: flex; gap: 24px; align-items: flex-start">
+<div>{timeline_svg(report)}</div>
+<div>{spend.spend_svg(report.get("usage") or {}, report["window_seconds"])}</div>
+</div>
 </body></html>
 """
