@@ -116,6 +116,19 @@ class RetryPolicy(_Strict):
 
     max_attempts: int = Field(1, ge=1, le=20)
     on: list[Literal["failed", "infra_failure", "timed_out"]] = Field(default_factory=list)
+    backoff_seconds: float = Field(
+        0,
+        ge=0,
+        le=604800,
+        description="Wait this long before the first automatic retry, so a failure of "
+        "the infrastructure is not retried straight into the same outage (0: at once).",
+    )
+    backoff_multiplier: float = Field(
+        2.0, ge=1, le=100, description="Each further retry waits this many times longer."
+    )
+    backoff_max_seconds: float = Field(
+        3600, gt=0, le=604800, description="The longest wait between two attempts."
+    )
 
 
 def _default_exit_codes() -> dict[int, Outcome]:
@@ -169,6 +182,16 @@ class StageConfig(_Strict):
         default_factory=dict,
         description="Usage key -> expected cost of one attempt, used until attempts of "
         "this stage have reported usage (then their p90 is).",
+    )
+    reuse: bool = Field(
+        True,
+        description="A new run may take over the result of this stage's job from an "
+        "earlier run when nothing it depends on changed; false: always run it.",
+    )
+    sources: list[str] | None = Field(
+        None,
+        description="The pipeline sources this stage's result depends on (for reuse); "
+        "default: all of them.",
     )
     result: Literal["optional", "required"] = Field(
         "optional",
@@ -298,6 +321,11 @@ class PipelineConfig(_Strict):
             for code, outcome in stage_config.exit_codes.items():
                 if outcome is Outcome.SUCCEEDED and code != 0 and 0 not in stage_config.exit_codes:
                     problems.append(f"stages.{i}.exit_codes.{code}: 0 must map to succeeded too")
+            for source in stage_config.sources or []:
+                if source not in self.sources:
+                    problems.append(
+                        f"stages.{i}.sources: {source} is not one of the pipeline's sources"
+                    )
         lanes = {lane.name for lane in self.lanes}
         for i, item in enumerate(self.items):
             if item.lane not in lanes:
@@ -916,7 +944,9 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> PipelineConfig:
             str((base_dir / s).resolve()) if isinstance(s, str) else s for s in raw["sources"]
         ]
     if isinstance(raw.get("stages"), list):
-        raw["stages"] = [_absolute_cwd(stage, base_dir) for stage in raw["stages"]]
+        raw["stages"] = [
+            _absolute_sources(_absolute_cwd(stage, base_dir), base_dir) for stage in raw["stages"]
+        ]
     if isinstance(raw.get("closeout"), list):
         raw["closeout"] = [
             _absolute_cwd(step, base_dir, absolute_prefix="{runtime_dir}")
@@ -947,6 +977,17 @@ def _absolute_cwd(stage: Any, base_dir: Path, *, absolute_prefix: str | None = N
         if "/" in program and not program.startswith(("/", "{")):
             stage = {**stage, "argv": [os.path.normpath(base_dir / program), *argv[1:]]}
     return stage
+
+
+def _absolute_sources(stage: Any, base_dir: Path) -> Any:
+    """A stage's ``sources`` resolve like the pipeline's, so they compare equal."""
+    if not isinstance(stage, dict) or not isinstance(stage.get("sources"), list):
+        return stage
+    resolved = [
+        str((base_dir / path).resolve()) if isinstance(path, str) else path
+        for path in stage["sources"]
+    ]
+    return {**stage, "sources": resolved}
 
 
 def load_config(path: str | Path) -> PipelineConfig:

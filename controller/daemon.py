@@ -103,6 +103,7 @@ class Controller:
                 now = db.ledger_now(session, self.clock)
         report = ControllerReport()
         self._recovery_step(now, report)
+        self._retry_step(now, report)
         touched = self._promotion_step(now, report)
         self._closing_step(touched, now, report)
         for run_id in sorted(self._active | set(report.closed)):
@@ -141,6 +142,15 @@ class Controller:
                     ),
                     only=set(records),
                 )
+
+    def _retry_step(self, now: datetime, report: ControllerReport) -> None:
+        """Retried jobs whose backoff has passed become claimable (a probe; a write only
+        when one is due)."""
+        with self.reader() as session:
+            due = ledger.retries_due(session, now=now)
+        if due:
+            with db.transaction(self.factory) as session:
+                report.promoted += ledger.release_due_retries(session, now=now, actor=ACTOR)
 
     def _promotion_step(self, now: datetime, report: ControllerReport) -> set[int]:
         """Promote what the events since the cursor made possible; returns the runs

@@ -137,6 +137,10 @@ class Job(Base):
         Index("ix_jobs_run_state", "run_id", "state"),
         # Claims: the first ready jobs of one (run, lane, stage), in item order.
         Index("ix_jobs_dispatch", "run_id", "state", "lane", "stage", "id"),
+        # Reuse: a new run looks up earlier jobs by what their result depends on.
+        Index("ix_jobs_reuse_key", "reuse_key"),
+        # Backoff: only jobs waiting out a retry delay have one (cleared when it ends).
+        Index("ix_jobs_retry_after", "retry_after"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
@@ -152,6 +156,15 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime())
     updated_at: Mapped[datetime] = mapped_column(DateTime())
     finished_at: Mapped[datetime | None] = mapped_column(DateTime())
+    reuse_key: Mapped[str | None] = mapped_column(String(64))
+    """sha256 of everything the job's result depends on (its frozen stage definition,
+    item, source hashes and the reuse keys of the jobs it needs; controller.reuse)."""
+    reused_from: Mapped[int | None] = mapped_column(Integer)
+    """The succeeded attempt of an earlier run whose result this job took over (the job
+    was created succeeded and never ran). Not a foreign key: attempts point at jobs."""
+    retry_after: Mapped[datetime | None] = mapped_column(DateTime())
+    """A ready job waiting out its stage's retry backoff: not claimed until the
+    controller clears this once the time has come (``release_due_retries``)."""
 
 
 class Attempt(Base):

@@ -22,7 +22,7 @@ from controller import admission, db, ledger
 from controller.clock import Clock, SystemClock
 from controller.config import ENV_REF, PipelineConfig, placeholders, render, render_values
 from controller.durable import make_private_dir
-from controller.errors import PreflightError, UnfinishedRun
+from controller.errors import PreflightError, UnfinishedRun, UsageError
 
 
 def hash_file(path: str | Path) -> str:
@@ -245,9 +245,13 @@ def start(
     clock: Clock | None = None,
     engine: Engine | None = None,
     new: bool = False,
+    rerun: list[str] | None = None,
 ) -> int:
     """Preflight, then freeze ``config`` into a new run. Raises PreflightError (having
     created nothing) when preflight refuses. Returns the new run's id.
+
+    ``rerun``: stage names (or ``all``) whose jobs must run even where an earlier run's
+    result could be reused (``ledger.create_run``).
 
     Raises UnfinishedRun (creating nothing) when the ledger holds an unfinished run of
     the same pipeline, unless ``new``: running the same command again after an
@@ -255,6 +259,13 @@ def start(
 
     Never clears a pause or halt: controls are separate rows that only operators lift.
     """
+    stage_names = [stage.name for stage in config.stages]
+    for name in rerun or []:
+        if name != "all" and name not in stage_names:
+            raise UsageError(
+                f"--rerun: {name!r} is not a stage of {config.name!r}; "
+                f"name one of {', '.join(stage_names)} or all"
+            )
     reasons, hashes = preflight(config)
     if reasons:
         raise PreflightError(reasons)
@@ -272,6 +283,7 @@ def start(
             source_hashes=hashes,
             actor=actor,
             now=clock.now(),
+            rerun=rerun or (),
         )
         run_id = run.id
     make_private_dir(runtime / "runs" / str(run_id))

@@ -7,7 +7,7 @@ a harness failure, a fatal failure or an unknown outcome is never retried automa
 
 from __future__ import annotations
 
-from controller.config import StageConfig, retryable
+from controller.config import RetryPolicy, StageConfig, retryable
 from controller.states import JobState, Outcome
 
 
@@ -20,3 +20,14 @@ def next_job_state(stage: StageConfig, outcome: Outcome, attempts_made: int) -> 
     if retryable(stage, outcome) and attempts_made < stage.retry.max_attempts:
         return JobState.READY
     return JobState.FAILED
+
+
+def retry_delay(retry: RetryPolicy, attempts_made: int) -> float:
+    """Seconds an automatic retry waits after attempt number ``attempts_made`` (1 for
+    the first): ``backoff_seconds`` x ``backoff_multiplier`` ^ (attempts_made - 1), at
+    most ``backoff_max_seconds``; 0 when the stage sets no backoff."""
+    if retry.backoff_seconds <= 0:
+        return 0.0
+    exponent = max(0, attempts_made - 1)
+    delay = retry.backoff_seconds * retry.backoff_multiplier**exponent
+    return float(min(delay, retry.backoff_max_seconds))

@@ -188,6 +188,10 @@ class EventKind(StrEnum):
     JOB_SKIPPED = "job_skipped"
     JOB_CANCELLED = "job_cancelled"
     JOB_RETRY = "job_retry"
+    JOB_RETRY_DUE = "job_retry_due"
+    """A retried job's backoff has passed: it may be claimed again (wakes workers)."""
+    JOB_REUSED = "job_reused"
+    """A new run's job was created succeeded, taking over an earlier run's result."""
 
     ATTEMPT_INTENT = "attempt_intent"
     ATTEMPT_RUNNING = "attempt_running"

@@ -118,6 +118,23 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
         rid,
     ):
         jobs.setdefault(stage, {})[state] = count
+    reused: dict[str, int] = {}
+    for stage, count in source.rows(
+        "SELECT stage, COUNT(*) FROM jobs WHERE run_id = :run AND reused_from IS NOT NULL "
+        "GROUP BY stage",
+        rid,
+    ):
+        reused[stage] = count
+    backing_off = [
+        {"job_id": job_id, "item": key, "stage": stage, "retry_after": iso(_moment(after))}
+        for job_id, key, stage, after in source.rows(
+            "SELECT j.id, i.key, j.stage, j.retry_after FROM jobs j "
+            "JOIN items i ON i.id = j.item_id "
+            "WHERE j.run_id = :run AND j.retry_after IS NOT NULL "
+            "ORDER BY j.retry_after, j.id LIMIT 20",
+            rid,
+        )
+    ]
     totals: dict[str, int] = {}
     for by_state in jobs.values():
         for state, count in by_state.items():
@@ -243,6 +260,8 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
         "unknown": unknown,
         "jobs": jobs,
         "totals": totals,
+        "reused": reused,
+        "retry_backoff": backing_off,
         "outcomes": outcomes,
         "running": running,
         "workers": workers,
@@ -568,6 +587,7 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
         "lane": job.lane,
         "state": job.state,
         "state_reason": job.state_reason,
+        "retry_after": iso(job.retry_after),
         "blocked_by": [],
         "arithmetic": None,
     }
@@ -586,6 +606,14 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
             {"code": "needs_pending", "words": f"needs {need}, which is {states[need]}"}
             for need in stage.needs
             if states.get(need) != JobState.SUCCEEDED.value
+        ]
+    elif job.state == JobState.READY.value and job.retry_after is not None:
+        report["blocked_by"] = [
+            {
+                "code": "retry_backoff",
+                "words": f"waiting out its stage's retry backoff until {iso(job.retry_after)}; "
+                "the controller makes it claimable then",
+            }
         ]
     elif job.state == JobState.READY.value:
         lane = config.lane(job.lane)

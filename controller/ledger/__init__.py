@@ -10,7 +10,8 @@ One module per phase of an attempt's life, each importing only those listed befo
 
 - ``tables`` / ``statements``: the Core tables and the named hot-path statements;
 - ``transitions``: ``move_job``, ``move_attempt`` and the event log;
-- ``runs``: creating runs, frozen configs, workers and their liveness;
+- ``reuse``: earlier results a new run's jobs may take over;
+- ``runs``: creating runs (with reuse), frozen configs, workers and their liveness;
 - ``controls``: pause, stop, halt;
 - ``promotion``: waiting jobs move on, finished runs close;
 - ``snapshot``: what admission sees for a node;
@@ -29,13 +30,16 @@ from controller.ledger.operator import (
     RECONCILE_AS,
     cancel_pending,
     closeout_candidates,
+    failed_jobs,
     get_attempt,
     mark_closeout_finished,
     reconcile_attempt,
     record_capture,
     request_cancel,
+    retry_failed,
     retry_job,
     running_attempts,
+    unknown_attempts,
 )
 from controller.ledger.promotion import (
     Changes,
@@ -44,6 +48,8 @@ from controller.ledger.promotion import (
     items_with_waiting,
     promote_item,
     promote_run,
+    release_due_retries,
+    retries_due,
     run_has_open_jobs,
 )
 from controller.ledger.recovery import (
@@ -117,6 +123,7 @@ __all__ = [
     "event_row",
     "expire_leases",
     "expired_leases",
+    "failed_jobs",
     "fold_peaks",
     "frozen_config",
     "get_attempt",
@@ -141,8 +148,11 @@ __all__ = [
     "record_spawn",
     "register_worker",
     "release",
+    "release_due_retries",
     "request_cancel",
     "reservation_mib",
+    "retries_due",
+    "retry_failed",
     "retry_job",
     "run_config",
     "run_has_open_jobs",
@@ -155,5 +165,6 @@ __all__ = [
     "stale_workers",
     "stop_worker",
     "unfinished_runs",
+    "unknown_attempts",
     "upsert_node",
 ]

@@ -17,9 +17,9 @@ from controller.ledger import usage as usage_ledger
 from controller.ledger.promotion import promote_item
 from controller.ledger.runs import run_config
 from controller.ledger.settle import fold_peaks, release
-from controller.ledger.tables import jobs, runs
+from controller.ledger.tables import attempts, jobs, runs
 from controller.ledger.transitions import append_event, move_attempt, move_job, rowcount
-from controller.models import Attempt, Control, Job, Run
+from controller.models import Attempt, Control, Job, Run, Worker
 from controller.states import (
     AttemptState,
     ControlKind,
@@ -38,6 +38,10 @@ RECONCILE_AS = {
 attempt did not run becomes ready for a new attempt (with a new idempotency key)."""
 
 
+EVIDENCE_JOB_STATE = {Outcome.SUCCEEDED: JobState.SUCCEEDED, Outcome.CANCELLED: JobState.CANCELLED}
+"""Where a job goes when evidence settles its unknown attempt (any other class: failed)."""
+
+
 def reconcile_attempt(
     session: Session,
     attempt_id: int,
@@ -49,18 +53,27 @@ def reconcile_attempt(
     result: dict[str, Any] | None = None,
     exit_code: int | None = None,
     exit_signal: int | None = None,
+    outcome: Outcome | None = None,
 ) -> JobState:
     """Settle an unknown attempt as the operator says (compare-and-set: of two concurrent
     reconciles exactly one wins; the other gets IllegalTransition). Releases its
     reservation. ``exit_code``/``exit_signal``: from a verified exit record, when there
     is one, so a known exit code is never lost. Once a run has no unknown attempt left,
     its dispatch resumes by itself; halts set by operators stay. Returns the job's new
-    state."""
-    if verdict not in RECONCILE_AS:
+    state.
+
+    ``outcome``: the class a conclusive exit record established (``controller.
+    evidence``; ``verdict`` is then ``evidence``): the attempt settles into it and its job
+    becomes succeeded, cancelled or failed (never retried by itself: invariant 2)."""
+    job_state: JobState
+    if outcome is not None:
+        job_state = EVIDENCE_JOB_STATE.get(outcome, JobState.FAILED)
+    elif verdict not in RECONCILE_AS:
         raise IllegalTransition(
             f"cannot reconcile as {verdict!r}; use one of {', '.join(RECONCILE_AS)}"
         )
-    outcome, job_state = RECONCILE_AS[verdict]
+    else:
+        outcome, job_state = RECONCILE_AS[verdict]
     values: dict[str, Any] = {
         "outcome": outcome.value,
         "settled_at": now,
@@ -109,6 +122,19 @@ def reconcile_attempt(
     fold_peaks(session, moved.run_id, moved.stage, attempt, {})
     promote_item(session, moved.item_id, now=now, actor=actor)
     return job_state
+
+
+def unknown_attempts(session: Session, run_id: int) -> list[tuple[Attempt, str, str | None]]:
+    """The run's unknown attempts, each with its job's stage and the host of the worker
+    that claimed it (read-only)."""
+    rows = session.execute(
+        select(Attempt, Job.stage, Worker.host)
+        .join(Job, Job.id == Attempt.job_id)
+        .outerjoin(Worker, Worker.id == Attempt.worker_id)
+        .where(Attempt.run_id == run_id, Attempt.state == AttemptState.UNKNOWN)
+        .order_by(Attempt.id)
+    ).all()
+    return [(attempt, stage, host) for attempt, stage, host in rows]
 
 
 def retry_job(session: Session, job_id: int, *, reason: str, actor: str, now: datetime) -> int:
@@ -175,6 +201,42 @@ def retry_job(session: Session, job_id: int, *, reason: str, actor: str, now: da
         reason=reason,
     )
     return moved
+
+
+def failed_jobs(
+    session: Session, run_id: int, *, stage: str | None = None, outcome: Outcome | None = None
+) -> list[int]:
+    """Ids of the run's failed jobs (of ``stage`` only, and whose newest attempt settled
+    as ``outcome`` only, when given), in id order (read-only)."""
+    query = select(jobs.c.id).where(jobs.c.run_id == run_id, jobs.c.state == JobState.FAILED.value)
+    if stage is not None:
+        query = query.where(jobs.c.stage == stage)
+    if outcome is not None:
+        newest = (
+            select(attempts.c.outcome)
+            .where(attempts.c.job_id == jobs.c.id, attempts.c.number == jobs.c.attempt_count)
+            .scalar_subquery()
+        )
+        query = query.where(newest == outcome.value)
+    return list(session.scalars(query.order_by(jobs.c.id)))
+
+
+def retry_failed(
+    session: Session,
+    run_id: int,
+    *,
+    reason: str,
+    actor: str,
+    now: datetime,
+    stage: str | None = None,
+    outcome: Outcome | None = None,
+) -> list[int]:
+    """An operator's retry of every failed job of a run that matches (``failed_jobs``),
+    each as ``retry_job`` does, in one transaction. Returns the retried job ids."""
+    chosen = failed_jobs(session, run_id, stage=stage, outcome=outcome)
+    for job_id in chosen:
+        retry_job(session, job_id, reason=reason, actor=actor, now=now)
+    return chosen
 
 
 def get_attempt(session: Session, attempt_id: int) -> Attempt:

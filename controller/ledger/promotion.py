@@ -17,7 +17,13 @@ from sqlalchemy.orm import Session
 from controller.ledger import statements
 from controller.ledger.runs import frozen_config
 from controller.ledger.tables import jobs, runs
-from controller.ledger.transitions import append_event, move_job, rowcount
+from controller.ledger.transitions import (
+    append_event,
+    append_events,
+    event_row,
+    move_job,
+    rowcount,
+)
 from controller.states import (
     TERMINAL_JOB_EVENTS,
     TERMINAL_JOB_STATES,
@@ -58,6 +64,33 @@ def promote_item(session: Session, item_id: int, *, now: datetime, actor: str) -
         states[row.stage] = target  # a skip cascades to later stages in this pass
         moved += 1
     return moved
+
+
+def retries_due(session: Session, *, now: datetime) -> bool:
+    """One index probe (``ix_jobs_retry_after``): has some job's retry backoff passed?"""
+    probe = select(jobs.c.id).where(jobs.c.retry_after <= now).limit(1)
+    return session.execute(probe).first() is not None
+
+
+def release_due_retries(session: Session, *, now: datetime, actor: str, batch: int = 1000) -> int:
+    """Ready jobs whose retry backoff has passed become claimable again: ``retry_after``
+    is cleared, with a ``job_retry_due`` event each (which wakes idle workers). Only jobs
+    still backing off hold a ``retry_after``, so the cost follows them, not the run."""
+    due = select(jobs.c.id).where(jobs.c.retry_after <= now).limit(batch)
+    rows = session.execute(
+        update(jobs)
+        .where(jobs.c.id.in_(due.scalar_subquery()))
+        .values(retry_after=None)
+        .returning(jobs.c.id, jobs.c.run_id)
+    ).all()
+    append_events(
+        session,
+        [
+            event_row(EventKind.JOB_RETRY_DUE, actor=actor, now=now, run_id=run_id, job_id=job_id)
+            for job_id, run_id in rows
+        ],
+    )
+    return len(rows)
 
 
 def promote_run(session: Session, run_id: int, *, now: datetime, actor: str) -> int:

@@ -8,17 +8,20 @@ only the hash.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from controller import reuse
 from controller.config import PipelineConfig, config_from_frozen
 from controller.errors import IllegalTransition, NotFound, StaleLease
 from controller.ledger import statements
+from controller.ledger.reuse import reusable_attempts
 from controller.ledger.tables import leases, nodes, workers
-from controller.ledger.transitions import append_event, rowcount
+from controller.ledger.transitions import append_event, append_events, event_row, rowcount
 from controller.models import Item, Job, Lane, Node, Run, Worker
 from controller.states import EventKind, JobState, RunState, WorkerState
 
@@ -69,6 +72,7 @@ def create_run(
     source_hashes: dict[str, str],
     actor: str,
     now: datetime,
+    rerun: Collection[str] = (),
 ) -> Run:
     """Freeze ``config`` into a new run with its lanes, items and jobs.
 
@@ -76,7 +80,14 @@ def create_run(
     ``needs`` starts ready; the rest wait until promotion (``controller.ledger.
     promotion``) moves them. Job ids follow item order within each stage: claims rely on
     it (``statements.ready_candidates``).
+
+    Every job carries its reuse key (``controller.reuse``). A job whose key matches a job
+    that succeeded earlier is created succeeded, ``reused_from`` that job's succeeded
+    attempt, when its stage allows reuse (``reuse``, not named by ``rerun``; ``"all"``:
+    no stage) and every job it needs in this run was reused too (so what re-runs
+    upstream re-runs downstream); a job whose needs were all reused starts ready.
     """
+    chosen = frozenset(rerun)
     for node in config.nodes:
         upsert_node(session, node, now=now)
     run = Run(
@@ -94,6 +105,15 @@ def create_run(
     for lane in config.lanes:
         session.add(Lane(run_id=run.id, name=lane.name, node=lane.node, caps=dict(lane.caps)))
     items = config.items[: config.batch_cap] if config.batch_cap else config.items
+    keys = [reuse.item_reuse_keys(config, item, source_hashes) for item in items]
+    wanted = {
+        item_keys[stage.name]
+        for item_keys in keys
+        for stage in config.stages
+        if reuse.reuse_allowed(stage, chosen)
+    }
+    earlier = reusable_attempts(session, wanted) if wanted else {}
+    reused_jobs: list[Job] = []
     for position, item_config in enumerate(items):
         item = Item(
             run_id=run.id,
@@ -104,23 +124,61 @@ def create_run(
         )
         session.add(item)
         session.flush()
+        reused: set[str] = set()
         for stage_position, stage in enumerate(config.stages):
-            state = JobState.WAITING if stage.needs else JobState.READY
-            session.add(
-                Job(
-                    run_id=run.id,
-                    item_id=item.id,
-                    stage=stage.name,
-                    stage_position=stage_position,
-                    lane=item.lane,
-                    state=state,
-                    fence=0,
-                    attempt_count=0,
-                    created_at=now,
-                    updated_at=now,
-                )
+            key = keys[position][stage.name]
+            found = earlier.get(key)
+            takes_over = (
+                found is not None
+                and reuse.reuse_allowed(stage, chosen)
+                and all(need in reused for need in stage.needs)
             )
+            if takes_over:
+                reused.add(stage.name)
+                state = JobState.SUCCEEDED
+            elif all(need in reused for need in stage.needs):
+                state = JobState.READY
+            else:
+                state = JobState.WAITING
+            job = Job(
+                run_id=run.id,
+                item_id=item.id,
+                stage=stage.name,
+                stage_position=stage_position,
+                lane=item.lane,
+                state=state,
+                fence=0,
+                attempt_count=0,
+                created_at=now,
+                updated_at=now,
+                reuse_key=key,
+            )
+            if takes_over:
+                assert found is not None
+                job.reused_from = found.attempt_id
+                job.finished_at = now
+                job.state_reason = (
+                    f"reused: attempt {found.attempt_id} of run {found.run_id} succeeded "
+                    "with the same stage definition, item, sources and inputs"
+                )
+                reused_jobs.append(job)
+            session.add(job)
     session.flush()
+    append_events(
+        session,
+        [
+            event_row(
+                EventKind.JOB_REUSED,
+                actor=actor,
+                now=now,
+                run_id=run.id,
+                job_id=job.id,
+                attempt_id=job.reused_from,
+                reuse_key=job.reuse_key,
+            )
+            for job in reused_jobs
+        ],
+    )
     session.execute(
         statements.INSERT_STAGE_STATS,
         [{"run_id": run.id, "stage": stage.name, "measured": 0} for stage in config.stages],
@@ -134,6 +192,8 @@ def create_run(
         config_sha256=run.config_sha256,
         items=len(items),
         deferred_by_batch_cap=len(config.items) - len(items),
+        reused=len(reused_jobs),
+        rerun=sorted(chosen),
     )
     return run
 

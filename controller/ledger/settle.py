@@ -8,7 +8,7 @@ and the circuit breakers are applied (invariant 11).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from controller import breakers, policy
 from controller import usage as usage_math
+from controller.clock import iso
 from controller.ledger import statements
 from controller.ledger import usage as usage_ledger
 from controller.ledger.controls import run_paused, set_control
@@ -130,7 +131,15 @@ def settle_attempt(
         now=now,
     )
     config = frozen_config(session, job.run_id, job.config_sha256)
-    new_state = policy.next_job_state(config.stage(job.stage), outcome, job.attempt_count)
+    stage = config.stage(job.stage)
+    new_state = policy.next_job_state(stage, outcome, job.attempt_count)
+    delay = policy.retry_delay(stage.retry, job.attempt_count) if new_state is JobState.READY else 0
+    retry_after = now + timedelta(seconds=delay) if delay > 0 else None
+    job_reason = (
+        None if new_state is JobState.SUCCEEDED else f"attempt {attempt.number}: {outcome.value}"
+    )
+    if retry_after is not None:
+        job_reason = f"{job_reason}; retry after {iso(retry_after)} (backoff {delay:g} s)"
     move_job(
         session,
         job.id,
@@ -140,10 +149,11 @@ def settle_attempt(
         actor=actor,
         fence=fence,
         bump_fence=revoke,
-        reason=None
-        if new_state is JobState.SUCCEEDED
-        else f"attempt {attempt.number}: {outcome.value}",
+        reason=job_reason,
     )
+    if retry_after is not None:
+        # Same transaction as the move: no claim can see the job ready without it.
+        session.execute(update(jobs).where(jobs.c.id == job.id).values(retry_after=retry_after))
     release(session, attempt_id, now=now)
     fold_peaks(session, job.run_id, job.stage, attempt, columns)
     if any(job.stage in stage.needs for stage in config.stages):

@@ -315,7 +315,11 @@ _CANDIDATE = select(
 ).join(items, items.c.id == jobs.c.item_id)
 
 # ready_job: one ready job as a candidate (explain asks about one job).
-READY_JOB = _CANDIDATE.where(jobs.c.id == bindparam("job_id"), jobs.c.state == JobState.READY.value)
+READY_JOB = _CANDIDATE.where(
+    jobs.c.id == bindparam("job_id"),
+    jobs.c.state == JobState.READY.value,
+    jobs.c.retry_after.is_(None),
+)
 
 
 def ready_candidates(partitions: Sequence[tuple[int, str, str]], per_partition: int) -> Any:
@@ -331,6 +335,8 @@ def ready_candidates(partitions: Sequence[tuple[int, str, str]], per_partition: 
             jobs.c.state == JobState.READY.value,
             jobs.c.lane == lane,
             jobs.c.stage == stage,
+            # Waiting out a retry backoff: not a candidate until the controller clears it.
+            jobs.c.retry_after.is_(None),
         )
         .order_by(jobs.c.id)
         .limit(per_partition)

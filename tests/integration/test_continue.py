@@ -24,6 +24,8 @@ import os, sys, time
 item, stage, count, gate = sys.argv[1:5]
 with open(count, 'a') as handle:
     handle.write(stage + ' ' + item + chr(10))
+if os.path.exists(gate + '.fail.' + item):
+    sys.exit(1)
 deadline = time.monotonic() + 60
 while item == 'x3' and not os.path.exists(gate) and time.monotonic() < deadline:
     time.sleep(0.01)
@@ -136,3 +138,114 @@ def test_continue_refuses_what_cannot_be_continued(tmp_path):
     second = invoke("run", str(config), "--runtime-dir", str(runtime), "--json")
     assert second.exit_code == 0, second.output
     assert json.loads(second.stdout)["run"]["id"] == 2
+
+
+def run_once(config: Path, runtime: Path, *extra: str) -> dict[str, Any]:
+    result = invoke("run", str(config), "--runtime-dir", str(runtime), "--json", *extra)
+    assert result.exit_code == 0, result.output
+    status: dict[str, Any] = json.loads(result.stdout)
+    assert status["run"]["state"] == "finished"
+    return status
+
+
+def sql(runtime: Path, query: str) -> list[dict[str, Any]]:
+    result = invoke("sql", query, "--runtime-dir", str(runtime), "--json")
+    assert result.exit_code == 0, result.output
+    rows: list[dict[str, Any]] = json.loads(result.stdout)
+    return rows
+
+
+TWO_STAGES = [{"name": "prep"}, {"name": "judge", "needs": ["prep"]}]
+
+
+def test_new_run_of_unchanged_config_reuses_everything_and_runs_nothing(tmp_path):
+    (tmp_path / "gate").touch()
+    config = write_config(tmp_path, items=3, stages=TWO_STAGES)
+    runtime = tmp_path / "rt"
+    run_once(config, runtime)
+    assert len(executions(tmp_path)) == 6
+
+    second = run_once(config, runtime)
+    assert second["run"]["id"] == 2
+    assert len(executions(tmp_path)) == 6  # nothing executed again
+    assert second["totals"] == {"succeeded": 6}
+    assert second["reused"] == {"prep": 3, "judge": 3}
+    assert sql(runtime, "SELECT COUNT(*) AS n FROM attempts WHERE run_id = 2") == [{"n": 0}]
+    # Linked, not copied: each reused job names run 1's succeeded attempt of its twin.
+    rows = sql(
+        runtime,
+        "SELECT r.item, r.stage, r.reused_run_id, a.outcome, j.item_id <> r2.item_id AS other "
+        "FROM v_reused_jobs r JOIN attempts a ON a.id = r.reused_attempt_id "
+        "JOIN jobs j ON j.id = a.job_id JOIN jobs r2 ON r2.id = r.job_id "
+        "WHERE r.run_id = 2 ORDER BY r.item, r.stage",
+    )
+    assert len(rows) == 6
+    assert {(row["reused_run_id"], row["outcome"]) for row in rows} == {(1, "succeeded")}
+    text = invoke("status", "2", "--runtime-dir", str(runtime))
+    assert "reused from earlier runs" in text.stdout
+
+    # A third run reuses through the second (which never ran anything): still run 1's.
+    run_once(config, runtime)
+    assert sql(runtime, "SELECT DISTINCT reused_run_id FROM v_reused_jobs WHERE run_id = 3") == [
+        {"reused_run_id": 1}
+    ]
+    assert len(executions(tmp_path)) == 6
+
+
+def test_changes_rerun_exactly_the_affected_jobs(tmp_path):
+    (tmp_path / "gate").touch()
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("A = 1\n")
+    b.write_text("B = 1\n")
+    stages = [
+        {"name": "prep", "sources": ["a.py"]},
+        {"name": "judge", "needs": ["prep"], "sources": ["b.py"]},
+    ]
+    config = write_config(tmp_path, items=3, stages=stages, sources=["a.py", "b.py"])
+    runtime = tmp_path / "rt"
+
+    def new_runs(*extra: str) -> list[str]:
+        before = len(executions(tmp_path))
+        run_once(config, runtime, *extra)
+        return sorted(executions(tmp_path)[before:])
+
+    assert len(new_runs()) == 6
+    assert new_runs() == []
+    # One source file that only judge depends on: judge re-runs, prep is reused.
+    b.write_text("B = 2\n")
+    assert new_runs() == ["judge x1", "judge x2", "judge x3"]
+    # One item's field: that item's jobs, nothing else.
+    body = json.loads(config.read_text())
+    body["items"][1]["level"] = 2
+    config.write_text(json.dumps(body))
+    assert new_runs() == ["judge x2", "prep x2"]
+    # A source prep depends on: prep re-runs, and everything downstream of it.
+    a.write_text("A = 2\n")
+    assert len(new_runs()) == 6
+    # --rerun names a stage: it runs again; its upstream is still reused.
+    assert new_runs("--rerun", "judge") == ["judge x1", "judge x2", "judge x3"]
+    assert len(new_runs("--rerun", "all")) == 6
+    bad = invoke("run", str(config), "--runtime-dir", str(runtime), "--rerun", "nope")
+    assert bad.exit_code == 2 and "--rerun: 'nope' is not a stage" in bad.stderr
+    # A stage that opts out always runs; what needs it runs again too.
+    body["stages"][0]["reuse"] = False
+    config.write_text(json.dumps(body))
+    assert len(new_runs()) == 6
+
+
+def test_only_succeeded_work_is_reused(tmp_path):
+    (tmp_path / "gate").touch()
+    failing = tmp_path / "gate.fail.x2"
+    failing.touch()
+    config = write_config(tmp_path, items=3, stages=TWO_STAGES)
+    runtime = tmp_path / "rt"
+    first = run_once(config, runtime)
+    assert first["jobs"] == {
+        "prep": {"succeeded": 2, "failed": 1},
+        "judge": {"succeeded": 2, "skipped": 1},
+    }
+    failing.unlink()
+    before = len(executions(tmp_path))
+    second = run_once(config, runtime)
+    assert sorted(executions(tmp_path)[before:]) == ["judge x2", "prep x2"]
+    assert second["reused"] == {"prep": 2, "judge": 2}

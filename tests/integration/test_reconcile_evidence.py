@@ -1,0 +1,119 @@
+"""`reconcile --run RUN --from-evidence`: unknown attempts whose supervisor has since
+written a verified exit record, with supervisor and child gone, are shown and settled as
+the record says, after one confirmation; `status` marks them. An attempt whose process
+still runs is left unknown."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from cli.main import app
+from controller import db, ledger
+from controller.durable import make_private_dir, write_json
+from controller.models import Attempt, Job
+from tests.integration.test_cli import invoke, runner
+from tests.support import make_config, py_stage
+from workers import identity
+
+
+def dead_process() -> tuple[int, int]:
+    """(pid, start time) of a process that has exited."""
+    process = subprocess.Popen(["sleep", "30"])
+    start = identity.process_start_time(process.pid)
+    assert start is not None
+    process.kill()
+    process.wait()
+    return process.pid, start
+
+
+def test_settles_what_the_evidence_establishes(factory, make_run, runtime: Path, clock):
+    stage = py_stage("call", "pass", exit_codes={"0": "succeeded", "3": "infra_failure"})
+    run_id = make_run(make_config([stage], items=3))
+    with db.transaction(factory) as session:
+        worker = ledger.register_worker(
+            session,
+            node="n1",
+            host=identity.host(),
+            pid=1,
+            boot_id=identity.boot_id(),
+            process_start_time=1,
+            slots=3,
+            now=clock.now(),
+        )
+    with db.transaction(factory) as session:
+        claims = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=3,
+            mem_available_mib=64_000,
+            now=clock.now(),
+        )
+    assert len(claims) == 3
+    me, my_start = identity.current()
+    for claim, exit_code in zip(claims, (0, 3, None), strict=True):
+        pid, start = dead_process() if exit_code is not None else (me, my_start)
+        with db.transaction(factory) as session:
+            ledger.record_spawn(
+                session,
+                claim.attempt_id,
+                fence=claim.fence,
+                actor=worker,
+                now=clock.now(),
+                boot_id=identity.boot_id(),
+                supervisor_pid=pid,
+                supervisor_start_time=start,
+                child_pid=None,
+                child_start_time=None,
+            )
+            ledger.mark_unknown(
+                session, claim.attempt_id, reason="lease expired", actor="t", now=clock.now()
+            )
+        make_private_dir(claim.attempt_dir)
+        if exit_code is not None:
+            write_json(
+                Path(claim.attempt_dir) / "exit.json",
+                {"attempt_id": claim.attempt_id, "exit_code": exit_code, "signal": None},
+            )
+    rt = ["--runtime-dir", str(runtime)]
+    ok, infra, alive = (claim.attempt_id for claim in claims)
+
+    status = json.loads(invoke("status", str(run_id), *rt, "--json").stdout)
+    marked = {u["attempt_id"]: u.get("conclusive") for u in status["unknown"]}
+    assert marked[ok]["outcome"] == "succeeded" and marked[infra]["outcome"] == "infra_failure"
+    assert marked[alive] is None
+    assert "--from-evidence" in marked[ok]["settle"]
+    assert "CONCLUSIVE" in invoke("status", str(run_id), *rt).stdout
+
+    # One question for all; no means nothing is settled.
+    declined = runner.invoke(
+        app, ["reconcile", "--run", str(run_id), "--from-evidence", *rt], input="n\n"
+    )
+    assert declined.exit_code == 1
+    assert f"attempt {alive}: left unknown" in declined.stdout
+    with factory() as session:
+        assert session.get(Attempt, ok).state == "unknown"
+
+    done = invoke("reconcile", "--run", str(run_id), "--from-evidence", "--yes", *rt, "--json")
+    assert done.exit_code == 0, done.output
+    body = json.loads(done.stdout)
+    assert [s["attempt_id"] for s in body["settled"]] == [ok, infra]
+    assert [e["attempt_id"] for e in body["left_unknown"]] == [alive]
+    with factory() as session:
+        rows = {a: session.get(Attempt, a) for a in (ok, infra, alive)}
+        states = {a: (r.state, r.outcome, r.exit_code) for a, r in rows.items() if r}
+        jobs = {a: session.get(Job, r.job_id).state for a, r in rows.items() if r}
+    assert states[ok] == ("settled", "succeeded", 0)
+    assert states[infra] == ("settled", "infra_failure", 3)
+    assert states[alive][0] == "unknown"
+    assert jobs == {ok: "succeeded", infra: "failed", alive: "unknown"}
+
+    for bad in (
+        ["reconcile", "--from-evidence", "--yes"],
+        ["reconcile", str(alive), "--run", str(run_id), "--from-evidence"],
+        ["reconcile", str(alive), "--reason", "r"],
+    ):
+        result = invoke(*bad, *rt)
+        assert result.exit_code == 2, (bad, result.output)
