@@ -80,6 +80,9 @@ class Controller:
         self.snapshot_seconds = snapshot_seconds
         self.watch = ChangeWatch(engine)
         self._cursor: int | None = None
+        self._retry_cursor: int | None = -1
+        """The event cursor when the retry backoffs were last looked at (-1: look)."""
+        self._next_retry: datetime | None = None
         """The newest event the promotion step has looked at (None: not yet started)."""
         self._active: set[int] = set()
         self._last_snapshot: dict[int, tuple[int, float]] = {}
@@ -103,8 +106,8 @@ class Controller:
                 now = db.ledger_now(session, self.clock)
         report = ControllerReport()
         self._recovery_step(now, report)
-        self._retry_step(now, report)
         touched = self._promotion_step(now, report)
+        self._retry_step(now, report)
         self._closing_step(touched, now, report)
         for run_id in sorted(self._active | set(report.closed)):
             self.write_snapshots(run_id, now=now, final=run_id in report.closed)
@@ -144,13 +147,20 @@ class Controller:
                 )
 
     def _retry_step(self, now: datetime, report: ControllerReport) -> None:
-        """Retried jobs whose backoff has passed become claimable (a probe; a write only
-        when one is due)."""
+        """Retried jobs whose backoff has passed become claimable. Only a settle (an
+        event) can start a backoff, so the ledger is asked again only after events or
+        once the earliest known backoff has passed: an idle tick reads nothing here."""
+        if self._retry_cursor == self._cursor and (
+            self._next_retry is None or now < self._next_retry
+        ):
+            return
+        self._retry_cursor = self._cursor
         with self.reader() as session:
-            due = ledger.retries_due(session, now=now)
-        if due:
+            self._next_retry = ledger.next_retry_at(session)
+        if self._next_retry is not None and self._next_retry <= now:
             with db.transaction(self.factory) as session:
                 report.promoted += ledger.release_due_retries(session, now=now, actor=ACTOR)
+            self._retry_cursor = -1  # look again: later backoffs may remain
 
     def _promotion_step(self, now: datetime, report: ControllerReport) -> set[int]:
         """Promote what the events since the cursor made possible; returns the runs

@@ -46,10 +46,10 @@ from controller.ledger.promotion import (
     changes_after,
     close_run_if_done,
     items_with_waiting,
+    next_retry_at,
     promote_item,
     promote_run,
     release_due_retries,
-    retries_due,
     run_has_open_jobs,
 )
 from controller.ledger.recovery import (
@@ -137,6 +137,7 @@ __all__ = [
     "mark_worker_lost",
     "move_attempt",
     "move_job",
+    "next_retry_at",
     "node_runs",
     "orphaned_attempts",
     "promote_item",
@@ -151,7 +152,6 @@ __all__ = [
     "release_due_retries",
     "request_cancel",
     "reservation_mib",
-    "retries_due",
     "retry_failed",
     "retry_job",
     "run_config",

@@ -66,10 +66,13 @@ def promote_item(session: Session, item_id: int, *, now: datetime, actor: str) -
     return moved
 
 
-def retries_due(session: Session, *, now: datetime) -> bool:
-    """One index probe (``ix_jobs_retry_after``): has some job's retry backoff passed?"""
-    probe = select(jobs.c.id).where(jobs.c.retry_after <= now).limit(1)
-    return session.execute(probe).first() is not None
+def next_retry_at(session: Session) -> datetime | None:
+    """When the first job waiting out a retry backoff may run again (None: no job
+    waits). One index probe (``ix_jobs_retry_after``)."""
+    moment = session.execute(select(func.min(jobs.c.retry_after))).scalar()
+    if isinstance(moment, str):  # SQLite hands an aggregate back as text
+        moment = datetime.fromisoformat(moment)
+    return moment
 
 
 def release_due_retries(session: Session, *, now: datetime, actor: str, batch: int = 1000) -> int:

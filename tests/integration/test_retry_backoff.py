@@ -47,12 +47,12 @@ def test_backoff_holds_the_job_until_the_controller_releases_it(
     # Not claimable while it backs off, and the controller leaves it alone until then.
     assert claim_on_n1(factory, worker, clock) == []
     with db.transaction(factory) as session:
-        assert not ledger.retries_due(session, now=clock.now() + timedelta(seconds=29))
+        assert ledger.next_retry_at(session) == due_at
         assert ledger.release_due_retries(session, now=clock.now(), actor="test") == 0
     clock.advance(30)
     with db.transaction(factory) as session:
-        assert ledger.retries_due(session, now=clock.now())
         assert ledger.release_due_retries(session, now=clock.now(), actor="test") == 1
+        assert ledger.next_retry_at(session) is None
     [again] = claim_on_n1(factory, worker, clock)
     assert (again.job_id, again.number) == (claim.job_id, 2)
 
