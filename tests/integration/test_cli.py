@@ -191,6 +191,7 @@ def test_run_never_clears_a_halt_and_exits_3_naming_it(good_config, tmp_path):
     result = invoke("run", str(good_config), "--runtime-dir", str(runtime))
     assert result.exit_code == 3, result.output
     assert "halted (global) — disk replaced, checking evidence" in result.stderr
+    assert f"continue it with: laneway run --continue 1 --runtime-dir {runtime}" in result.stderr
     with engine.connect() as connection:
         active = connection.exec_driver_sql(
             "SELECT COUNT(*) FROM controls WHERE cleared_at IS NULL"
