@@ -30,7 +30,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller import admission, ledger, spend
+from controller import admission, ledger, oom, spend
 from controller.clock import iso
 from controller.models import Attempt, Decision, Event, Item, Job, Run, Worker
 from controller.states import EventKind, WorkerState
@@ -133,7 +133,14 @@ def build_report(
     intents: dict[str, dict[float, float]] = defaultdict(dict)
     """Per lane, bar start -> the earliest intent of the attempts drawn from it: when the
     lane stopped being idle in the ledger (the command starts a little later)."""
+    oom_killed: list[dict[str, Any]] = []
     for attempt, job, item in rows:
+        found = oom.from_diagnostics(attempt.diagnostics)
+        if found is not None:
+            oom_killed.append(
+                {"attempt_id": attempt.id, "item": item.key, "stage": job.stage}
+                | {"node": attempt.node, **found}
+            )
         state = str(attempt.outcome or ("running" if attempt.state != "unknown" else "unknown"))
         command_start, command_end = (
             exit_times(attempt.attempt_dir) if attempt.state == "settled" else (None, None)
@@ -212,7 +219,31 @@ def build_report(
         "usage": spend.spend_report(
             session, run.id, start=start, window_seconds=window, yield_keys=yield_keys
         ),
+        "oom_kills": oom_kills(oom_killed),
     }
+
+
+def oom_kills(killed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Attempts the kernel's OOM killer ended (``controller.oom``), counted per node and
+    per stage, each with its evidence."""
+    return {
+        "total": len(killed),
+        "by_node": dict(sorted(Counter(k["node"] for k in killed).items())),
+        "by_stage": dict(sorted(Counter(k["stage"] for k in killed).items())),
+        "attempts": killed,
+    }
+
+
+def oom_html(kills: dict[str, Any]) -> str:
+    """The OOM kills per node and stage as a paragraph (nothing when there were none)."""
+    if not kills or not kills["total"]:
+        return ""
+    nodes = _counts(kills["by_node"])
+    stages = _counts(kills["by_stage"])
+    return (
+        f'<p class="oom">OOM kills: {kills["total"]} — per node: {html.escape(nodes)}; '
+        f"per stage: {html.escape(stages)}</p>"
+    )
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -535,6 +566,7 @@ td, th {{ border: 1px solid #ddd; padding: 4px 8px; text-align: left; }}
 window {report["window_seconds"]:.1f} s</p>
 <table><tr><th>lane</th><th>node</th><th>attempts</th><th>per hour</th>
 <th>all slots idle</th><th>failures</th></tr>{rows}</table>
+{oom_html(report.get("oom_kills") or {})}
 {spend.usage_table_html(report.get("usage") or {})}
 <div>{legend}</div>
 <div style="display: flex; gap: 24px; align-items: flex-start">

@@ -32,7 +32,7 @@ import subprocess
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -41,17 +41,19 @@ import psutil
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from controller import db, ledger, pipeline
+from controller import db, ledger, oom, pipeline
 from controller.clock import Clock, SystemClock, iso
 from controller.config import CaptureConfig
 from controller.crashpoints import crash_point
 from controller.durable import make_private_dir, open_private, write_json
 from controller.errors import CommitOutcomeUnknown, IllegalTransition, StaleLease
+from controller.ledger import snapshot as ledger_snapshot
 from controller.models import Job
 from controller.states import Outcome
 from controller.watch import ChangeWatch
 from workers import identity
 from workers import launcher as launcher_module
+from workers import oom as oom_watch
 from workers import supervisor as supervisor_module
 from workers.capture import capture_workspace
 from workers.gpu import GpuProbe, GpuReading, NvmlGpu
@@ -94,6 +96,10 @@ class InFlight:
     result_requirement: Literal["optional", "required"] = "optional"
     unrecorded_report: dict[str, Any] | None = None
     """Its supervisor's report, read but not yet in the ledger (the write failed)."""
+    oom_kills_at_start: int | None = None
+    """The worker cgroup's OOM kill count as it started (None: unknown; ``workers.oom``)."""
+    free_before_exit: float | None = None
+    """The node's free memory (MiB) at the worker's last probe before it saw the exit."""
 
 
 class AdoptedSupervisor:
@@ -301,6 +307,7 @@ class WorkerService:
         sample_seconds: float = 1.0,
         sample_flush_seconds: float = 5.0,
         runtime_dir: str | os.PathLike[str] | None = None,
+        oom_counter: oom_watch.OomCounter | None = None,
     ) -> None:
         self.engine = engine
         self.runtime_dir = None if runtime_dir is None else str(Path(runtime_dir).resolve())
@@ -314,6 +321,10 @@ class WorkerService:
         self.heartbeat_seconds = heartbeat_seconds
         self.rescan_seconds = rescan_seconds
         self.memory_probe = memory_probe
+        self._last_available: float | None = None
+        """Free memory (MiB) at the last probe: evidence when an attempt is OOM-killed."""
+        self.oom_counter = oom_counter or oom_watch.OomCounter.of_this_process()
+        """The OOM kill count of this worker's memory cgroup (tests point it elsewhere)."""
         self.sampler = Sampler(gpu or NvmlGpu())
         self.sample_seconds = sample_seconds
         self.sample_flush_seconds = sample_flush_seconds
@@ -672,6 +683,7 @@ class WorkerService:
         if time.monotonic() - self._last_heartbeat < self.heartbeat_seconds:
             return
         available, total = self.memory_probe()
+        self._last_available = available
         gpus, gpu_note = self._gpu_for_heartbeat()
         try:
             with db.transaction(self.factory) as session:
@@ -728,6 +740,8 @@ class WorkerService:
         ]
         sources = self._source_problems() if free > 0 else {}
         available = self.memory_probe()[0] if free > 0 else None
+        if available is not None:
+            self._last_available = available
         if finished:
             crash_point("worker_before_settle")
         claims: list[ledger.Claim] = []
@@ -814,6 +828,7 @@ class WorkerService:
             if claim.render_error is not None:
                 self._settle_without_spawn(claim, claim.render_error)
                 continue
+            kills = self.oom_counter.read()
             try:
                 supervisor, secrets = self._start_supervisor(claim)
             except SecretMissing as exc:
@@ -831,6 +846,7 @@ class WorkerService:
                 awaiting_report=True,
                 secrets=secrets,
                 result_requirement=self._results[(claim.run_id, claim.stage)],
+                oom_kills_at_start=kills,
             )
             self._track(claim.attempt_id, flight)
             assert supervisor.stdout is not None
@@ -1029,6 +1045,7 @@ class WorkerService:
                 continue  # its identity is recorded first (next tick: its pipe is ready)
             if flight.supervisor.poll() is not None:
                 flight.exited = True
+                flight.free_before_exit = self._last_available
                 finished.append((attempt_id, flight))
         return finished
 
@@ -1093,7 +1110,7 @@ class WorkerService:
 
     def _read_outcome(self, flight: InFlight) -> tuple[Any, dict[str, Any] | None, Any]:
         returncode = flight.supervisor.returncode
-        return classify(
+        verdict, exit_record, result = classify(
             flight.claim.attempt_dir,
             job_id=flight.claim.job_id,
             exit_codes=flight.exit_codes,
@@ -1104,6 +1121,37 @@ class WorkerService:
                 + (f" with status {returncode}" if returncode is not None else "")
                 + " and left no exit.json"
             ),
+        )
+        if verdict.outcome is not None and oom_watch.unexplained_sigkill(exit_record):
+            verdict = self._name_oom(flight, verdict, exit_record)
+        return verdict, exit_record, result
+
+    def _name_oom(self, flight: InFlight, verdict: Any, exit_record: dict[str, Any] | None) -> Any:
+        """The verdict of an attempt killed by a SIGKILL laneway did not send, with the
+        ``oom_killed`` evidence when the OOM killer did it (``workers.oom``). The outcome
+        is kept: this is evidence; the settle folds the attempt's peak into its stage's
+        learned reservation like any other."""
+        with db.reader(self.engine)() as session:
+            floor = ledger_snapshot.memory_floor(session, node=self.node)
+        found = oom_watch.name_oom(
+            exit_record,
+            kills_at_start=flight.oom_kills_at_start,
+            kills_now=self.oom_counter.read(),
+            mem_available_mib=flight.free_before_exit,
+            memory_floor_mib=floor,
+            peak_rss_mib=flight.peaks.peak_rss_mib,
+        )
+        if found is None:
+            return verdict
+        why = (
+            "its memory cgroup counted the kill"
+            if found["source"] == "cgroup"
+            else "the node's free memory was under its floor"
+        )
+        return replace(
+            verdict,
+            reason=f"{verdict.reason} from the OOM killer: out of memory ({why})",
+            diagnostics=[*verdict.diagnostics, oom.diagnostic(found)],
         )
 
     # -- the loop ------------------------------------------------------------

@@ -46,6 +46,12 @@ def stage_peaks(
     return {(r.run_id, r.stage): (r.peak_rss_mib, r.peak_gpu_mib) for r in rows}
 
 
+def memory_floor(session: Session, *, node: str) -> int | None:
+    """The node's memory floor (MiB), None if the node is not in the ledger."""
+    row = session.execute(statements.NODE_ROW, {"node": node}).first()
+    return None if row is None else int(row.memory_floor_mib)
+
+
 def reservation_mib(stage: Any, peak_rss_mib: float | None) -> float:
     """The memory a stage reserves: configured, or with ``learn_memory`` the larger of
     that minimum and the measured peak times the margin."""
