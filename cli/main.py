@@ -189,7 +189,7 @@ def dry_run(config: ConfigPath, as_json: JsonFlag = False) -> None:
     config is invalid.
     """
     from controller import config as config_module
-    from controller import pipeline
+    from controller import pipeline, usage
     from workers.service import psutil_memory
 
     try:
@@ -203,10 +203,16 @@ def dry_run(config: ConfigPath, as_json: JsonFlag = False) -> None:
     # What would run: each stage's argv for the first item, as a worker renders it
     # (values in a shell's -c script quoted), so a user sees it before anything runs.
     plan["argv_preview"] = config_module.preview_argv(parsed)
+    plan["budgets"] = usage.budget_plan(
+        parsed,
+        {stage: sum(lanes.values()) for stage, lanes in plan["jobs_per_stage_and_lane"].items()},
+    )
     if as_json:
         typer.echo(render.as_json(plan))
     else:
         typer.echo(render.plan_text(plan))
+        for line in usage.budget_plan_lines(plan["budgets"]):
+            typer.echo(line)
         if plan["argv_preview"]:
             typer.echo("")
             typer.echo(f"argv of the first item ({parsed.items[0].key}) per stage:")
@@ -220,6 +226,15 @@ def dry_run(config: ConfigPath, as_json: JsonFlag = False) -> None:
         raise typer.Exit(1)
 
 
+RerunOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--rerun",
+        help="Run this stage's jobs even where an earlier run's result could be reused "
+        "(repeatable; `all`: every stage).",
+        show_default=False,
+    ),
+]
 NewOpt = Annotated[
     bool,
     typer.Option(
@@ -244,6 +259,7 @@ def start_pipeline(
         ),
     ] = True,
     new: NewOpt = False,
+    rerun: RerunOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Preflight a config and freeze it into a new run.
@@ -259,7 +275,9 @@ def start_pipeline(
 
     try:
         parsed = config_module.load_config(config)
-        run_id = pipeline.start(parsed, runtime_dir=runtime_dir, actor=_actor(), new=new)
+        run_id = pipeline.start(
+            parsed, runtime_dir=runtime_dir, actor=_actor(), new=new, rerun=rerun
+        )
     except LanewayError as error:
         _fail(error, as_json)
         return
@@ -335,6 +353,8 @@ def status(
                     if progress is not None:
                         progress.show(report, source)
                 if progress is None:
+                    if report["unknown"]:
+                        _mark_conclusive(source, report)
                     _emit(report, as_json, render.status_text)
                     return
                 time.sleep(2)
@@ -345,6 +365,43 @@ def status(
     finally:
         if progress is not None:
             progress.close()
+
+
+def _mark_conclusive(source: Any, report: dict[str, Any]) -> None:
+    """Mark each unknown attempt whose evidence has become conclusive (read here: its
+    exit record, /proc), with the command that settles them (``controller.evidence``)."""
+    from types import SimpleNamespace
+
+    from controller import evidence
+    from controller.config import config_from_frozen
+
+    run_id = report["run"]["id"]
+    [(frozen,)] = source.rows("SELECT config_json FROM runs WHERE id = :run", {"run": run_id})
+    config = config_from_frozen(frozen)
+    columns = (
+        "id, job_id, attempt_dir, boot_id, supervisor_pid, supervisor_start_time, child_pid, "
+        "child_start_time"
+    )
+    rows = source.rows(
+        f"SELECT a.{columns.replace(', ', ', a.')}, j.stage, w.host FROM attempts a "
+        "JOIN jobs j ON j.id = a.job_id LEFT JOIN workers w ON w.id = a.worker_id "
+        "WHERE a.run_id = :run AND a.state = 'unknown'",
+        {"run": run_id},
+    )
+    names = columns.split(", ")
+    judged = {}
+    for row in rows:
+        attempt = SimpleNamespace(**dict(zip(names, row[: len(names)], strict=True)))
+        stage, host = row[len(names)], row[len(names) + 1]
+        judged[attempt.id] = evidence.judge(attempt, config.stage(stage), worker_host=host)
+    command = (
+        f"laneway reconcile --run {run_id} --from-evidence --runtime-dir "
+        f"{shlex.quote(report['run']['runtime_dir'])}"
+    )
+    for unknown in report["unknown"]:
+        found = judged.get(unknown["attempt_id"])
+        if found is not None and found.conclusive:
+            unknown["conclusive"] = {**found.as_dict(), "settle": command}
 
 
 class _Log:
@@ -364,14 +421,17 @@ class _Log:
 @app.command()
 def explain(
     job: Annotated[
-        int,
+        str,
         typer.Argument(
-            help="The job's id (see `status`/`sql`).",
-            min=1,
-            max=MAX_ID,
+            help="The job: its id (see `status`/`sql`), or ITEM.STAGE (in --run, default "
+            "the newest run).",
             autocompletion=complete.jobs,
         ),
     ],
+    run: Annotated[
+        int | None,
+        typer.Option("--run", min=1, max=MAX_ID, help="The run an ITEM.STAGE is in."),
+    ] = None,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
@@ -386,8 +446,9 @@ def explain(
 
     try:
         engine = _reader(runtime_dir)
+        job_id = _job_id(engine, job, run)
         with db.session_factory(engine)() as session:
-            report = explain_job(session, job, now=db.ledger_now(session, SystemClock()))
+            report = explain_job(session, job_id, now=db.ledger_now(session, SystemClock()))
     except LanewayError as error:
         _fail(error, as_json)
         return
@@ -406,6 +467,14 @@ def report(
     idle_min_seconds: Annotated[
         float, typer.Option("--idle-min-seconds", min=0, help="Shortest idle period listed.")
     ] = 1.0,
+    yield_keys: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--yield",
+            help="A usage key whose output per hour is reported (repeatable; default: all).",
+            show_default=False,
+        ),
+    ] = None,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
@@ -428,6 +497,7 @@ def report(
                 run_row,
                 now=db.ledger_now(session, SystemClock()),
                 idle_min_seconds=idle_min_seconds,
+                yield_keys=tuple(yield_keys or ()),
             )
         target = html_path or Path(run_row.runtime_dir) / "runs" / str(run_row.id) / "report.html"
         try:
@@ -819,6 +889,7 @@ def run_pipeline(
         ),
     ] = False,
     new: NewOpt = False,
+    rerun: RerunOpt = None,
     as_json: JsonFlag = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress lines.")] = False,
 ) -> None:
@@ -844,8 +915,8 @@ def run_pipeline(
 
     try:
         if resume:
-            if new:
-                raise UsageError("--continue and --new: choose one")
+            if new or rerun:
+                raise UsageError("--continue takes neither --new nor --rerun: choose one")
             engine = db.open_existing_ledger(runtime_dir)
             run_id, frozen = _run_to_continue(engine, config)
             nodes = frozen.nodes
@@ -855,7 +926,9 @@ def run_pipeline(
             parsed = config_module.load_config(Path(config))
             # Preflight first (pipeline.start refuses before it opens anything), then the
             # ledger that start created or migrated.
-            run_id = pipeline.start(parsed, runtime_dir=runtime_dir, actor=_actor(), new=new)
+            run_id = pipeline.start(
+                parsed, runtime_dir=runtime_dir, actor=_actor(), new=new, rerun=rerun
+            )
             engine = db.open_ledger(runtime_dir)
             nodes = parsed.nodes
         services = [WorkerService(engine, node=node.name, slots=node.max_jobs) for node in nodes]
@@ -960,8 +1033,9 @@ def run_pipeline(
     if final["run"]["state"] != "finished":
         if blocked:
             typer.echo(f"laneway: run {run_id} is blocked: {blocked}", err=True)
+        when = "once it is unblocked, " if blocked else ""
         typer.echo(
-            f"laneway: run {run_id} is not finished; continue it with: "
+            f"laneway: run {run_id} is not finished; {when}continue it with: "
             f"{pipeline.continue_command(run_id, runtime)}",
             err=True,
         )
@@ -1273,19 +1347,38 @@ class ReconcileAs(StrEnum):
 @app.command()
 def reconcile(
     attempt: Annotated[
-        int,
+        int | None,
         typer.Argument(
-            help="The unknown attempt's id (see `status`).",
+            help="The unknown attempt's id (see `status`); omit with --run --from-evidence.",
             min=1,
             max=MAX_ID,
             autocompletion=complete.unknown_attempts,
+            show_default=False,
         ),
-    ],
-    as_: Annotated[ReconcileAs, typer.Option("--as", help="What really happened to the attempt.")],
-    reason: Annotated[str, typer.Option("--reason", help="Why you know (recorded).")],
+    ] = None,
+    as_: Annotated[
+        ReconcileAs | None,
+        typer.Option("--as", help="What really happened to the attempt.", show_default=False),
+    ] = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why you know (recorded).")] = "",
     result: Annotated[
         Path | None, typer.Option("--result", help="A result JSON file to record with it.")
     ] = None,
+    run: Annotated[
+        int | None,
+        typer.Option("--run", min=1, max=MAX_ID, help="With --from-evidence: the run."),
+    ] = None,
+    from_evidence: Annotated[
+        bool,
+        typer.Option(
+            "--from-evidence",
+            help="Settle every unknown attempt of --run whose evidence has become "
+            "conclusive (a verified exit record, supervisor and child gone) as it says.",
+        ),
+    ] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", help="With --from-evidence: do not ask for confirmation.")
+    ] = False,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
@@ -1295,10 +1388,23 @@ def reconcile(
     Recorded with who and when. not-run makes the job ready for a new attempt (a new
     idempotency key). When a run has no unknown attempt left, its dispatch resumes;
     halts set by operators stay.
+
+    `reconcile --run RUN --from-evidence` shows, for each unknown attempt of the run,
+    what its evidence says, and settles those whose evidence is conclusive into the
+    outcome their exit record establishes, after one confirmation (--yes for scripts).
     """
     from controller import ledger
 
+    if from_evidence:
+        _reconcile_from_evidence(run, attempt, as_, result, reason, yes, runtime_dir, as_json)
+        return
     try:
+        if attempt is None or as_ is None:
+            raise UsageError(
+                "name the unknown ATTEMPT with --as and --reason, or use --run RUN --from-evidence"
+            )
+        if run is not None or yes:
+            raise UsageError("--run and --yes go with --from-evidence")
         recorded = _read_result_file(result) if result else None
         engine = _writer(runtime_dir)
         with db.session_factory(engine)() as session:
@@ -1327,6 +1433,84 @@ def reconcile(
     )
 
 
+def _reconcile_from_evidence(
+    run: int | None,
+    attempt: int | None,
+    as_: Any,
+    result: Path | None,
+    reason: str,
+    yes: bool,
+    runtime_dir: Path,
+    as_json: bool,
+) -> None:
+    """``reconcile --run RUN --from-evidence``: judge, show, confirm once, settle."""
+    from controller import evidence, ledger
+
+    try:
+        if run is None:
+            raise UsageError("--from-evidence needs --run RUN")
+        if attempt is not None or as_ is not None or result is not None:
+            raise UsageError(
+                "--from-evidence settles as the evidence says: no ATTEMPT, --as or --result"
+            )
+        engine = _writer(runtime_dir)
+        with db.session_factory(engine)() as session:
+            config = ledger.run_config(ledger.get_run(session, run))
+            judged = [
+                evidence.judge(row, config.stage(stage), worker_host=host)
+                for row, stage, host in ledger.unknown_attempts(session, run)
+            ]
+    except LanewayError as error:
+        _fail(error, as_json)
+        return
+    conclusive = [e for e in judged if e.conclusive]
+    if not as_json:
+        for found in judged:
+            verdict = f"settle as {found.outcome}" if found.conclusive else "left unknown"
+            typer.echo(f"attempt {found.attempt_id}: {verdict} — {render.clean(found.words)}")
+    if conclusive and not yes:
+        if as_json:
+            _fail(UsageError("--from-evidence with --json asks no question: pass --yes"), True)
+        if not typer.confirm(f"settle {len(conclusive)} attempt(s) as their evidence says?"):
+            raise typer.Exit(1)
+    why = reason.strip() or "conclusive evidence: verified exit record, supervisor and child gone"
+    settled: list[dict[str, Any]] = []
+    try:
+        for found in conclusive:
+            for trying in db.retrying(patience=RETRY_SECONDS):
+                with trying, db.transaction(db.session_factory(engine)) as session:
+                    job_state = ledger.reconcile_attempt(
+                        session,
+                        found.attempt_id,
+                        verdict="evidence",
+                        reason=f"{why}; {found.words}",
+                        actor=_actor(),
+                        now=SystemClock().now(),
+                        result=found.result,
+                        exit_code=found.exit_code,
+                        exit_signal=found.exit_signal,
+                        outcome=found.outcome,
+                    )
+            settled.append({**found.as_dict(), "job_state": job_state.value})
+    except LanewayError as error:
+        _fail(error, as_json)
+        return
+    body = {
+        "ok": True,
+        "run_id": run,
+        "settled": settled,
+        "left_unknown": [e.as_dict() for e in judged if not e.conclusive],
+    }
+    _emit(
+        body,
+        as_json,
+        lambda b: (
+            f"{len(settled)} attempt(s) settled from evidence; "
+            f"{len(b['left_unknown'])} left unknown"
+        ),
+    )
+
+
 def _verified_exit(attempt: Any) -> tuple[int | None, int | None]:
     """The exit code and signal from the attempt's own exit record, when there is one
     that is whole and names this attempt (a known exit code is never lost by a
@@ -1346,43 +1530,115 @@ def _verified_exit(attempt: Any) -> tuple[int | None, int | None]:
     return (code if code in valid else None), (signum if signum in valid else None)
 
 
+class RetryOutcome(StrEnum):
+    failed = "failed"
+    infra_failure = "infra_failure"
+    timed_out = "timed_out"
+
+
 @app.command()
 def retry(
     job: Annotated[
-        int,
+        str | None,
         typer.Argument(
-            help="The failed job's id (see `status`/`sql`).",
-            min=1,
-            max=MAX_ID,
+            help="The failed job: its id, or ITEM.STAGE (in --run, default the newest run); "
+            "omit with --run to retry every failed job of the run that matches.",
             autocompletion=complete.jobs,
+            show_default=False,
         ),
-    ],
-    reason: Annotated[str, typer.Option("--reason", help="Why it is safe to run again.")],
+    ] = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why it is safe to run again.")] = "",
+    run: Annotated[
+        int | None,
+        typer.Option("--run", min=1, max=MAX_ID, help="The run (bulk: every failed job of it)."),
+    ] = None,
+    stage: Annotated[
+        str | None, typer.Option("--stage", help="Bulk: only this stage's failed jobs.")
+    ] = None,
+    outcome: Annotated[
+        RetryOutcome | None,
+        typer.Option("--outcome", help="Bulk: only jobs whose last attempt settled so."),
+    ] = None,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Make a failed job ready for a new attempt (new idempotency key), with a reason.
+    """Make failed jobs ready for a new attempt (new idempotency key), with a reason.
 
-    Jobs of the same item skipped because of it wait again; a finished run reopens.
+    One job (`retry JOB` or `retry ITEM.STAGE`), or every failed job of a run that
+    matches (`retry --run RUN [--stage S] [--outcome failed|infra_failure|timed_out]`),
+    in one transaction. Jobs of the same item skipped because of them wait again; a
+    finished run reopens.
     """
     from controller import ledger
+    from controller.states import Outcome
 
     try:
+        why = _reason(reason)
+        if job is not None and (stage is not None or outcome is not None):
+            raise UsageError("--stage and --outcome choose jobs for a bulk retry: omit JOB")
+        if job is None and run is None:
+            raise UsageError("name a JOB (id or ITEM.STAGE), or --run RUN for a bulk retry")
         engine = _writer(runtime_dir)
+        job_id = None if job is None else _job_id(engine, job, run)
+        if run is not None and stage is not None:
+            with db.session_factory(engine)() as session:
+                stages = [s.name for s in ledger.run_config(ledger.get_run(session, run)).stages]
+            if stage not in stages:
+                raise UsageError(f"--stage: {stage!r} is not a stage of run {run}")
         for trying in db.retrying(patience=RETRY_SECONDS):
             with trying, db.transaction(db.session_factory(engine)) as session:
-                moved = ledger.retry_job(
-                    session, job, reason=_reason(reason), actor=_actor(), now=SystemClock().now()
-                )
+                now = SystemClock().now()
+                if job_id is not None:
+                    moved = ledger.retry_job(session, job_id, reason=why, actor=_actor(), now=now)
+                    retried = [job_id]
+                else:
+                    assert run is not None
+                    ledger.get_run(session, run)
+                    retried = ledger.retry_failed(
+                        session,
+                        run,
+                        reason=why,
+                        actor=_actor(),
+                        now=now,
+                        stage=stage,
+                        outcome=None if outcome is None else Outcome(outcome.value),
+                    )
+                    moved = len(retried)
     except LanewayError as error:
         _fail(error, as_json)
         return
+    if job_id is not None:
+        _emit(
+            {"ok": True, "job_id": job_id, "jobs_moved": moved},
+            as_json,
+            lambda b: f"job {job_id} is ready for a new attempt ({moved} job(s) moved)",
+        )
+        return
     _emit(
-        {"ok": True, "job_id": job, "jobs_moved": moved},
+        {"ok": True, "run_id": run, "retried": retried},
         as_json,
-        lambda b: f"job {job} is ready for a new attempt ({moved} job(s) moved)",
+        lambda b: (
+            f"{len(retried)} failed job(s) of run {run} are ready for a new attempt"
+            + (f": {', '.join(map(str, retried))}" if retried else " (none matched)")
+        ),
     )
+
+
+def _job_id(engine: Any, job: str, run: int | None) -> int:
+    """A job named by its id, or as ITEM.STAGE in ``run`` (default: the newest run)."""
+    from controller.logs import job_by_name
+    from controller.status import SessionRows
+
+    if job.isdigit():
+        number = int(job)
+        if not 1 <= number <= MAX_ID:
+            raise UsageError(f"{job}: not a job id")
+        return number
+    if "." not in job:
+        raise UsageError(f"{job!r}: name a job by its id or as ITEM.STAGE")
+    with db.session_factory(engine)() as session:
+        return job_by_name(SessionRows(session), job, run)
 
 
 def _reason(reason: str) -> str:

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from cli import spend_text
+from cli import oom_text, spend_text
 
 _CONTROL_CHARS = re.compile(
     r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|[\x00-\x08\x0b-\x1f\x7f]"
@@ -66,7 +66,15 @@ def status_text(status: dict[str, Any]) -> str:
                 f"  attempt {u['attempt_id']} {u['item']}.{u['stage']}: {clean(u['reason'])}"
             )
             out.append(f"    evidence: {u['evidence']}")
-            out.append(f"    resolve:  {u['reconcile']}")
+            conclusive = u.get("conclusive")
+            if conclusive:
+                out.append(
+                    f"    CONCLUSIVE: settles as {conclusive['outcome']} — "
+                    f"{clean(conclusive['words'])}"
+                )
+                out.append(f"    settle:   {conclusive['settle']}")
+            else:
+                out.append(f"    resolve:  {u['reconcile']}")
     if status["controls"]:
         out.append("")
         out.append("controls:")
@@ -89,6 +97,17 @@ def status_text(status: dict[str, Any]) -> str:
     rows = [[stage, *(by.get(s, 0) or "" for s in states)] for stage, by in status["jobs"].items()]
     rows.append(["total", *(status["totals"].get(s, 0) or "" for s in states)])
     out.append(table(["stage", *states], rows))
+    if status.get("reused"):
+        taken = ", ".join(f"{stage} {count}" for stage, count in status["reused"].items())
+        out.append(
+            f"reused from earlier runs (succeeded, not run again): {taken} "
+            "(see the v_reused_jobs view)"
+        )
+    for waiting in status.get("retry_backoff") or []:
+        out.append(
+            f"retry backoff: job {waiting['job_id']} ({waiting['item']}.{waiting['stage']}) "
+            f"retry_after {waiting['retry_after']}"
+        )
     classes = sorted({o for by in status["outcomes"].values() for o in by})
     if classes:
         out.append("")
@@ -423,5 +442,6 @@ def report_text(report: dict[str, Any]) -> str:
                 )
             )
     out += spend_text.usage_lines(report.get("usage"))
+    out += oom_text.oom_lines(report.get("oom_kills"))
     out.append(f"HTML timeline: {report['html']}")
     return "\n".join(out)

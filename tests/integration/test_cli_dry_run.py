@@ -44,3 +44,29 @@ def test_dry_run_prints_the_rendered_argv_of_the_first_item(tmp_path, monkeypatc
     (argv,) = json.loads(as_json.output)["argv_preview"].values()
     assert argv == ["sh", "-c", "echo '$(touch pwned)'"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipeline.toml"]  # wrote nothing
+
+
+def test_dry_run_prints_the_budget_arithmetic_for_the_whole_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "pipeline.toml"
+    budgeted = CONFIG.replace(
+        'name = "preview"\n', 'name = "preview"\nbudget = { cost_usd = 1.5, calls = 10 }\n'
+    ).replace(
+        'argv = ["sh", "-c", "echo {who}"]',
+        'argv = ["sh", "-c", "echo {who}"]\nexpected_usage = { cost_usd = 0.75 }',
+    )
+    budgeted += '\n[[items]]\nkey = "second"\nlane = "main"\nwho = "x"\n'
+    budgeted += '\n[[items]]\nkey = "third"\nlane = "main"\nwho = "y"\n'
+    config.write_text(budgeted)
+    shown = CliRunner().invoke(app, ["dry-run", str(config)])
+    assert shown.exit_code == 0, shown.output
+    assert "budget (run) cost_usd: greet 3 x 0.75 = 2.25 of 1.5 — passes it" in shown.output
+    assert (
+        "budget (run) calls: nothing estimated = 0 of 10 — fits; no expected_usage for greet"
+        in (shown.output)
+    )
+    plan = json.loads(CliRunner().invoke(app, ["dry-run", str(config), "--json"]).output)
+    assert [(b["key"], b["projected"], b["fits"]) for b in plan["budgets"]] == [
+        ("calls", 0.0, True),
+        ("cost_usd", 2.25, False),
+    ]
