@@ -193,7 +193,8 @@ def test_an_idle_worker_is_woken_by_a_new_run(on_postgres, engine, factory, make
     wait_until(settled, timeout=60)
     # Once the tick that settled it is over, the worker is idle until something wakes it.
     wait_until(lambda: any(t.settled for t in ticks), timeout=60)
-    runs.append(make_run(config))
+    # A changed stage, so the new run's job is not reused from the first run's.
+    runs.append(make_run(make_config([py_stage("only", "x = 2")])))
     wait_until(settled, timeout=60)
     stop.set()
     append(factory, FixedClock())  # wakes it to see the stop
