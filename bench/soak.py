@@ -39,13 +39,22 @@ fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
 os.write(fd, (os.environ["LANEWAY_IDEMPOTENCY_KEY"] + "\\n").encode())
 os.fsync(fd)
 time.sleep(random.uniform(0.05, 0.4))
+held = time.monotonic()
+while os.path.exists(sys.argv[2]) and time.monotonic() - held < HOLD_SECONDS:
+    time.sleep(0.05)
 with open(os.environ["LANEWAY_RESULT_PATH"], "w") as f:
     json.dump({"job_id": os.environ["LANEWAY_JOB_ID"]}, f)
 """
 
 
+# While the soak still owes kills, a job waits (at most this long) after its side effect,
+# so the run cannot finish before every kill has landed on live work: 40 items on 4 slots
+# take at least 50 s held, where 30 kills take about 15 s.
+HOLD_SECONDS = 5.0
+
+
 def write_config(root: Path, items: int) -> Path:
-    (root / "job.py").write_text(JOB)
+    (root / "job.py").write_text(f"HOLD_SECONDS = {HOLD_SECONDS}\n" + JOB)
     config = {
         "name": "soak",
         "nodes": [{"name": "n1", "memory_floor_mib": 0, "max_jobs": 4}],
@@ -53,7 +62,12 @@ def write_config(root: Path, items: int) -> Path:
         "stages": [
             {
                 "name": "paid",
-                "argv": [sys.executable, str(root / "job.py"), str(root / "side-effects.log")],
+                "argv": [
+                    sys.executable,
+                    str(root / "job.py"),
+                    str(root / "side-effects.log"),
+                    str(root / "hold"),
+                ],
                 "timeout_seconds": 60,
             }
         ],
@@ -191,6 +205,8 @@ def soak(kills: int, items: int, seed: int, root: Path, say=print) -> dict[str, 
     rng = random.Random(seed)
     runtime = root / "runtime"
     config = write_config(root, items)
+    hold = root / "hold"
+    hold.touch()
     subprocess.run(
         [
             sys.executable,
@@ -215,6 +231,8 @@ def soak(kills: int, items: int, seed: int, root: Path, say=print) -> dict[str, 
             finished = query(ledger, "SELECT state FROM runs")[0][0] == "finished"
             if finished:
                 break
+            if counts["kills"] >= kills:
+                hold.unlink(missing_ok=True)
             if counts["kills"] < kills:
                 before = counts["kills"]
                 time.sleep(rng.uniform(0.05, 0.6))
@@ -241,6 +259,7 @@ def soak(kills: int, items: int, seed: int, root: Path, say=print) -> dict[str, 
             if time.monotonic() - started > 3600:
                 raise TimeoutError("soak did not finish within an hour")
     finally:
+        hold.unlink(missing_ok=True)
         fleet.stop()
     effects = side_effects(root)
     attempts = query(ledger, "SELECT idempotency_key, state, outcome FROM attempts")
