@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -58,6 +59,10 @@ SECRET_LITERAL = re.compile(
     r"|\bAKIA[0-9A-Z]{16}\b|\bxox[abp]-[A-Za-z0-9-]{10,}"
 )
 RESERVED_PLACEHOLDERS = ("item", "lane")
+INPUTS_PREFIX = "inputs."
+"""``{inputs.<stage>}``: the directory an attempt finds a needed stage's outputs in."""
+SAMPLE_INPUTS_ROOT = "/attempt/inputs"
+PREVIEW_INPUTS_ROOT = "<attempt_dir>/inputs"
 PATTERN_HELP = {
     KEY_PATTERN: "use letters, digits, '_', '.', '-' (at most 128), starting with a letter or "
     "digit; no slashes",
@@ -66,7 +71,23 @@ PATTERN_HELP = {
 }
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+NAME_RE = re.compile(NAME_PATTERN)
 Key = Annotated[str, Field(pattern=KEY_PATTERN)]
+
+
+def _output_name(value: str) -> str:
+    """A declared output: a file name or glob relative to the workspace, inside it."""
+    if not value or "\0" in value or len(value) > 1024:
+        raise ValueError("an output is a non-empty file name or glob of at most 1024 characters")
+    if value.startswith("/") or ".." in value.split("/") or "\\" in value:
+        raise ValueError(
+            f"{value!r} must be relative to the attempt's workspace, without '..' or "
+            "backslashes (e.g. answer.json or shards/*.jsonl)"
+        )
+    return value
+
+
+OutputName = Annotated[str, AfterValidator(_output_name)]
 USAGE_KEY_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$"
 PATTERN_HELP[USAGE_KEY_PATTERN] = (
     "a usage key uses letters, digits, '_', '.', '-' (at most 64), starting with a letter"
@@ -170,6 +191,18 @@ class StageConfig(_Strict):
     memory_margin: float = Field(1.25, ge=1, le=10)
     gpu_mib: int = Field(0, ge=0, description="GPU memory reserved while an attempt runs.")
     needs: list[Name] = Field(default_factory=list)
+    outputs: list[OutputName] = Field(
+        default_factory=list,
+        description="Files (names or globs relative to the workspace) this stage "
+        "delivers: when an attempt would succeed each is hashed (sha256) and stored in the "
+        "run's artifact store; one missing makes the attempt failed. Stages that need "
+        "this one get them under inputs/<stage>/ ({inputs.<stage>}).",
+    )
+    nodes: list[Name] | None = Field(
+        None,
+        description="The nodes that may run this stage (default: its lane's node); its "
+        "lane's caps still count it.",
+    )
     cap: int | None = Field(None, ge=0, description="Most running at once across all lanes.")
     exit_codes: dict[int, Outcome] = Field(default_factory=_default_exit_codes)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
@@ -286,6 +319,13 @@ class PipelineConfig(_Strict):
         "admission refuses (reason budget) an attempt whose expected cost would pass it.",
     )
     sources: list[str] = Field(default_factory=list, description="Files hashed and frozen.")
+    artifact_store: str | None = Field(
+        None,
+        description="Where stage outputs are stored, as an fsspec URL: file:///a/shared/mount "
+        "or s3://bucket/prefix (S3 or any S3-compatible server; credentials and endpoint "
+        "only from the worker's environment). Default: content-addressed under each "
+        "worker's runtime dir (artifacts/), which only that machine can read.",
+    )
     closeout: list[CloseoutStep] = Field(
         default_factory=list,
         description="Steps run in order when the run finishes or is stopped; each is "
@@ -321,6 +361,16 @@ class PipelineConfig(_Strict):
             for code, outcome in stage_config.exit_codes.items():
                 if outcome is Outcome.SUCCEEDED and code != 0 and 0 not in stage_config.exit_codes:
                     problems.append(f"stages.{i}.exit_codes.{code}: 0 must map to succeeded too")
+            for node in stage_config.nodes or []:
+                if node not in nodes:
+                    problems.append(
+                        f"stages.{i}.nodes: unknown node {node!r}; known: {sorted(nodes)}"
+                    )
+            if stage_config.nodes is not None and not stage_config.nodes:
+                problems.append(
+                    f"stages.{i}.nodes: empty; name at least one node, or leave it out to "
+                    "run the stage on its lane's node"
+                )
             for source in stage_config.sources or []:
                 if source not in self.sources:
                     problems.append(
@@ -331,6 +381,8 @@ class PipelineConfig(_Strict):
             if item.lane not in lanes:
                 problems.append(f"items.{i}.lane: unknown lane {item.lane!r} for item {item.key!r}")
         problems += _placeholder_problems(self.stages, self.items)
+        if self.artifact_store is not None:
+            problems += artifact_store_problems(self.artifact_store)
         frozen = isinstance(info.context, dict) and info.context.get("frozen")
         if not frozen:
             # Load-time only: a run frozen before these checks existed must still load.
@@ -365,6 +417,44 @@ class PipelineConfig(_Strict):
 
     def sha256(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+STORE_PACKAGES = {"s3": "laneway[s3]", "s3a": "laneway[s3]", "gs": "gcsfs", "gcs": "gcsfs"}
+
+
+def artifact_store_problems(url: str) -> list[str]:
+    """Why ``artifact_store`` cannot be used: not a URL fsspec can open here, or one
+    that carries credentials (they come only from the worker's environment)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if not parts.scheme or len(parts.scheme) < 2:
+        return [
+            f"artifact_store: {url!r} is not a URL; write file:///a/shared/mount or "
+            "s3://bucket/prefix"
+        ]
+    if "@" in parts.netloc or parts.password or parts.query:
+        return [
+            "artifact_store: holds credentials or options; give the bare URL (e.g. "
+            "s3://bucket/prefix) and put credentials and the endpoint in the worker's "
+            "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL)"
+        ]
+    if parts.scheme == "file" and (parts.netloc not in ("", "localhost") or not parts.path):
+        return [f"artifact_store: {url!r} must name an absolute path (file:///srv/artifacts)"]
+    if parts.scheme == "memory":
+        return ["artifact_store: memory:// lives in one process; use file:// or s3://"]
+    import fsspec
+
+    try:
+        fsspec.get_filesystem_class(parts.scheme)
+    except ImportError:
+        package = STORE_PACKAGES.get(parts.scheme, f"the fsspec backend for {parts.scheme}://")
+        return [f"artifact_store: {parts.scheme}:// needs {package}; pip install '{package}'"]
+    except ValueError:
+        return [
+            f"artifact_store: fsspec knows no {parts.scheme}:// store; use file:// or s3://"
+        ]
+    return []
 
 
 def _duplicates(field: str, names: list[str]) -> list[str]:
@@ -402,6 +492,7 @@ def placeholders(template: str) -> list[str]:
 
 def _placeholder_problems(stages: list[StageConfig], items: list[ItemConfig]) -> list[str]:
     problems = []
+    outputs_of = {stage.name: stage.outputs for stage in stages}
     for stage in stages:
         templates = [*stage.argv, *stage.env.values(), *([stage.cwd] if stage.cwd else [])]
         names: set[str] = set()
@@ -411,6 +502,15 @@ def _placeholder_problems(stages: list[StageConfig], items: list[ItemConfig]) ->
             except ValueError as exc:
                 problems.append(f"stages.{stage.name}: bad template {template!r}: {exc}")
         for name in sorted(names):
+            if name.startswith(INPUTS_PREFIX):
+                producer = name[len(INPUTS_PREFIX) :]
+                if producer not in stage.needs or not outputs_of.get(producer):
+                    problems.append(
+                        f"stages.{stage.name}: placeholder {{{name}}} names no stage with "
+                        f"outputs that {stage.name!r} needs; add {producer!r} to its needs "
+                        f"and declare outputs on {producer!r}"
+                    )
+                continue
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 problems.append(
                     f"stages.{stage.name}: placeholder {{{name}}} must be a plain field name"
@@ -467,8 +567,27 @@ def _field_text(values: dict[str, Any], name: str, spec: str, conversion: str | 
     return str(value) if spec == RAW_SPEC else format(value, spec)
 
 
-def _item_values(item: ItemConfig) -> dict[str, Any]:
-    return {**item.fields, "item": item.key, "lane": item.lane}
+def _item_values(item: ItemConfig, inputs_root: str | None = None) -> dict[str, Any]:
+    """An item's placeholder values; with ``inputs_root`` (an attempt's ``inputs/``
+    directory) also ``{inputs.<stage>}`` for every stage it could need."""
+    values: dict[str, Any] = {**item.fields, "item": item.key, "lane": item.lane}
+    if inputs_root is not None:
+        values = InputValues(values, inputs_root)
+    return values
+
+
+class InputValues(dict[str, Any]):
+    """Placeholder values where ``inputs.<stage>`` is ``<inputs_root>/<stage>`` (which
+    stages a template may name is checked when the config is loaded)."""
+
+    def __init__(self, values: dict[str, Any], inputs_root: str) -> None:
+        super().__init__(values)
+        self.inputs_root = inputs_root
+
+    def __missing__(self, name: str) -> str:
+        if name.startswith(INPUTS_PREFIX) and NAME_RE.fullmatch(name[len(INPUTS_PREFIX) :]):
+            return f"{self.inputs_root}/{name[len(INPUTS_PREFIX) :]}"
+        raise KeyError(name)
 
 
 CLOSEOUT_PLACEHOLDERS = ("run", "runtime_dir")
@@ -512,7 +631,7 @@ def _render_problems(stages: list[StageConfig], items: list[ItemConfig]) -> list
     failures: dict[str, tuple[str, list[str]]] = {}
     for i, stage in enumerate(stages):
         for item in items:
-            values = _item_values(item)
+            values = _item_values(item, SAMPLE_INPUTS_ROOT)
             places = [(f"argv.{j}", t) for j, t in enumerate(stage.argv)]
             places += [(f"env.{name}", t) for name, t in stage.env.items()]
             places += [("cwd", stage.cwd)] if stage.cwd else []
@@ -543,11 +662,11 @@ def _render_problems(stages: list[StageConfig], items: list[ItemConfig]) -> list
     return problems
 
 
-def render(template: str, item: ItemConfig) -> str:
-    """Expand ``{item}``, ``{lane}`` and item fields in one env/cwd template (never
-    quoted; ``{name:raw}`` is the same as ``{name}`` here), leaving ``${NAME}``
-    references for the worker to resolve. For argv use ``render_argv``."""
-    return render_values(template, _item_values(item))
+def render(template: str, item: ItemConfig, inputs_root: str | None = None) -> str:
+    """Expand ``{item}``, ``{lane}``, item fields and ``{inputs.<stage>}`` in one env/cwd
+    template (never quoted; ``{name:raw}`` is the same as ``{name}`` here), leaving
+    ``${NAME}`` references for the worker to resolve. For argv use ``render_argv``."""
+    return render_values(template, _item_values(item, inputs_root))
 
 
 def render_values(template: str, values: dict[str, Any]) -> str:
@@ -861,11 +980,14 @@ def render_command(templates: list[str], values: dict[str, Any]) -> list[str]:
     return argv
 
 
-def render_argv(stage: StageConfig, item: ItemConfig) -> list[str]:
-    """The argv one attempt of ``stage`` runs for ``item``. Values substituted into a
-    shell's ``-c`` script are shell-quoted for where they land (``{name:raw}`` opts
-    out); elsewhere they are passed as they are (no shell parses them)."""
-    return render_command(stage.argv, _item_values(item))
+def render_argv(
+    stage: StageConfig, item: ItemConfig, inputs_root: str | None = None
+) -> list[str]:
+    """The argv one attempt of ``stage`` runs for ``item`` (``inputs_root``: its
+    attempt's ``inputs/`` directory). Values substituted into a shell's ``-c`` script
+    are shell-quoted for where they land (``{name:raw}`` opts out); elsewhere they are
+    passed as they are (no shell parses them)."""
+    return render_command(stage.argv, _item_values(item, inputs_root))
 
 
 def closeout_values(run_id: int | str, runtime_dir: str) -> dict[str, Any]:
@@ -887,7 +1009,9 @@ def preview_argv(config: PipelineConfig) -> dict[str, list[str]]:
     if not config.items:
         return {}
     first = config.items[0]
-    return {stage.name: render_argv(stage, first) for stage in config.stages}
+    return {
+        stage.name: render_argv(stage, first, PREVIEW_INPUTS_ROOT) for stage in config.stages
+    }
 
 
 def _format_validation_error(exc: ValidationError) -> list[str]:

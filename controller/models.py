@@ -420,3 +420,47 @@ class UsageTotal(Base):
     reconciled: they may have spent)."""
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     """How many attempts reported this key."""
+
+
+class Artifact(Base):
+    """A declared output of a succeeded attempt, hashed and put in its run's artifact
+    store: written once, by the settle that made the attempt succeeded (same
+    transaction), never changed. ``location`` is the stored object's URL."""
+
+    __tablename__ = "artifacts"
+    __table_args__ = (
+        UniqueConstraint("attempt_id", "name"),
+        Index("ix_artifacts_run_stage", "run_id", "stage"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"))
+    stage: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(Text)
+    """The file's path relative to the attempt's workspace."""
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    location: Mapped[str] = mapped_column(Text)
+    node: Mapped[str] = mapped_column(String(64))
+    """The node whose worker stored it (bytes moved up from that node)."""
+    created_at: Mapped[datetime] = mapped_column(DateTime())
+
+
+class AttemptInput(Base):
+    """An artifact an attempt was given as an input (an output of a stage its stage
+    needs), recorded with the attempt's intent: lineage is a join (``v_lineage``)."""
+
+    __tablename__ = "attempt_inputs"
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"), primary_key=True)
+    artifact_id: Mapped[int] = mapped_column(
+        ForeignKey("artifacts.id"), primary_key=True, index=True
+    )
+    stage: Mapped[str] = mapped_column(String(64))
+    """The producing stage."""
+    name: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    node: Mapped[str] = mapped_column(String(64))
+    """The node whose worker fetched it (bytes moved down to that node)."""
+    created_at: Mapped[datetime] = mapped_column(DateTime())

@@ -34,6 +34,9 @@ VIEWS = {
     "v_usage_lane",
     "v_usage_item",
     "v_usage_run",
+    "v_reused_jobs",
+    "v_artifacts",
+    "v_lineage",
 }
 
 
