@@ -21,6 +21,22 @@ def attempt_dir(runtime_dir: str, run_id: int, item: str, stage: str, number: in
     )
 
 
+def inputs_dir(attempt_dir: str) -> str:
+    """Where an attempt finds the outputs of the stages it needs: ``inputs/<stage>/``."""
+    return str(Path(attempt_dir) / "inputs")
+
+
+ARTIFACTS_DIR = "artifacts"
+
+
+def artifact_store_url(configured: str | None, runtime_dir: str) -> str:
+    """A run's artifact store: its ``artifact_store`` URL, else the content-addressed
+    store under the worker's runtime dir (``artifacts/``, this machine only)."""
+    if configured:
+        return configured.rstrip("/")
+    return (Path(runtime_dir) / ARTIFACTS_DIR).resolve().as_uri()
+
+
 def argv_hash(argv: list[str], cwd: str | None) -> str:
     """The sha256 of what runs (recorded on the intent and in the receipt)."""
     return hashlib.sha256(json.dumps([argv, cwd]).encode()).hexdigest()
@@ -32,13 +48,14 @@ def item_config(key: str, lane: str, fields: dict[str, Any] | None) -> ItemConfi
 
 
 def render_command(
-    stage: StageConfig, item: ItemConfig
+    stage: StageConfig, item: ItemConfig, inputs_root: str | None = None
 ) -> tuple[list[str], dict[str, str], str | None]:
-    """The stage's argv, env and cwd for one item; ``${NAME}`` references are left for
-    the worker to resolve at spawn time (secrets are never in the ledger). Values that
-    land in a shell's ``-c`` script are shell-quoted (``config.render_argv``); raises
+    """The stage's argv, env and cwd for one item (``inputs_root``: the attempt's
+    ``inputs/``, for ``{inputs.<stage>}``); ``${NAME}`` references are left for the
+    worker to resolve at spawn time (secrets are never in the ledger). Values that land
+    in a shell's ``-c`` script are shell-quoted (``config.render_argv``); raises
     ``config.TemplateError`` where that cannot be done safely."""
-    argv = render_argv(stage, item)
-    env = {name: render(value, item) for name, value in stage.env.items()}
-    cwd = render(stage.cwd, item) if stage.cwd else None
+    argv = render_argv(stage, item, inputs_root)
+    env = {name: render(value, item, inputs_root) for name, value in stage.env.items()}
+    cwd = render(stage.cwd, item, inputs_root) if stage.cwd else None
     return argv, env, cwd

@@ -8,10 +8,12 @@ One ``WorkerService`` per node. Each ``tick``:
 2. heartbeats (renews its leases, reports the node's live memory) when due;
 3. in ONE write transaction: settles attempts whose supervisor has exited (from
    ``exit.json`` and the optional ``result.json``, read before it, each settle in a
-   savepoint so a stale lease undoes only its own), then, with free slots and
-   something changed, claims admissible jobs and writes their intents
-   (``ledger.claim_jobs``);
-4. only after that commit starts one supervisor per claimed attempt
+   savepoint so a stale lease undoes only its own; an attempt that would succeed has
+   its declared outputs hashed and stored first, and recorded with its settle), then,
+   with free slots and something changed, claims admissible jobs and writes their
+   intents with the inputs each will be given (``ledger.claim_jobs``);
+4. only after that commit fetches each claimed attempt's inputs, verifying every
+   byte against its recorded sha256, and starts one supervisor per attempt
    (``python -I -S``, ``workers.supervisor.launch_argv``).
 
 Between ticks ``serve`` waits on the supervisors' pidfds, so a slot is refilled the
@@ -51,7 +53,7 @@ from controller.ledger import snapshot as ledger_snapshot
 from controller.models import Job
 from controller.states import Outcome
 from controller.watch import ChangeWatch
-from workers import identity
+from workers import artifacts, identity
 from workers import launcher as launcher_module
 from workers import oom as oom_watch
 from workers import supervisor as supervisor_module
@@ -457,7 +459,11 @@ class WorkerService:
             run = ledger.get_run(session, attempt.run_id)
             job = session.get(Job, attempt.job_id)
             assert job is not None
-            stage = ledger.run_config(run).stage(job.stage)
+            config = ledger.run_config(run)
+            stage = config.stage(job.stage)
+            store_url = ledger.artifact_store_url(
+                config.artifact_store, self.runtime_dir or run.runtime_dir
+            )
             if found is not None and attempt.state == "intent":
                 ledger.record_spawn(
                     session,
@@ -487,6 +493,8 @@ class WorkerService:
             timeout_seconds=stage.timeout_seconds,
             grace_seconds=stage.grace_seconds,
             attempt_dir=attempt.attempt_dir,
+            outputs=list(stage.outputs),
+            artifact_store=store_url,
         )
         if found is not None:
             self._track(
@@ -509,7 +517,7 @@ class WorkerService:
             )
             return f"{label}: adopted live supervisor pid {found[0]}"
         secrets = stage_secrets(stage, dict(os.environ))
-        verdict, exit_record, result = classify(
+        classified = classify(
             attempt.attempt_dir,
             job_id=attempt.job_id,
             exit_codes=dict(stage.exit_codes),
@@ -522,6 +530,7 @@ class WorkerService:
                 else "its worker and supervisor are gone and left no exit.json"
             ),
         )
+        verdict, exit_record, result, stored = self._deliver(claim, *classified)
         with db.transaction(self.factory) as session:
             now = db.ledger_now(session, self.clock)
             if verdict.outcome is None:
@@ -545,6 +554,7 @@ class WorkerService:
                 actor=self.worker_id,
                 now=now,
             )
+            self._record_outputs(session, claim, stored, now)
         return f"{label}: settled {verdict.outcome.value} from its exit record"
 
     def stop(self) -> None:
@@ -734,7 +744,7 @@ class WorkerService:
         outcomes: list[str] = []
         settled_failures: list[InFlight] = []
         classified = [
-            (attempt_id, flight, self._read_outcome(flight))
+            (attempt_id, flight, self._deliver(flight.claim, *self._read_outcome(flight)))
             for attempt_id, flight in finished
             if not flight.marked_unknown
         ]
@@ -747,7 +757,7 @@ class WorkerService:
         claims: list[ledger.Claim] = []
         with db.transaction(self.factory) as session:
             now = db.ledger_now(session, self.clock)
-            for attempt_id, flight, (verdict, exit_record, result) in classified:
+            for attempt_id, flight, (verdict, exit_record, result, stored) in classified:
                 try:
                     with session.begin_nested():
                         if verdict.outcome is None:
@@ -772,6 +782,7 @@ class WorkerService:
                                 now=now,
                                 measured=measurements(flight.peaks),
                             )
+                            self._record_outputs(session, flight.claim, stored, now)
                     outcomes.append(verdict.outcome.value if verdict.outcome else "unknown")
                     if verdict.outcome not in (None, Outcome.SUCCEEDED):
                         settled_failures.append(flight)
@@ -827,6 +838,19 @@ class WorkerService:
         for claim in claims:
             if claim.render_error is not None:
                 self._settle_without_spawn(claim, claim.render_error)
+                continue
+            refused = self._give_inputs(claim)
+            if refused is not None:
+                with db.transaction(self.factory) as session:
+                    ledger.refuse_start(
+                        session,
+                        claim.attempt_id,
+                        run_id=claim.run_id,
+                        fence=claim.fence,
+                        reason=refused,
+                        actor=self.worker_id,
+                        now=db.ledger_now(session, self.clock),
+                    )
                 continue
             kills = self.oom_counter.read()
             try:
@@ -929,6 +953,8 @@ class WorkerService:
                 "LANEWAY_PORTS": ",".join(str(port) for port in claim.ports),
             }
         )
+        if claim.inputs:
+            env["LANEWAY_INPUTS_DIR"] = ledger.inputs_dir(str(directory))
         spec = {
             "attempt_id": claim.attempt_id,
             "attempt_dir": str(directory),
@@ -1020,6 +1046,86 @@ class WorkerService:
                     fence=claim.fence,
                 )
             self.in_flight[claim.attempt_id].marked_unknown = True
+
+    def _give_inputs(self, claim: ledger.Claim) -> str | None:
+        """Fetch the attempt's inputs into ``inputs/<stage>/<name>``, each verified
+        against the sha256 its producer recorded. Returns why it cannot start (an input
+        missing, unreadable or not the recorded bytes: both hashes), else None."""
+        if claim.input_problems:
+            return "; ".join(claim.input_problems)
+        root = Path(ledger.inputs_dir(claim.attempt_dir))
+        for given in claim.inputs:
+            crash_point("worker_fetching_inputs")
+            try:
+                artifacts.fetch(
+                    given["location"],
+                    given["sha256"],
+                    f"{given['stage']}/{given['name']}",
+                    root / given["stage"] / given["name"],
+                )
+            except (artifacts.InputMismatch, artifacts.StoreError) as exc:
+                return str(exc)
+            except OSError as exc:
+                return f"input {given['stage']}/{given['name']}: {exc.strerror or exc}"
+        return None
+
+    def _deliver(
+        self, claim: ledger.Claim, verdict: Any, exit_record: dict[str, Any] | None, result: Any
+    ) -> tuple[Any, dict[str, Any] | None, Any, list[dict[str, Any]]]:
+        """An attempt that would succeed hands over its declared outputs: each is
+        hashed and put in the run's store (outside any transaction), and the settle
+        records them. A declared output that is missing makes it ``failed`` (the job ran
+        and did not deliver); a store that cannot take them makes it ``harness_failure``
+        (laneway's side broke; the files stay in the workspace, the exit code is kept)."""
+        if verdict.outcome is not Outcome.SUCCEEDED or not claim.outputs:
+            return verdict, exit_record, result, []
+        workspace = Path(claim.attempt_dir) / "workspace"
+        try:
+            found, missing = artifacts.find_outputs(workspace, claim.outputs)
+        except OSError as exc:
+            reason = f"its outputs could not be read: {exc.strerror or exc}"
+            verdict = replace(verdict, outcome=Outcome.HARNESS_FAILURE, reason=reason)
+            return verdict, exit_record, result, []
+        if missing:
+            reason = (
+                f"declared output {', '.join(missing)} is missing from its workspace: the "
+                "job ran and did not deliver it"
+            )
+            return replace(verdict, outcome=Outcome.FAILED, reason=reason), exit_record, result, []
+        try:
+            store = artifacts.ArtifactStore(claim.artifact_store)
+            stored = [
+                {
+                    "name": output.name,
+                    "sha256": output.sha256,
+                    "size_bytes": output.size_bytes,
+                    "location": store.put(output),
+                }
+                for output in found
+            ]
+        except artifacts.StoreError as exc:
+            reason = (
+                f"its outputs could not be stored ({exc}); they are kept in {workspace}, "
+                "the exit code with them"
+            )
+            verdict = replace(verdict, outcome=Outcome.HARNESS_FAILURE, reason=reason)
+            return verdict, exit_record, result, []
+        crash_point("worker_after_store_before_settle")
+        return verdict, exit_record, result, stored
+
+    def _record_outputs(
+        self, session: Any, claim: ledger.Claim, stored: list[dict[str, Any]], now: datetime
+    ) -> None:
+        ledger.record_artifacts(
+            session,
+            attempt_id=claim.attempt_id,
+            run_id=claim.run_id,
+            job_id=claim.job_id,
+            stage=claim.stage,
+            node=self.node,
+            stored=stored,
+            now=now,
+        )
 
     def _settle_without_spawn(self, claim: ledger.Claim, reason: str) -> None:
         """Nothing was started (e.g. a secret reference is unset): a harness failure."""

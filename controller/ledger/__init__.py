@@ -15,6 +15,7 @@ One module per phase of an attempt's life, each importing only those listed befo
 - ``controls``: pause, stop, halt;
 - ``promotion``: waiting jobs move on, finished runs close;
 - ``snapshot``: what admission sees for a node;
+- ``artifacts``: outputs a settle stores, inputs a claim gives;
 - ``claim``: leases and intents;
 - ``settle``: spawn identity, outcomes, breakers;
 - ``recovery``: expired leases, orphans, adoption (the lease design note is there);
@@ -23,7 +24,8 @@ One module per phase of an attempt's life, each importing only those listed befo
 Callers import this package (``from controller import ledger``) and use the names below.
 """
 
-from controller.launch import argv_hash, attempt_dir
+from controller.launch import argv_hash, artifact_store_url, attempt_dir, inputs_dir
+from controller.ledger.artifacts import inputs_for, record_artifacts, record_inputs, run_artifacts
 from controller.ledger.claim import DEFAULT_LEASE_SECONDS, Claim, claim_jobs, record_decisions
 from controller.ledger.controls import clear_controls, run_paused, set_control
 from controller.ledger.operator import (
@@ -81,6 +83,7 @@ from controller.ledger.settle import (
     mark_unknown,
     record_samples,
     record_spawn,
+    refuse_start,
     release,
     settle_attempt,
     settle_from_verdict,
@@ -112,6 +115,7 @@ __all__ = [
     "append_event",
     "append_events",
     "argv_hash",
+    "artifact_store_url",
     "attempt_dir",
     "cancel_pending",
     "changes_after",
@@ -129,6 +133,8 @@ __all__ = [
     "get_attempt",
     "get_run",
     "heartbeat",
+    "inputs_dir",
+    "inputs_for",
     "items_with_waiting",
     "latest_event_id",
     "mark_closeout_finished",
@@ -143,10 +149,13 @@ __all__ = [
     "promote_item",
     "promote_run",
     "reconcile_attempt",
+    "record_artifacts",
     "record_capture",
     "record_decisions",
+    "record_inputs",
     "record_samples",
     "record_spawn",
+    "refuse_start",
     "register_worker",
     "release",
     "release_due_retries",
@@ -154,6 +163,7 @@ __all__ = [
     "reservation_mib",
     "retry_failed",
     "retry_job",
+    "run_artifacts",
     "run_config",
     "run_has_open_jobs",
     "run_paused",

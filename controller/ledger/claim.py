@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from controller import admission, launch
 from controller.config import TemplateError
 from controller.errors import IllegalTransition
+from controller.ledger import artifacts as artifact_ledger
 from controller.ledger import statements
 from controller.ledger import usage as usage_ledger
 from controller.ledger.controls import run_paused, set_control
@@ -66,6 +67,16 @@ class Claim:
     render_error: str | None = None
     """Why the command could not be rendered safely: the worker settles the attempt as a
     harness failure without starting anything."""
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    """Artifacts of the stages it needs (id, stage, name, sha256, size_bytes, location),
+    recorded with the intent: fetched and verified under ``inputs/`` before it starts."""
+    input_problems: list[str] = field(default_factory=list)
+    """Needed outputs that were never recorded: nothing is started (harness failure)."""
+    outputs: list[str] = field(default_factory=list)
+    """The stage's declared outputs, stored when an attempt would succeed."""
+    artifact_store: str = ""
+    """Where its outputs are stored: the run's ``artifact_store`` URL or the worker's
+    default store (``launch.artifact_store_url``)."""
 
 
 PortPicker = Callable[[int, set[int]], list[int]]
@@ -266,19 +277,21 @@ def _grant(
         attempt_count=number,
     )
     fence = moved.fence
+    directory = launch.attempt_dir(
+        runtime_dir or run.runtime_dir, run.id, job.item_key, job.stage, number
+    )
     render_error: str | None = None
     try:
         argv, env, cwd = launch.render_command(
-            stage, launch.item_config(job.item_key, job.item_lane, job.item_fields)
+            stage,
+            launch.item_config(job.item_key, job.item_lane, job.item_fields),
+            inputs_root=launch.inputs_dir(directory),
         )
     except TemplateError as exc:
         # Only a run frozen before shell quoting existed can get here (configs are
         # checked when loaded): its intent is written, nothing is started.
         argv, env, cwd = [], {}, None
         render_error = f"its command cannot be rendered safely: {exc}"
-    directory = launch.attempt_dir(
-        runtime_dir or run.runtime_dir, run.id, job.item_key, job.stage, number
-    )
     key = f"lw-{run.id}-{job.id}-{number}-{uuid.uuid4().hex[:12]}"
     ports: list[int] | None = None
     if stage.ports:
@@ -304,6 +317,11 @@ def _grant(
             "diagnostics": [],
         },
     ).scalar_one()
+    needs_outputs = [need for need in stage.needs if run.config.stage(need).outputs]
+    inputs, input_problems = artifact_ledger.inputs_for(
+        session, job_id=job.id, needs_outputs=needs_outputs
+    )
+    artifact_ledger.record_inputs(session, attempt_id, inputs, node=node, now=now)
     session.execute(
         statements.INSERT_LEASE,
         {
@@ -360,6 +378,12 @@ def _grant(
         ports=list(ports or []),
         pass_env=list(stage.pass_env),
         render_error=render_error,
+        inputs=inputs,
+        input_problems=input_problems,
+        outputs=list(stage.outputs),
+        artifact_store=launch.artifact_store_url(
+            run.config.artifact_store, runtime_dir or run.runtime_dir
+        ),
     )
 
 

@@ -374,3 +374,36 @@ def release(session: Session, attempt_id: int, *, now: datetime) -> None:
         usage_ledger.RELEASE_RESERVATION_USAGE, {"b_attempt_id": attempt_id, "b_now": now}
     ).scalar()
     usage_ledger.release_expected(session, attempt_id, held)
+
+
+def refuse_start(
+    session: Session,
+    attempt_id: int,
+    *,
+    run_id: int,
+    fence: int,
+    reason: str,
+    actor: str,
+    now: datetime,
+) -> None:
+    """Its inputs could not be given: a harness failure (nothing was started), and the
+    run pauses until an operator has looked at the store (``laneway resume``)."""
+    settle_attempt(
+        session,
+        attempt_id,
+        fence=fence,
+        outcome=Outcome.HARNESS_FAILURE,
+        actor=actor,
+        now=now,
+        reason=f"not started: {reason}",
+    )
+    if not run_paused(session, run_id):
+        set_control(
+            session,
+            ControlKind.PAUSE,
+            scope=ControlScope.RUN,
+            run_id=run_id,
+            reason=f"attempt {attempt_id}: {reason}",
+            actor=actor,
+            now=now,
+        )

@@ -9,7 +9,9 @@ from __future__ import annotations
 from sqlalchemy import Table
 
 from controller.models import (
+    Artifact,
     Attempt,
+    AttemptInput,
     AttemptUsage,
     Control,
     Decision,
@@ -33,7 +35,9 @@ def _table(model: type) -> Table:
     return table
 
 
+artifacts = _table(Artifact)
 attempts = _table(Attempt)
+attempt_inputs = _table(AttemptInput)
 attempt_usage = _table(AttemptUsage)
 controls = _table(Control)
 decisions = _table(Decision)

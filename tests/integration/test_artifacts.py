@@ -1,0 +1,251 @@
+"""Stage artifacts end to end, in-process worker and controller, real supervisors and
+jobs: declared outputs are hashed and stored when an attempt succeeds, recorded with
+its settle; the stages that need them get them under inputs/<stage>/, verified, with
+their lineage recorded; a missing output fails the attempt, a store that cannot take
+it is a harness failure, and an input whose bytes changed never starts its job."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+from sqlalchemy import select, text
+
+from controller import db, ledger
+from controller.clock import SystemClock
+from controller.models import Artifact, AttemptInput, Control, Run
+from controller.states import ControlKind, ControlScope
+from tests.integration.test_worker import attempts, drive, start_worker
+from tests.support import escape, make_config, wait_until
+
+PREPARE = """
+import json, os, sys
+os.makedirs("shards", exist_ok=True)
+with open("packet.json", "w") as f:
+    json.dump({"item": sys.argv[1], "question": "6 x 7"}, f)
+for n in range(2):
+    with open(f"shards/{n}.jsonl", "w") as f:
+        f.write(sys.argv[1] + str(n))
+"""
+
+SOLVE = """
+import json, os, sys
+inputs = sys.argv[2]
+packet = json.load(open(os.path.join(inputs, "packet.json")))
+shards = sorted(os.listdir(os.path.join(inputs, "shards")))
+with open(sys.argv[3], "a") as f:
+    f.write(os.environ["LANEWAY_IDEMPOTENCY_KEY"] + "\\n")
+with open("answer.txt", "w") as f:
+    f.write(packet["item"] + ":42:" + ",".join(shards))
+json.dump({"job_id": os.environ["LANEWAY_JOB_ID"], "inputs_dir": os.environ["LANEWAY_INPUTS_DIR"]},
+          open(os.environ["LANEWAY_RESULT_PATH"], "w"))
+"""
+
+
+def stages(tmp: Path, **solve_extra):
+    return [
+        {
+            "name": "prepare",
+            "argv": [sys.executable, "-c", escape(PREPARE), "{item}"],
+            "outputs": ["packet.json", "shards/*.jsonl"],
+            "timeout_seconds": 30,
+        },
+        {
+            "name": "solve",
+            "argv": [
+                sys.executable,
+                "-c",
+                escape(SOLVE),
+                "{item}",
+                "{inputs.prepare}",
+                str(tmp / "solve-ran.log"),
+            ],
+            "needs": ["prepare"],
+            "outputs": ["answer.txt"],
+            "timeout_seconds": 30,
+            **solve_extra,
+        },
+    ]
+
+
+def rows(engine, model, **where):
+    with db.session_factory(engine)() as session:
+        query = select(model)
+        for name, value in where.items():
+            query = query.where(getattr(model, name) == value)
+        return list(session.scalars(query))
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_outputs_are_stored_and_given_verified_to_the_stage_that_needs_them(
+    engine, runtime, make_run, tmp_path
+):
+    run_id = make_run(make_config(stages(tmp_path), items=2))
+    drive(engine, [start_worker(engine)], run_id)
+    done = attempts(engine, run_id)
+    assert [a.outcome for a in done] == ["succeeded"] * 4, [a.state_reason for a in done]
+    by_job = {a.id: a for a in done}
+
+    stored = rows(engine, Artifact, run_id=run_id)
+    assert {(a.stage, a.name) for a in stored} == {
+        (stage, name)
+        for stage, name in [
+            ("prepare", "packet.json"),
+            ("prepare", "shards/0.jsonl"),
+            ("prepare", "shards/1.jsonl"),
+            ("solve", "answer.txt"),
+        ]
+        for _ in range(2)
+    }
+    assert len(stored) == 8
+    for artifact in stored:
+        produced = Path(by_job[artifact.attempt_id].attempt_dir) / "workspace" / artifact.name
+        assert artifact.sha256 == sha256(produced)
+        assert artifact.size_bytes == produced.stat().st_size
+        assert artifact.node == "n1"
+        # Content-addressed under the runtime dir, private to its owner.
+        assert artifact.location == (
+            f"{(runtime / 'artifacts').resolve().as_uri()}/sha256/"
+            f"{artifact.sha256[:2]}/{artifact.sha256}"
+        )
+        obj = runtime / "artifacts" / "sha256" / artifact.sha256[:2] / artifact.sha256
+        assert sha256(obj) == artifact.sha256
+        assert stat.S_IMODE(obj.stat().st_mode) == 0o600
+
+    # Each solve attempt got its own item's packet, under inputs/prepare/, verified.
+    solves = [a for a in done if a.attempt_dir.endswith(".solve/attempt-1")]
+    for solve in solves:
+        given = rows(engine, AttemptInput, attempt_id=solve.id)
+        assert sorted(g.name for g in given) == ["packet.json", "shards/0.jsonl", "shards/1.jsonl"]
+        inputs = Path(solve.attempt_dir) / "inputs"
+        assert solve.result["inputs_dir"] == str(inputs)
+        for g in given:
+            assert g.stage == "prepare" and sha256(inputs / "prepare" / g.name) == g.sha256
+        item = json.loads((inputs / "prepare" / "packet.json").read_text())["item"]
+        answer = (Path(solve.attempt_dir) / "workspace" / "answer.txt").read_text()
+        assert answer == f"{item}:42:0.jsonl,1.jsonl"
+
+    # Lineage is one query: which attempt wrote what each solve attempt read.
+    with db.session_factory(engine)() as session:
+        lineage = session.execute(
+            text(
+                "SELECT item, stage, attempt_id, input_stage, input_name, sha256, "
+                "producing_attempt_id FROM v_lineage WHERE run_id = :run AND input_name = "
+                "'packet.json' ORDER BY item"
+            ),
+            {"run": run_id},
+        ).all()
+    assert [row.item for row in lineage] == ["item0", "item1"]
+    for row in lineage:
+        producer = by_job[row.producing_attempt_id]
+        assert producer.attempt_dir.endswith(f"{row.item}.prepare/attempt-1")
+        assert row.stage == "solve" and row.input_stage == "prepare"
+        assert row.sha256 == sha256(Path(producer.attempt_dir) / "workspace" / "packet.json")
+
+
+def test_a_missing_declared_output_fails_the_attempt_naming_the_file(engine, make_run, tmp_path):
+    config = stages(tmp_path)
+    config[0]["outputs"] = ["packet.json", "report.md"]
+    config[0]["retry"] = {"max_attempts": 1}
+    run_id = make_run(make_config(config, items=1))
+    drive(engine, [start_worker(engine)], run_id)
+    prepare = attempts(engine, run_id)[0]
+    assert prepare.outcome == "failed"
+    assert "report.md" in prepare.state_reason and "did not deliver" in prepare.state_reason
+    assert prepare.exit_code == 0
+    assert rows(engine, Artifact, run_id=run_id) == []
+    assert not (tmp_path / "solve-ran.log").exists()
+
+
+def test_a_store_that_cannot_take_the_outputs_is_a_harness_failure(engine, make_run, tmp_path):
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("a file where the store's directory would be")
+    config = stages(tmp_path)
+    config[0]["retry"] = {"max_attempts": 1}
+    run_id = make_run(
+        make_config(config, items=1, artifact_store=blocked.resolve().as_uri() + "/store")
+    )
+    drive(engine, [start_worker(engine)], run_id)
+    prepare = attempts(engine, run_id)[0]
+    assert prepare.outcome == "harness_failure"
+    assert "could not be stored" in prepare.state_reason
+    assert prepare.exit_code == 0  # kept
+    # The files stay where the job wrote them; nothing is recorded as stored.
+    assert (Path(prepare.attempt_dir) / "workspace" / "packet.json").exists()
+    assert rows(engine, Artifact, run_id=run_id) == []
+
+
+def test_an_input_whose_stored_bytes_changed_never_starts_and_pauses_the_run(
+    engine, runtime, make_run, tmp_path
+):
+    release = tmp_path / "release"
+    config = stages(tmp_path)
+    config[0]["argv"][2] = escape(
+        f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.02)\n" + PREPARE
+    )
+    run_id = make_run(make_config(config, items=1))
+    worker = start_worker(engine)
+    factory = db.session_factory(engine)
+    wait_until(lambda: worker.tick() and attempts(engine, run_id))
+    # Held by an operator's pause while prepare finishes, so solve is claimed only after
+    # a byte of the packet's stored object has flipped.
+    with db.transaction(factory) as session:
+        ledger.set_control(
+            session,
+            ControlKind.PAUSE,
+            scope=ControlScope.RUN,
+            run_id=run_id,
+            reason="test",
+            actor="test",
+            now=db.ledger_now(session, SystemClock()),
+        )
+    release.touch()
+
+    def prepared():
+        worker.tick()
+        return [a for a in rows(engine, Artifact, run_id=run_id) if a.name == "packet.json"]
+
+    packet = wait_until(prepared)[0]
+    obj = runtime / "artifacts" / "sha256" / packet.sha256[:2] / packet.sha256
+    data = bytearray(obj.read_bytes())
+    data[0] ^= 0x01
+    os.chmod(obj, 0o600)
+    obj.write_bytes(bytes(data))
+    flipped = hashlib.sha256(bytes(data)).hexdigest()
+    with db.transaction(factory) as session:
+        ledger.clear_controls(
+            session,
+            (ControlKind.PAUSE,),
+            run_id=run_id,
+            reason="test",
+            actor="test",
+            now=db.ledger_now(session, SystemClock()),
+        )
+
+    def solve_settled():
+        worker.tick()
+        found = [a for a in attempts(engine, run_id) if a.attempt_dir.endswith(".solve/attempt-1")]
+        return found and found[0].state == "settled" and found[0]
+
+    solve = wait_until(solve_settled)
+    assert solve.outcome == "harness_failure"
+    assert packet.sha256 in solve.state_reason and flipped in solve.state_reason
+    assert solve.state_reason.startswith("not started:")
+    # Nothing of it ran: no process, no side effect, no file kept from the bad bytes.
+    assert solve.child_pid is None and solve.supervisor_pid is None
+    assert not (tmp_path / "solve-ran.log").exists()
+    assert not (Path(solve.attempt_dir) / "inputs" / "prepare" / "packet.json").exists()
+    # Its intended inputs are recorded (the lineage of what it was to read).
+    assert {g.sha256 for g in rows(engine, AttemptInput, attempt_id=solve.id)} >= {packet.sha256}
+    pauses = [c for c in rows(engine, Control, run_id=run_id, kind="pause") if not c.cleared_at]
+    assert len(pauses) == 1
+    assert packet.sha256 in pauses[0].reason
+    with db.session_factory(engine)() as session:
+        assert session.get(Run, run_id).state == "active"
