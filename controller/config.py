@@ -451,9 +451,7 @@ def artifact_store_problems(url: str) -> list[str]:
         package = STORE_PACKAGES.get(parts.scheme, f"the fsspec backend for {parts.scheme}://")
         return [f"artifact_store: {parts.scheme}:// needs {package}; pip install '{package}'"]
     except ValueError:
-        return [
-            f"artifact_store: fsspec knows no {parts.scheme}:// store; use file:// or s3://"
-        ]
+        return [f"artifact_store: fsspec knows no {parts.scheme}:// store; use file:// or s3://"]
     return []
 
 
@@ -980,9 +978,7 @@ def render_command(templates: list[str], values: dict[str, Any]) -> list[str]:
     return argv
 
 
-def render_argv(
-    stage: StageConfig, item: ItemConfig, inputs_root: str | None = None
-) -> list[str]:
+def render_argv(stage: StageConfig, item: ItemConfig, inputs_root: str | None = None) -> list[str]:
     """The argv one attempt of ``stage`` runs for ``item`` (``inputs_root``: its
     attempt's ``inputs/`` directory). Values substituted into a shell's ``-c`` script
     are shell-quoted for where they land (``{name:raw}`` opts out); elsewhere they are
@@ -1009,9 +1005,7 @@ def preview_argv(config: PipelineConfig) -> dict[str, list[str]]:
     if not config.items:
         return {}
     first = config.items[0]
-    return {
-        stage.name: render_argv(stage, first, PREVIEW_INPUTS_ROOT) for stage in config.stages
-    }
+    return {stage.name: render_argv(stage, first, PREVIEW_INPUTS_ROOT) for stage in config.stages}
 
 
 def _format_validation_error(exc: ValidationError) -> list[str]:
