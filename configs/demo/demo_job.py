@@ -27,6 +27,20 @@ def write_result(**fields: object) -> None:
     os.replace(partial, path)
 
 
+def write_output(name: str, payload: dict[str, object]) -> None:
+    """A declared output: written to the attempt's workspace, where laneway hashes and
+    stores it when the attempt succeeds."""
+    with open(os.path.join(env("LANEWAY_WORKSPACE"), name), "w", encoding="utf-8") as handle:
+        json.dump(payload, handle)
+
+
+def read_input(path: str) -> dict[str, object]:
+    """An input laneway fetched and verified before this job started."""
+    with open(path, encoding="utf-8") as handle:
+        loaded: dict[str, object] = json.load(handle)
+    return loaded
+
+
 def paid_call(prompt: str) -> str:
     """Simulate one billed provider call: one line per real call, with the key the
     provider would deduplicate on. A second line with the same key = a double charge."""

@@ -1,10 +1,12 @@
-"""Demo stage 3: judge an answer. Item i11's answer is rejected: an ordinary failure."""
+"""Demo stage 3: judge solve's answer.json. Item i11's answer is rejected: an ordinary failure."""
 
 import sys
 
-from demo_job import work, write_result
+from demo_job import read_input, work, write_result
 
-item = sys.argv[1]
+item, answer = sys.argv[1], read_input(sys.argv[2])
+if answer["item"] != item:
+    raise SystemExit(f"judge: {item} was handed the answer for {answer['item']}")
 work(0.2)
 if item == "i11":
     print(f"judge: {item} rejected (wrong answer)")

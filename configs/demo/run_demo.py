@@ -71,7 +71,9 @@ def main() -> int:
     print(f"  {shown} status --runtime-dir {RUNTIME.relative_to(ROOT)}")
     print(f"  sqlite3 {ledger.relative_to(ROOT)} 'SELECT * FROM v_job_current'")
     print(f"  sqlite3 {ledger.relative_to(ROOT)} 'SELECT id, kind, job_id, detail FROM events'")
+    print(f"  {shown} artifacts 1 --runtime-dir {RUNTIME.relative_to(ROOT)}")
     print(f"  ls {RUNTIME.relative_to(ROOT)}/runs/1/jobs/i07.solve/attempt-1/")
+    print(f"  ls {RUNTIME.relative_to(ROOT)}/runs/1/jobs/i01.judge/attempt-1/inputs/solve/")
     print("  (the tables and views are documented in docs/ledger.md)")
     return 0 if ok else 1
 

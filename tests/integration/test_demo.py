@@ -173,3 +173,25 @@ def test_the_api_key_the_jobs_print_is_stored_nowhere(demo):
                 runtime, f"SELECT count(*) FROM {table} t WHERE t::text LIKE '%{key.decode()}%'"
             )
             assert found == [(0,)], table
+
+
+def test_stages_hand_their_files_on_through_verified_artifacts(demo):
+    runtime, _, _ = demo
+    stored = query(runtime, "SELECT stage, COUNT(*) FROM artifacts GROUP BY stage ORDER BY stage")
+    # Every succeeded prepare stored its packet, every succeeded solve its answer.
+    assert stored == [("prepare", 12), ("solve", 11)]
+    # Every solve and judge attempt was given its own item's file from the stage it
+    # needs, with the sha256 its producer recorded.
+    lineage = query(
+        runtime,
+        "SELECT l.item, l.stage, l.input_stage, l.input_name, l.sha256, a.sha256, p.item "
+        "FROM v_lineage l JOIN v_artifacts a ON a.attempt_id = l.producing_attempt_id "
+        "AND a.name = l.input_name JOIN v_artifacts p ON p.attempt_id = a.attempt_id",
+    )
+    assert len(lineage) == 12 + 11
+    for item, stage, input_stage, name, given, recorded, producer_item in lineage:
+        assert (stage, input_stage, name) in {
+            ("solve", "prepare", "packet.json"),
+            ("judge", "solve", "answer.json"),
+        }
+        assert given == recorded and producer_item == item
