@@ -9,8 +9,13 @@ them:
 - ``supervisor_after_spawn`` — the supervisor dies with its child running;
 - ``worker_after_spawn_before_identity`` — supervisor running, identity not recorded;
 - ``supervisor_before_exit_record`` — the child exited, exit.json not yet written;
+- ``worker_after_store_before_settle`` — a succeeded attempt's outputs are in the
+  artifact store, the settle that records them not begun;
 - ``worker_before_settle`` — exit.json written, settle not begun;
 - ``worker_mid_settle`` — inside the settle transaction, before its commit;
+- ``worker_after_outputs_recorded`` — the settle recording stored outputs committed;
+- ``worker_fetching_inputs`` — a claimed attempt's intent committed, its inputs being
+  fetched, its process not started;
 - ``controller_mid_tick`` — inside the controller's closing step, after it closed a run,
   before its commit.
 

@@ -42,7 +42,7 @@ from controller.outcome import Verdict as OutcomeVerdict
 from controller.states import EventKind
 from controller.status import LOST_AFTER_SECONDS, build_status
 from controller.watch import ChangeWatch
-from workers import identity, jobenv
+from workers import artifacts, identity, jobenv
 
 ACTOR = "controller"
 LOCK_CHECK_SECONDS = 5.0
@@ -373,7 +373,10 @@ class Controller:
             self.watch.wait(interval)
 
 
-Classified = tuple[OutcomeVerdict, dict[str, Any] | None, dict[str, Any] | None]
+Classified = tuple[
+    OutcomeVerdict, dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]]
+]
+"""Verdict, exit record, result, and the outputs stored for it (``artifacts.deliver``)."""
 
 
 def _read_exit_record(reader: Callable[[], Session], attempt_id: int) -> Classified | None:
@@ -384,10 +387,13 @@ def _read_exit_record(reader: Callable[[], Session], attempt_id: int) -> Classif
             return None
         job = session.get(Job, attempt.job_id)
         assert job is not None
-        stage = ledger.run_config(ledger.get_run(session, attempt.run_id)).stage(job.stage)
+        run = ledger.get_run(session, attempt.run_id)
+        config = ledger.run_config(run)
+        stage = config.stage(job.stage)
+        store_url = ledger.artifact_store_url(config.artifact_store, run.runtime_dir)
     # Redacted with the secrets as this process resolves them (on one machine the
     # controller shares the workers' environment; elsewhere it may not know them).
-    return jobenv.classify(
+    verdict, exit_record, result = jobenv.classify(
         attempt.attempt_dir,
         job_id=attempt.job_id,
         exit_codes=dict(stage.exit_codes),
@@ -395,6 +401,10 @@ def _read_exit_record(reader: Callable[[], Session], attempt_id: int) -> Classif
         secrets=jobenv.stage_secrets(stage, dict(os.environ)),
         missing_exit="no exit.json",
     )
+    # A succeeded attempt's outputs are stored as its worker would have (content-
+    # addressed: one its worker stored already is found and verified, not rewritten).
+    verdict, stored = artifacts.deliver(verdict, attempt.attempt_dir, stage.outputs, store_url)
+    return verdict, exit_record, result, stored
 
 
 def _settle_from_exit_record(
@@ -405,7 +415,7 @@ def _settle_from_exit_record(
     settle was lost). True if settled."""
     if classified is None:
         return False
-    verdict, exit_record, result = classified
+    verdict, exit_record, result, stored = classified
     if verdict.outcome is None:
         return False
     ledger.settle_from_verdict(
@@ -419,6 +429,18 @@ def _settle_from_exit_record(
         now=now,
         revoke=True,
         reason_suffix=" (settled by the controller after its lease expired)",
+    )
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    ledger.record_artifacts(
+        session,
+        attempt_id=attempt.id,
+        run_id=attempt.run_id,
+        job_id=attempt.job_id,
+        stage=job.stage,
+        node=attempt.node,
+        stored=stored,
+        now=now,
     )
     return True
 

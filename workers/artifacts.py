@@ -20,13 +20,16 @@ import glob
 import hashlib
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from controller.durable import make_private_dir
+from controller.outcome import Verdict
+from controller.states import Outcome
 
 CHUNK = 1 << 20
 
@@ -184,3 +187,46 @@ def fetch(location: str, sha256: str, name: str, target: Path) -> None:
         temporary.unlink(missing_ok=True)
         raise InputMismatch(name, sha256, actual)
     os.replace(temporary, target)
+
+
+def deliver(
+    verdict: Verdict, attempt_dir: str, outputs: list[str], store_url: str
+) -> tuple[Verdict, list[dict[str, Any]]]:
+    """An attempt that would succeed hands over its declared outputs: each is hashed and
+    put in the run's store (call it outside any transaction); returns the verdict and
+    what the settle records (name, sha256, size_bytes, location). A declared output
+    that is missing makes it ``failed`` (the job ran and did not deliver); a store that
+    cannot take them makes it ``harness_failure`` (laneway's side broke; the files stay
+    in the workspace, the exit code is kept). Anything else passes through."""
+    if verdict.outcome is not Outcome.SUCCEEDED or not outputs:
+        return verdict, []
+    workspace = Path(attempt_dir) / "workspace"
+    try:
+        found, missing = find_outputs(workspace, outputs)
+    except OSError as exc:
+        reason = f"its outputs could not be read: {exc.strerror or exc}"
+        return replace(verdict, outcome=Outcome.HARNESS_FAILURE, reason=reason), []
+    if missing:
+        reason = (
+            f"declared output {', '.join(missing)} is missing from its workspace: the job "
+            "ran and did not deliver it"
+        )
+        return replace(verdict, outcome=Outcome.FAILED, reason=reason), []
+    try:
+        store = ArtifactStore(store_url)
+        stored = [
+            {
+                "name": output.name,
+                "sha256": output.sha256,
+                "size_bytes": output.size_bytes,
+                "location": store.put(output),
+            }
+            for output in found
+        ]
+    except StoreError as exc:
+        reason = (
+            f"its outputs could not be stored ({exc}); they are kept in {workspace}, the "
+            "exit code with them"
+        )
+        return replace(verdict, outcome=Outcome.HARNESS_FAILURE, reason=reason), []
+    return verdict, stored

@@ -811,6 +811,8 @@ class WorkerService:
                 for claim in claims:
                     self._remember_stage(session, claim)
                 self._seen_event = ledger.latest_event_id(session)
+        if any(stored for _, _, (_, _, _, stored) in classified):
+            crash_point("worker_after_outputs_recorded")
         for attempt_id, _ in finished:
             self._forget(attempt_id)
         for flight in settled_failures:
@@ -1072,45 +1074,13 @@ class WorkerService:
     def _deliver(
         self, claim: ledger.Claim, verdict: Any, exit_record: dict[str, Any] | None, result: Any
     ) -> tuple[Any, dict[str, Any] | None, Any, list[dict[str, Any]]]:
-        """An attempt that would succeed hands over its declared outputs: each is
-        hashed and put in the run's store (outside any transaction), and the settle
-        records them. A declared output that is missing makes it ``failed`` (the job ran
-        and did not deliver); a store that cannot take them makes it ``harness_failure``
-        (laneway's side broke; the files stay in the workspace, the exit code is kept)."""
-        if verdict.outcome is not Outcome.SUCCEEDED or not claim.outputs:
-            return verdict, exit_record, result, []
-        workspace = Path(claim.attempt_dir) / "workspace"
-        try:
-            found, missing = artifacts.find_outputs(workspace, claim.outputs)
-        except OSError as exc:
-            reason = f"its outputs could not be read: {exc.strerror or exc}"
-            verdict = replace(verdict, outcome=Outcome.HARNESS_FAILURE, reason=reason)
-            return verdict, exit_record, result, []
-        if missing:
-            reason = (
-                f"declared output {', '.join(missing)} is missing from its workspace: the "
-                "job ran and did not deliver it"
-            )
-            return replace(verdict, outcome=Outcome.FAILED, reason=reason), exit_record, result, []
-        try:
-            store = artifacts.ArtifactStore(claim.artifact_store)
-            stored = [
-                {
-                    "name": output.name,
-                    "sha256": output.sha256,
-                    "size_bytes": output.size_bytes,
-                    "location": store.put(output),
-                }
-                for output in found
-            ]
-        except artifacts.StoreError as exc:
-            reason = (
-                f"its outputs could not be stored ({exc}); they are kept in {workspace}, "
-                "the exit code with them"
-            )
-            verdict = replace(verdict, outcome=Outcome.HARNESS_FAILURE, reason=reason)
-            return verdict, exit_record, result, []
-        crash_point("worker_after_store_before_settle")
+        """``artifacts.deliver`` for a finished attempt: its declared outputs stored
+        (outside any transaction), or the verdict that says why they were not."""
+        verdict, stored = artifacts.deliver(
+            verdict, claim.attempt_dir, claim.outputs, claim.artifact_store
+        )
+        if stored:
+            crash_point("worker_after_store_before_settle")
         return verdict, exit_record, result, stored
 
     def _record_outputs(
