@@ -27,7 +27,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from controller.durable import make_private_dir
+from controller.durable import make_private_dir, open_private
 from controller.outcome import Verdict
 from controller.states import Outcome
 
@@ -140,9 +140,8 @@ class ArtifactStore:
         if self.local:
             make_private_dir(Path(parent))
             temporary = f"{key}.tmp-{uuid.uuid4().hex}"
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
-                with os.fdopen(fd, "wb") as target, open(source, "rb") as data:
+                with open_private(temporary, "xb") as target, open(source, "rb") as data:
                     while chunk := data.read(CHUNK):
                         target.write(chunk)
                     target.flush()
@@ -172,8 +171,7 @@ def fetch(location: str, sha256: str, name: str, target: Path) -> None:
     try:
         fs, path = fsspec.core.url_to_fs(location)
         fs.invalidate_cache()
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as copy, fs.open(path, "rb") as stored:
+        with open_private(temporary, "xb") as copy, fs.open(path, "rb") as stored:
             while chunk := stored.read(CHUNK):
                 digest.update(chunk)
                 copy.write(chunk)
