@@ -249,3 +249,24 @@ def test_an_input_whose_stored_bytes_changed_never_starts_and_pauses_the_run(
     assert packet.sha256 in pauses[0].reason
     with db.session_factory(engine)() as session:
         assert session.get(Run, run_id).state == "active"
+
+
+def test_a_reused_job_hands_on_the_outputs_its_earlier_run_stored(engine, make_run, tmp_path):
+    first = make_run(make_config(stages(tmp_path), items=1))
+    worker = start_worker(engine)
+    drive(engine, [worker], first)
+    (packet,) = [a for a in rows(engine, Artifact, run_id=first) if a.name == "packet.json"]
+
+    # The next run changes solve only: prepare is reused, solve runs on its packet.
+    changed = stages(tmp_path)
+    changed[1]["argv"].append("--version-2")
+    second = make_run(make_config(changed, items=1))
+    drive(engine, [worker], second)
+    ran = attempts(engine, second)
+    assert [a.attempt_dir.rsplit("/", 2)[-2] for a in ran] == ["item0.solve"]
+    assert ran[0].outcome == "succeeded", ran[0].state_reason
+    given = {g.name: g for g in rows(engine, AttemptInput, attempt_id=ran[0].id)}
+    assert given["packet.json"].artifact_id == packet.id
+    assert given["packet.json"].sha256 == packet.sha256
+    fetched = Path(ran[0].attempt_dir) / "inputs" / "prepare" / "packet.json"
+    assert sha256(fetched) == packet.sha256
