@@ -20,6 +20,7 @@ import glob
 import hashlib
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -188,14 +189,19 @@ def fetch(location: str, sha256: str, name: str, target: Path) -> None:
 
 
 def deliver(
-    verdict: Verdict, attempt_dir: str, outputs: list[str], store_url: str
+    verdict: Verdict,
+    attempt_dir: str,
+    outputs: list[str],
+    store_url: str,
+    between: Callable[[], None] | None = None,
 ) -> tuple[Verdict, list[dict[str, Any]]]:
     """An attempt that would succeed hands over its declared outputs: each is hashed and
     put in the run's store (call it outside any transaction); returns the verdict and
     what the settle records (name, sha256, size_bytes, location). A declared output
     that is missing makes it ``failed`` (the job ran and did not deliver); a store that
     cannot take them makes it ``harness_failure`` (laneway's side broke; the files stay
-    in the workspace, the exit code is kept). Anything else passes through."""
+    in the workspace, the exit code is kept). Anything else passes through. ``between``
+    runs before each transfer (the worker renews its leases there when they are due)."""
     if verdict.outcome is not Outcome.SUCCEEDED or not outputs:
         return verdict, []
     workspace = Path(attempt_dir) / "workspace"
@@ -212,15 +218,18 @@ def deliver(
         return replace(verdict, outcome=Outcome.FAILED, reason=reason), []
     try:
         store = ArtifactStore(store_url)
-        stored = [
-            {
-                "name": output.name,
-                "sha256": output.sha256,
-                "size_bytes": output.size_bytes,
-                "location": store.put(output),
-            }
-            for output in found
-        ]
+        stored = []
+        for output in found:
+            if between is not None:
+                between()
+            stored.append(
+                {
+                    "name": output.name,
+                    "sha256": output.sha256,
+                    "size_bytes": output.size_bytes,
+                    "location": store.put(output),
+                }
+            )
     except StoreError as exc:
         reason = (
             f"its outputs could not be stored ({exc}); they are kept in {workspace}, the "

@@ -1058,6 +1058,7 @@ class WorkerService:
         root = Path(ledger.inputs_dir(claim.attempt_dir))
         for given in claim.inputs:
             crash_point("worker_fetching_inputs")
+            self._heartbeat_if_due()  # a long download must not let leases lapse
             try:
                 artifacts.fetch(
                     given["location"],
@@ -1077,7 +1078,11 @@ class WorkerService:
         """``artifacts.deliver`` for a finished attempt: its declared outputs stored
         (outside any transaction), or the verdict that says why they were not."""
         verdict, stored = artifacts.deliver(
-            verdict, claim.attempt_dir, claim.outputs, claim.artifact_store
+            verdict,
+            claim.attempt_dir,
+            claim.outputs,
+            claim.artifact_store,
+            between=self._heartbeat_if_due,  # a long upload must not let leases lapse
         )
         if stored:
             crash_point("worker_after_store_before_settle")
