@@ -512,6 +512,47 @@ def report(
 
 
 @app.command()
+def artifacts(
+    run: Annotated[
+        int | None,
+        typer.Argument(
+            help="Run id (default: the newest).", min=1, max=MAX_ID, autocompletion=complete.runs
+        ),
+    ] = None,
+    item: Annotated[
+        str | None,
+        typer.Option(
+            "--item", metavar="KEY", help="Only the item with this key.", show_default=False
+        ),
+    ] = None,
+    stage: Annotated[
+        str | None,
+        typer.Option("--stage", metavar="NAME", help="Only this stage.", show_default=False),
+    ] = None,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """List a run's artifacts: the outputs its succeeded attempts stored.
+
+    Per artifact: item, stage, attempt, name, size, sha256 (the first 12 hex digits;
+    --json has all 64), the node that stored it and where it is (its URL in the run's
+    artifact store). A job reused from an earlier run lists that run's artifacts, marked
+    as reused. Reads the ledger only.
+    """
+    from cli import artifact_list, artifacts_text
+
+    try:
+        engine = _reader(runtime_dir)
+        with db.session_factory(engine)() as session:
+            listing = artifact_list.listing(session, run, item=item, stage=stage)
+    except LanewayError as error:
+        _fail(error, as_json)
+        return
+    _emit(listing, as_json, artifacts_text.artifacts_text)
+
+
+@app.command()
 def logs(
     target: Annotated[
         str,

@@ -27,14 +27,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from controller import admission, ledger, oom, spend
 from controller.clock import iso
-from controller.models import Attempt, Decision, Event, Item, Job, Run, Worker
+from controller.models import (
+    Artifact,
+    Attempt,
+    AttemptInput,
+    Decision,
+    Event,
+    Item,
+    Job,
+    Run,
+    Worker,
+)
 from controller.states import EventKind, WorkerState
 from controller.status import LOST_AFTER_SECONDS
+from controller.units import byte_size
 
 IDLE_MIN_SECONDS = 1.0
 NO_WORKER_MIN_SECONDS = 1.0
@@ -220,7 +231,51 @@ def build_report(
             session, run.id, start=start, window_seconds=window, yield_keys=yield_keys
         ),
         "oom_kills": oom_kills(oom_killed),
+        "artifacts": artifact_traffic(session, run.id),
     }
+
+
+def artifact_traffic(session: Session, run_id: int) -> dict[str, Any]:
+    """Bytes moved per node for ``run_id``'s artifacts: ``stored`` / ``stored_bytes``
+    (up: outputs its workers put in the artifact store) and ``fetched`` /
+    ``fetched_bytes`` (down: inputs its attempts were given, recorded at their claim),
+    per node (sorted) and in total. One GROUP BY query each."""
+    up = session.execute(
+        select(Artifact.node, func.count(), func.coalesce(func.sum(Artifact.size_bytes), 0))
+        .where(Artifact.run_id == run_id)
+        .group_by(Artifact.node)
+    ).all()
+    down = session.execute(
+        select(AttemptInput.node, func.count(), func.coalesce(func.sum(AttemptInput.size_bytes), 0))
+        .join(Attempt, Attempt.id == AttemptInput.attempt_id)
+        .where(Attempt.run_id == run_id)
+        .group_by(AttemptInput.node)
+    ).all()
+    zero = {"stored": 0, "stored_bytes": 0, "fetched": 0, "fetched_bytes": 0}
+    by_node: dict[str, dict[str, int]] = {}
+    for direction, rows in (("stored", up), ("fetched", down)):
+        for node, count, size in rows:
+            entry = by_node.setdefault(node, dict(zero))
+            entry[direction] = int(count)
+            entry[f"{direction}_bytes"] = int(size)
+    totals = {key: sum(entry[key] for entry in by_node.values()) for key in zero}
+    return {**totals, "by_node": dict(sorted(by_node.items()))}
+
+
+def artifacts_html(traffic: dict[str, Any]) -> str:
+    """The bytes moved per node as a table (nothing when the run moved no artifacts)."""
+    if not traffic or not (traffic["stored"] or traffic["fetched"]):
+        return ""
+    rows = "".join(
+        f"<tr><td>{html.escape(node)}</td><td>{entry['stored']}</td>"
+        f"<td>{byte_size(entry['stored_bytes'])}</td><td>{entry['fetched']}</td>"
+        f"<td>{byte_size(entry['fetched_bytes'])}</td></tr>"
+        for node, entry in traffic["by_node"].items()
+    )
+    return (
+        '<table class="artifacts"><tr><th>node</th><th>artifacts stored</th><th>bytes up</th>'
+        f"<th>inputs fetched</th><th>bytes down</th></tr>{rows}</table>"
+    )
 
 
 def oom_kills(killed: list[dict[str, Any]]) -> dict[str, Any]:
@@ -567,6 +622,7 @@ window {report["window_seconds"]:.1f} s</p>
 <table><tr><th>lane</th><th>node</th><th>attempts</th><th>per hour</th>
 <th>all slots idle</th><th>failures</th></tr>{rows}</table>
 {oom_html(report.get("oom_kills") or {})}
+{artifacts_html(report.get("artifacts") or {})}
 {spend.usage_table_html(report.get("usage") or {})}
 <div>{legend}</div>
 <div style="display: flex; gap: 24px; align-items: flex-start">
