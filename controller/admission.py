@@ -6,6 +6,9 @@ hand-built snapshots.
 
 Reason codes, in the order they are checked for a candidate job:
 
+- ``other_node`` — the job's stage runs on other nodes (its ``nodes``, or by default its
+  lane's node), not this one. The snapshot never offers such a job to a claim; ``explain``
+  says it for a node that is asked about a job it does not run.
 - ``halted`` — a halt control covers the run, lane or everything.
 - ``unknown_outcome`` — the run has an attempt whose outcome is unknown (invariant 3).
 - ``paused`` / ``stopped`` — a pause or stop (drain) control covers it.
@@ -33,19 +36,33 @@ Reason codes, in the order they are checked for a candidate job:
 - ``needs_pending`` — (lane-level) nothing is ready, but jobs wait on earlier stages
   (unless a halt, unknown outcome, pause or stop covers the lane: that is the reason).
 
-One more code is not admission's own: ``no_worker`` — no live worker serves the lane's
-node, so nothing claims its jobs at all. ``controller.status`` and ``controller.report``
-derive it from the ``workers`` table; ``describe`` words it like the others.
+One more code is not admission's own: ``no_worker`` — no live worker serves the node (or
+any of the nodes) that runs the job's stage, so nothing claims its jobs at all.
+``controller.status`` and ``controller.report`` derive it from the ``workers`` table;
+``describe`` words it like the others.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from controller import usage as usage_math
+
+LANE_NODE = "lane's node"
+"""How a stage without ``nodes`` is placed: on the node of the job's lane."""
+
+
+def runs_on(stage_nodes: Sequence[str] | None, lane_node: str) -> tuple[str, ...]:
+    """The nodes that may run a job: its stage's ``nodes``, else its lane's node."""
+    return tuple(stage_nodes) if stage_nodes else (lane_node,)
+
+
+def placement_words(stage_nodes: Sequence[str] | None) -> str:
+    """Where a stage runs, in words: ``b, c`` or ``lane's node``."""
+    return ", ".join(stage_nodes) if stage_nodes else LANE_NODE
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,8 @@ class Candidate:
     """Usage key -> this attempt's expected cost, for each key a budget covers."""
     expected_from: dict[str, str] = field(default_factory=dict, compare=False)
     """Usage key -> where the expected cost comes from (``p90 of N attempt(s)``, ...)."""
+    nodes: tuple[str, ...] = ()
+    """The nodes that may run it (``runs_on``); empty: not said, any node."""
 
 
 @dataclass(frozen=True)
@@ -236,6 +255,8 @@ def _refusals(
     stage: Counter[tuple[int, str]],
     held: dict[tuple[int, str | None, str], float],
 ) -> Iterator[tuple[str, dict[str, Any]]]:
+    if job.nodes and snap.node.name not in job.nodes:
+        yield "other_node", {"node": snap.node.name, "nodes": list(job.nodes)}
     blocked = _control_refusal(snap, job)
     if blocked is not None:
         yield blocked
@@ -375,10 +396,17 @@ def describe(code: str, detail: dict[str, Any]) -> str:
         return (
             f"unknown_outcome — {detail['unknown_attempts']} attempt(s) await `laneway reconcile`"
         )
+    if code == "other_node":
+        return (
+            f"other_node — node {detail['node']} does not run this stage; it runs on "
+            f"{', '.join(detail['nodes'])}"
+        )
     if code == "needs_pending":
         return "needs_pending — waiting for earlier stages to finish"
     if code == "no_worker":
         words = f"no_worker — no live worker on node {detail.get('node')}"
+        if detail.get("stage") and detail.get("nodes"):
+            words += f" (stage {detail['stage']} runs on {', '.join(detail['nodes'])})"
         spans = detail.get("spans")
         if spans:
             words += " (" + ", ".join(f"+{a:.0f} s to +{b:.0f} s" for a, b in spans) + ")"

@@ -52,8 +52,8 @@ def lane_action(lane: dict[str, Any], status: dict[str, Any]) -> str | None:
     if code == "memory_floor":
         return (
             "wait for running attempts to release memory, free memory on node "
-            f"{lane['node']}, or lower the stage's memory_mib; `laneway explain JOB` shows "
-            "the arithmetic"
+            f"{reason.get('node') or lane['node']}, or lower the stage's memory_mib; "
+            "`laneway explain JOB` shows the arithmetic"
         )
     if code == "gpu_capacity":
         return (

@@ -106,6 +106,7 @@ def collect(source: Rows, *, now: datetime) -> list[Metric]:
         )
         _run_metrics(f, source, run_id, status)
         nodes |= {lane["node"] for lane in status["lanes"]}
+        nodes |= {node["node"] for node in status["nodes"]}  # stages' nodes too
     _node_metrics(f, source, sorted(nodes), now=now)
     _expired_leases(f, source, now=now)
     return f.all()

@@ -142,20 +142,28 @@ def plan(config: PipelineConfig, *, mem_available_mib: float | None) -> dict[str
         for stage in config.stages
     }
     first: list[dict[str, Any]] = []
+    lane_node = {lane.name: lane.node for lane in config.lanes}
+    # The nodes are planned one after another, as their first claims would go: a job
+    # one node starts is not offered to the next, and the lane and stage caps count it.
+    started: set[tuple[int, str]] = set()
+    running_lane_stage: Counter[tuple[int, str, str]] = Counter()
+    running_stage: Counter[tuple[int, str]] = Counter()
     for node in config.nodes:
-        node_lanes = {lane.name for lane in config.lanes if lane.node == node.name}
         candidates = [
             admission.Candidate(
-                job_id=position,
+                job_id=position * len(config.stages) + index,
                 run_id=0,
                 lane=item.lane,
                 stage=stage.name,
                 memory_mib=stage.memory_mib,
                 gpu_mib=stage.gpu_mib,
+                nodes=admission.runs_on(stage.nodes, lane_node[item.lane]),
             )
             for position, item in enumerate(items)
-            for stage in config.stages
-            if not stage.needs and item.lane in node_lanes
+            for index, stage in enumerate(config.stages)
+            if not stage.needs
+            and node.name in admission.runs_on(stage.nodes, lane_node[item.lane])
+            and (position, stage.name) not in started
         ]
         snapshot = admission.Snapshot(
             node=admission.NodeView(
@@ -171,15 +179,21 @@ def plan(config: PipelineConfig, *, mem_available_mib: float | None) -> dict[str
             candidates=candidates,
             lane_caps={(0, lane.name): dict(lane.caps) for lane in config.lanes},
             stage_caps={(0, stage.name): stage.cap for stage in config.stages},
+            running_lane_stage=Counter(running_lane_stage),
+            running_stage=Counter(running_stage),
         )
         verdict = admission.admit(snapshot)
         for start in verdict.starts:
+            position = start.job_id // len(config.stages)
+            started.add((position, start.stage))
+            running_lane_stage[(0, start.lane, start.stage)] += 1
+            running_stage[(0, start.stage)] += 1
             first.append(
                 {
                     "node": node.name,
                     "lane": start.lane,
                     "stage": start.stage,
-                    "item": items[start.job_id].key,
+                    "item": items[position].key,
                     "verdict": "dispatch",
                 }
             )
@@ -212,6 +226,11 @@ def plan(config: PipelineConfig, *, mem_available_mib: float | None) -> dict[str
                 "gpu_mib": stage.gpu_mib,
                 "cap": stage.cap,
                 "retry": stage.retry.model_dump(),
+                # Where it runs: ``nodes`` as configured (None: its lane's node), the
+                # nodes that take its jobs, and in words.
+                "nodes": list(stage.nodes) if stage.nodes else None,
+                "runs_on": sorted(set(stage.nodes) if stage.nodes else set(lane_node.values())),
+                "placement": admission.placement_words(stage.nodes),
             }
             for stage in config.stages
         ],

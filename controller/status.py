@@ -213,12 +213,12 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
         )
     ]
 
-    nodes = [
-        row[0]
-        for row in source.rows(
-            "SELECT DISTINCT node FROM lanes WHERE run_id = :run ORDER BY node", rid
-        )
-    ]
+    lane_nodes = dict(
+        source.rows("SELECT name, node FROM lanes WHERE run_id = :run ORDER BY name", rid)
+    )
+    stage_nodes = {name: list(stage.get("nodes") or []) or None for name, stage in stages.items()}
+    # The nodes the run uses: its lanes' nodes and every node a stage's ``nodes`` names.
+    nodes = sorted(set(lane_nodes.values()) | {n for ns in stage_nodes.values() for n in ns or []})
     workers = node_workers(source, nodes, now=now)
     live = {w["node"] for w in workers if w["live"]}
     last_seen = _last_seen(workers)
@@ -271,7 +271,10 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
             for node in nodes
             if node not in live and run["state"] != "finished"
         ],
-        "lanes": _lanes(source, run, now=now, live=live, last_seen=last_seen),
+        "lanes": _lanes(
+            source, run, now=now, live=live, last_seen=last_seen, stage_nodes=stage_nodes
+        ),
+        "placement": placement(stage_nodes, lane_nodes, live),
         "throughput": {
             "settled_attempts": settled_count,
             "per_hour": round(settled_count / hours, 1),
@@ -386,12 +389,43 @@ def node_has_live_worker(source: Rows, node: str, *, now: datetime) -> bool:
     return any(w["live"] for w in node_workers(source, [node], now=now))
 
 
-def no_worker_reason(node: str, runtime_dir: str, since: str | None) -> dict[str, Any]:
-    """A lane's reason when no live worker serves its node (``admission.describe``)."""
-    detail = {"node": node, "start": worker_command(node, runtime_dir)}
+def placement(
+    stage_nodes: dict[str, list[str] | None], lane_nodes: dict[str, str], live: set[str]
+) -> list[dict[str, Any]]:
+    """Where each stage runs: ``nodes`` as configured (None: on its lane's node),
+    ``runs_on`` the nodes that take its jobs, ``words`` (``b, c`` or ``lane's node``) and
+    ``no_live_worker``: those of ``runs_on`` that no live worker serves now."""
+    found = []
+    for stage, nodes in stage_nodes.items():
+        runs_on = list(nodes) if nodes else sorted(set(lane_nodes.values()))
+        found.append(
+            {
+                "stage": stage,
+                "nodes": nodes,
+                "runs_on": runs_on,
+                "words": admission.placement_words(nodes),
+                "no_live_worker": [node for node in runs_on if node not in live],
+            }
+        )
+    return found
+
+
+def no_worker_reason(
+    node: str,
+    runtime_dir: str,
+    since: str | None,
+    *,
+    stage: str | None = None,
+    nodes: list[str] | None = None,
+) -> dict[str, Any]:
+    """A lane's reason when no live worker serves the node that runs its jobs: its own
+    node, or (``stage`` with ``nodes``) the nodes of the stage whose jobs are ready."""
+    detail: dict[str, Any] = {"node": node, "start": worker_command(node, runtime_dir)}
+    if stage is not None and nodes:
+        detail.update(stage=stage, nodes=list(nodes))
     return {
         "code": "no_worker",
-        "stage": None,
+        "stage": stage,
         "since": since,
         "detail": detail,
         "words": admission.describe("no_worker", detail),
@@ -405,13 +439,19 @@ def _lanes(
     now: datetime,
     live: set[str],
     last_seen: dict[str, str],
+    stage_nodes: dict[str, list[str] | None],
 ) -> list[dict[str, Any]]:
     counts: dict[str, dict[str, int]] = {}
-    for lane, state, count in source.rows(
-        "SELECT lane, state, COUNT(*) FROM jobs WHERE run_id = :run GROUP BY lane, state",
+    ready_stages: dict[str, set[str]] = {}
+    for lane, stage, state, count in source.rows(
+        "SELECT lane, stage, state, COUNT(*) FROM jobs WHERE run_id = :run "
+        "GROUP BY lane, stage, state",
         {"run": run["id"]},
     ):
-        counts.setdefault(lane, {})[state] = count
+        by_state = counts.setdefault(lane, {})
+        by_state[state] = by_state.get(state, 0) + count
+        if state == JobState.READY.value:
+            ready_stages.setdefault(lane, set()).add(stage)
     times = {
         lane: (_moment(last_start), _moment(last_end))
         for lane, last_start, last_end in source.rows(
@@ -420,6 +460,7 @@ def _lanes(
             {"run": run["id"]},
         )
     }
+    order = {stage: i for i, stage in enumerate(stage_nodes)}  # the config's stage order
     lanes = []
     for name, node in source.rows(
         "SELECT name, node FROM lanes WHERE run_id = :run ORDER BY name", {"run": run["id"]}
@@ -430,13 +471,36 @@ def _lanes(
         pending = by_state.get(JobState.READY.value, 0) + by_state.get(JobState.WAITING.value, 0)
         reason = None
         if running == 0 and pending and run["state"] != "finished":
-            if node in live:
-                reason = _current_refusal(source, run["id"], name)
-            else:
-                # Whatever was recorded last is stale: nothing claims this lane's jobs.
-                created = iso(run["created_at"])
+            # The nodes that would take the lane's ready jobs: each stage's ``nodes``, or
+            # the lane's node (only waiting jobs: the lane's node records why).
+            serving = {
+                stage: stage_nodes.get(stage) or [node]
+                for stage in sorted(ready_stages.get(name, ()), key=lambda s: order.get(s, 0))
+            }
+            unserved = [
+                (stage, nodes)
+                for stage, nodes in serving.items()
+                if not any(n in live for n in nodes)
+            ]
+            created = iso(run["created_at"])
+            if serving and len(unserved) == len(serving):
+                # Whatever was recorded last is stale: no node that runs the lane's ready
+                # jobs has a live worker, so nothing claims them.
+                stage, nodes = unserved[0]
+                since = max(filter(None, (*(last_seen.get(n) for n in nodes), created)))
+                placed = stage_nodes.get(stage)
+                reason = no_worker_reason(
+                    nodes[0],
+                    run["runtime_dir"],
+                    since,
+                    stage=stage if placed else None,
+                    nodes=placed,
+                )
+            elif not serving and node not in live:
                 since = max(filter(None, (last_seen.get(node), created)))
                 reason = no_worker_reason(node, run["runtime_dir"], since)
+            else:
+                reason = _current_refusal(source, run["id"], name)
         idle_since = None
         if running == 0 and pending:
             idle_since = last_end or run["created_at"]
@@ -472,18 +536,19 @@ def _lanes(
 def _current_refusal(source: Rows, run_id: int, lane: str) -> dict[str, Any] | None:
     """The newest recorded refusal for the lane, if no dispatch came after it."""
     found = source.rows(
-        "SELECT verdict, reason_code, stage, decided_at, detail FROM decisions "
+        "SELECT verdict, reason_code, stage, decided_at, detail, node FROM decisions "
         "WHERE run_id = :run AND lane = :lane ORDER BY id DESC LIMIT 1",
         {"run": run_id, "lane": lane},
     )
     if not found or found[0][0] != Verdict.REFUSED.value:
         return None
-    _verdict, reason_code, stage, decided_at, detail = found[0]
+    _verdict, reason_code, stage, decided_at, detail, node = found[0]
     code = reason_code or "refused"
     detail = _json(detail) or {}
     return {
         "code": code,
         "stage": stage,
+        "node": node,
         "since": iso(_moment(decided_at)),
         "detail": detail,
         "words": admission.describe(code, detail),
@@ -566,7 +631,7 @@ def closeout_state(source: Rows, run: dict[str, Any]) -> dict[str, Any]:
 
 def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, Any]:
     """Everything that blocks one job now, with the capacity arithmetic (read-only)."""
-    from sqlalchemy import func, select
+    from sqlalchemy import select
 
     from controller import ledger
     from controller.models import Attempt, Item, Job, Node
@@ -591,12 +656,44 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
         "blocked_by": [],
         "arithmetic": None,
     }
-    node_name = config.lane(job.lane).node
-    live = node_has_live_worker(SessionRows(session), node_name, now=now)
+    lane_node = config.lane(job.lane).node
+    runs_on = list(admission.runs_on(stage.nodes, lane_node))
+    rows = SessionRows(session)
+    live_nodes = [n for n in runs_on if node_has_live_worker(rows, n, now=now)]
+    # The node explained: the first of those that run the stage with a live worker.
+    node_name = live_nodes[0] if live_nodes else runs_on[0]
+    live = bool(live_nodes)
     report["worker"] = {
         "node": node_name,
         "live": live,
         "start": None if live else worker_command(node_name, run.runtime_dir),
+    }
+    pending = job.state in (JobState.WAITING.value, JobState.READY.value)
+    where: list[dict[str, Any]] = []
+    for name in [*runs_on, *([] if lane_node in runs_on else [lane_node])]:
+        entry: dict[str, Any] = {
+            "node": name,
+            "runs_it": name in runs_on,
+            "live": name in live_nodes
+            or (name not in runs_on and node_has_live_worker(rows, name, now=now)),
+            "start": None,
+            "why_not": [],
+        }
+        if name not in runs_on:
+            detail = {"node": name, "nodes": runs_on}
+            entry["why_not"] = [_blocker("other_node", detail)]
+        elif name not in live_nodes:
+            entry["start"] = worker_command(name, run.runtime_dir)
+            if pending:
+                entry["why_not"] = [_blocker("no_worker", _no_worker_detail(entry, job, stage))]
+        where.append(entry)
+    report["placement"] = {
+        "nodes": list(stage.nodes) if stage.nodes else None,
+        "lane_node": lane_node,
+        "runs_on": runs_on,
+        "words": admission.placement_words(stage.nodes),
+        "explained_node": node_name,
+        "per_node": where,
     }
     if job.state == JobState.WAITING.value:
         states = dict(
@@ -616,68 +713,16 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
             }
         ]
     elif job.state == JobState.READY.value:
-        lane = config.lane(job.lane)
-        node = session.get(Node, lane.node)
-        assert node is not None
-        running = (
-            session.scalar(
-                select(func.count())
-                .select_from(Attempt)
-                .where(
-                    Attempt.node == lane.node,
-                    Attempt.state.in_(
-                        [
-                            AttemptState.INTENT.value,
-                            AttemptState.RUNNING.value,
-                            AttemptState.UNKNOWN.value,
-                        ]
-                    ),
-                )
-            )
-            or 0
-        )
-        snapshot, _ = ledger.admission_snapshot(
-            session,
-            node=lane.node,
-            free_slots=max(0, node.max_jobs - running),
-            mem=node.mem_available_mib,
-            limit=1,
-            lock=False,
-            job_id=job.id,
-        )
-        if snapshot.candidates:
-            candidate = snapshot.candidates[0]
-            report["blocked_by"] = [
-                {"code": code, "detail": detail, "words": admission.describe(code, detail)}
-                for code, detail in admission.explain(snapshot, candidate)
-            ]
-            peak = ledger.stage_peaks(session, [run.id]).get((run.id, job.stage), (None, None))
-            free = node.mem_available_mib
-            report["arithmetic"] = {
-                "node": lane.node,
-                "free_mib": None if free is None else round(free),
-                "free_sampled_at": iso(node.sampled_at),
-                "unreleased_mib": round(snapshot.node.reserved_mib),
-                "reservation_mib": round(candidate.memory_mib),
-                "configured_mib": stage.memory_mib,
-                "learn_memory": stage.learn_memory,
-                "measured_peak_mib": None if peak[0] is None else round(peak[0], 1),
-                "memory_margin": stage.memory_margin,
-                "floor_mib": node.memory_floor_mib,
-                "headroom_after_mib": (
-                    None
-                    if free is None
-                    else round(
-                        free
-                        - snapshot.node.reserved_mib
-                        - candidate.memory_mib
-                        - node.memory_floor_mib
-                    )
-                ),
-                "gpu_peak_mib": candidate.gpu_peak_mib,
-                "running_on_node": running,
-                "max_jobs": node.max_jobs,
-            }
+        for entry in where:
+            asked = entry["live"] or entry["node"] == node_name
+            if not entry["runs_it"] or not asked or session.get(Node, entry["node"]) is None:
+                continue
+            blocked, arithmetic = _explain_on(session, job, stage, entry["node"])
+            if entry["live"]:
+                entry["why_not"] = blocked
+            if entry["node"] == node_name:
+                report["blocked_by"] = blocked
+                report["arithmetic"] = arithmetic
     elif job.state in (JobState.FAILED.value, JobState.CANCELLED.value, JobState.SKIPPED.value):
         report.update(_settled_evidence(session, job, run.runtime_dir))
     elif job.state in (JobState.RUNNING.value, JobState.UNKNOWN.value):
@@ -692,18 +737,92 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
                 "reason": attempt.state_reason,
                 "peak_rss_mib": attempt.peak_rss_mib,
             }
-    if not live and job.state in (JobState.WAITING.value, JobState.READY.value):
-        # Said first: until a worker runs on the node, nothing else matters.
-        detail = {"node": node_name, "start": report["worker"]["start"]}
-        report["blocked_by"].insert(
-            0,
-            {
-                "code": "no_worker",
-                "detail": detail,
-                "words": admission.describe("no_worker", detail),
-            },
-        )
+    if not live and pending:
+        # Said first: until a worker runs on a node that runs it, nothing else matters.
+        detail = _no_worker_detail(where[0], job, stage)
+        report["blocked_by"].insert(0, _blocker("no_worker", detail))
     return report
+
+
+def _blocker(code: str, detail: dict[str, Any]) -> dict[str, Any]:
+    return {"code": code, "detail": detail, "words": admission.describe(code, detail)}
+
+
+def _no_worker_detail(entry: dict[str, Any], job: Any, stage: Any) -> dict[str, Any]:
+    """``no_worker`` for one node; naming the stage's ``nodes`` when it has them."""
+    detail: dict[str, Any] = {"node": entry["node"], "start": entry["start"]}
+    if stage.nodes:
+        detail.update(stage=job.stage, nodes=list(stage.nodes))
+    return detail
+
+
+def _explain_on(
+    session: Session, job: Any, stage: Any, node_name: str
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """What blocks a ready ``job`` on ``node_name`` (a node that runs its stage), from the
+    snapshot a claim there would build, and the capacity arithmetic."""
+    from sqlalchemy import func, select
+
+    from controller import ledger
+    from controller.models import Attempt, Node
+
+    node = session.get(Node, node_name)
+    assert node is not None
+    running = (
+        session.scalar(
+            select(func.count())
+            .select_from(Attempt)
+            .where(
+                Attempt.node == node_name,
+                Attempt.state.in_(
+                    [
+                        AttemptState.INTENT.value,
+                        AttemptState.RUNNING.value,
+                        AttemptState.UNKNOWN.value,
+                    ]
+                ),
+            )
+        )
+        or 0
+    )
+    snapshot, _ = ledger.admission_snapshot(
+        session,
+        node=node_name,
+        free_slots=max(0, node.max_jobs - running),
+        mem=node.mem_available_mib,
+        limit=1,
+        lock=False,
+        job_id=job.id,
+    )
+    if not snapshot.candidates:
+        return [], None
+    candidate = snapshot.candidates[0]
+    blocked = [_blocker(code, detail) for code, detail in admission.explain(snapshot, candidate)]
+    peak = ledger.stage_peaks(session, [job.run_id]).get((job.run_id, job.stage), (None, None))
+    free = node.mem_available_mib
+    arithmetic = {
+        "node": node_name,
+        "free_mib": None if free is None else round(free),
+        "free_sampled_at": iso(node.sampled_at),
+        "unreleased_mib": round(snapshot.node.reserved_mib),
+        "reservation_mib": round(candidate.memory_mib),
+        "configured_mib": stage.memory_mib,
+        "learn_memory": stage.learn_memory,
+        "measured_peak_mib": None if peak[0] is None else round(peak[0], 1),
+        "memory_margin": stage.memory_margin,
+        "floor_mib": node.memory_floor_mib,
+        "headroom_after_mib": (
+            None
+            if free is None
+            else round(
+                free - snapshot.node.reserved_mib - candidate.memory_mib - node.memory_floor_mib
+            )
+        ),
+        "gpu_peak_mib": candidate.gpu_peak_mib,
+        "running_on_node": running,
+        "max_jobs": node.max_jobs,
+    }
+    return blocked, arithmetic
 
 
 STDERR_TAIL_LINES = 10

@@ -369,11 +369,16 @@ def active_workers(session: Session, *, node: str) -> list[Worker]:
 
 
 def node_runs(session: Session, *, node: str) -> list[tuple[int, dict[str, str]]]:
-    """(run id, frozen source hashes) of the active runs with a lane on ``node``."""
+    """(run id, frozen source hashes) of the active runs ``node`` may run jobs of: a lane
+    on ``node``, or a stage whose ``nodes`` name it."""
     rows = session.execute(
-        select(Run.id, Run.source_hashes).where(
-            Run.state == RunState.ACTIVE,
-            Run.id.in_(select(Lane.run_id).where(Lane.node == node)),
-        )
+        select(Run.id, Run.config_sha256, Run.source_hashes).where(Run.state == RunState.ACTIVE)
     ).all()
-    return [(run_id, dict(hashes or {})) for run_id, hashes in rows]
+    found = []
+    for run_id, sha, hashes in rows:
+        config = frozen_config(session, run_id, sha)
+        if any(lane.node == node for lane in config.lanes) or any(
+            stage.nodes and node in stage.nodes for stage in config.stages
+        ):
+            found.append((run_id, dict(hashes or {})))
+    return found

@@ -1,8 +1,14 @@
 """The admission snapshot: what ``controller.admission`` sees for one node, now.
 
-Read-only. Every query here is bounded by what is live (the node's lanes, its running
-and unknown attempts, its live reservations, active controls) or by the free slots (the
-ready candidates), never by the number of jobs or events in the ledger.
+Read-only. Every query here is bounded by what is live (the active runs and their lanes,
+the node's running and unknown attempts, its live reservations, active controls) or by
+the free slots (the ready candidates), never by the number of jobs or events in the
+ledger.
+
+Placement: a node's candidates are the jobs of its own lanes' stages that have no
+``nodes``, and the jobs of every lane of a stage whose ``nodes`` name it. Lane and
+stage caps count running jobs by lane, wherever they run; memory, slots and GPU are
+the claiming node's.
 """
 
 from __future__ import annotations
@@ -89,33 +95,48 @@ def admission_snapshot(
     """What admission sees for ``node`` now. Read-only; ``lock`` takes row locks on
     PostgreSQL (claims), ``job_id`` narrows the candidates to one job (explain).
 
-    Candidates: the first ``free_slots + 1`` ready jobs of each (run, lane, stage) of
-    the node (``limit`` overrides the per-partition count).
+    Candidates: the first ``free_slots + 1`` ready jobs of each (run, lane, stage) the
+    node runs (``limit`` overrides the per-partition count): its lanes' stages without
+    ``nodes``, and every lane's stages whose ``nodes`` name it.
     """
     node_row = session.execute(statements.NODE_ROW, {"node": node}).first()
     if node_row is None:
         raise NotFound(f"node {node!r} is not in the ledger")
-    run_infos: dict[int, RunInfo] = {}
+    run_infos, placed = node_run_infos(session, node)
     lane_caps: dict[tuple[int, str], dict[str, int]] = {}
-    for lane in session.execute(statements.NODE_LANES, {"node": node}).all():
-        if lane.run_id not in run_infos:
-            run_infos[lane.run_id] = RunInfo(
-                lane.run_id,
-                lane.config_sha256,
-                lane.runtime_dir,
-                dict(lane.source_hashes or {}),
-                frozen_config(session, lane.run_id, lane.config_sha256),
-            )
-        lane_caps[(lane.run_id, lane.name)] = dict(lane.caps)
+    own_lanes: set[tuple[int, str]] = set()
+    lanes_of: dict[int, list[str]] = {}
+    if run_infos:
+        for lane in session.execute(statements.RUN_LANES, {"run_ids": sorted(run_infos)}):
+            # Every lane of a run whose stages this node may run: its caps count the
+            # jobs of the lane wherever they run.
+            lane_caps[(lane.run_id, lane.name)] = dict(lane.caps)
+            lanes_of.setdefault(lane.run_id, []).append(lane.name)
+            if lane.node == node:
+                own_lanes.add((lane.run_id, lane.name))
     run_ids = sorted(run_infos)
     stage_caps: dict[tuple[int, str], int | None] = {}
     partitions: list[tuple[int, str, str]] = []
+    placement: dict[tuple[int, str, str], tuple[str, ...]] = {}
     for run_id, info in run_infos.items():
         for stage in info.config.stages:
             stage_caps[(run_id, stage.name)] = stage.cap
-    for run_id, lane_name in sorted(lane_caps):
-        for stage in run_infos[run_id].config.stages:
-            partitions.append((run_id, lane_name, stage.name))
+    for run_id in run_ids:
+        stages = run_infos[run_id].config.stages
+        for lane_name in sorted(lanes_of.get(run_id, [])):
+            for stage in stages:
+                # The lane's node runs the stages without ``nodes``; a stage with
+                # ``nodes`` runs on those, whichever node its lane is bound to.
+                mine = (
+                    stage.name in placed.get(run_id, ())
+                    if stage.nodes
+                    else ((run_id, lane_name) in own_lanes)
+                )
+                if mine:
+                    partitions.append((run_id, lane_name, stage.name))
+                    placement[(run_id, lane_name, stage.name)] = admission.runs_on(
+                        stage.nodes, node
+                    )
 
     per_partition = limit if limit is not None else free_slots + 1
     ready_rows = _ready_rows(session, partitions, per_partition, job_id=job_id, lock=lock)
@@ -147,6 +168,7 @@ def admission_snapshot(
                 gpu_peak_mib=gpu_peak,
                 expected_usage={key: cost for key, (cost, _) in costs.items()},
                 expected_from={key: source for key, (_, source) in costs.items()},
+                nodes=placement[(job.run_id, job.lane, job.stage)],
             )
         )
         jobs_by_id[job.id] = (job, info)
@@ -191,7 +213,9 @@ def admission_snapshot(
         if scope == "everything":
             unknown_everywhere += count
     waiting: set[tuple[int, str]] = set()
-    for chunk in statements.chunks(sorted(lane_caps)):
+    # Only the node's own lanes: "waiting on earlier stages" is their lane-level reason,
+    # recorded by the node the lane is bound to.
+    for chunk in statements.chunks(sorted(own_lanes)):
         waiting.update((r.run_id, r.lane) for r in session.execute(statements.waiting_lanes(chunk)))
     snapshot = admission.Snapshot(
         node=admission.NodeView(
@@ -219,6 +243,29 @@ def admission_snapshot(
         spend=spend,
     )
     return snapshot, jobs_by_id
+
+
+def node_run_infos(session: Session, node: str) -> tuple[dict[int, RunInfo], dict[int, set[str]]]:
+    """The active runs ``node`` may run jobs of: those with a lane bound to it and those
+    with a stage whose ``nodes`` name it; and, per run, the names of those stages. One
+    row per active run (configs parsed once per hash), never a look at the jobs."""
+    infos: dict[int, RunInfo] = {}
+    placed: dict[int, set[str]] = {}
+    for row in session.execute(statements.ACTIVE_RUNS).all():
+        config = frozen_config(session, row.run_id, row.config_sha256)
+        named = {stage.name for stage in config.stages if stage.nodes and node in stage.nodes}
+        if not named and not any(lane.node == node for lane in config.lanes):
+            continue
+        if named:
+            placed[row.run_id] = named
+        infos[row.run_id] = RunInfo(
+            row.run_id,
+            row.config_sha256,
+            row.runtime_dir,
+            dict(row.source_hashes or {}),
+            config,
+        )
+    return infos, placed
 
 
 def budget_state(

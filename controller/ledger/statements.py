@@ -81,18 +81,20 @@ RUN_CONFIG_JSON = select(runs.c.config_json).where(runs.c.id == bindparam("run_i
 # node_row: the node's configured and last-sampled capacity.
 NODE_ROW = select(nodes).where(nodes.c.name == bindparam("node"))
 
-# node_lanes: the node's lanes in active runs, with what admission needs of each run.
-NODE_LANES = (
-    select(
-        lanes.c.run_id,
-        lanes.c.name,
-        lanes.c.caps,
-        runs.c.config_sha256,
-        runs.c.runtime_dir,
-        runs.c.source_hashes,
-    )
-    .join(runs, runs.c.id == lanes.c.run_id)
-    .where(lanes.c.node == bindparam("node"), runs.c.state == RunState.ACTIVE.value)
+# active_runs: the active runs, with what admission needs of each. A claim keeps those
+# with a lane on its node or a stage whose ``nodes`` name it (their configs are parsed
+# once per hash); few rows: one per active run, never per job.
+ACTIVE_RUNS = select(
+    runs.c.id.label("run_id"),
+    runs.c.config_sha256,
+    runs.c.runtime_dir,
+    runs.c.source_hashes,
+).where(runs.c.state == RunState.ACTIVE.value)
+
+# run_lanes: every lane of these runs, with its node and caps (the lanes table's
+# (run_id, name) index).
+RUN_LANES = select(lanes.c.run_id, lanes.c.name, lanes.c.node, lanes.c.caps).where(
+    lanes.c.run_id.in_(bindparam("run_ids", expanding=True))
 )
 
 # -- jobs

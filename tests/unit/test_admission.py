@@ -19,11 +19,14 @@ from controller.admission import (
     admit,
     describe,
     explain,
+    placement_words,
+    runs_on,
 )
 
 RUN = 1
 
 ORDER = [
+    "other_node",
     "halted",
     "unknown_outcome",
     "paused",
@@ -115,7 +118,10 @@ def conditions_snapshot(active: set[str]) -> Snapshot:
         gpu_mib=512 if "gpu_capacity" in active else 0,
     )
     candidate = replace(
-        candidate, expected_usage={"cost_usd": 2.0}, expected_from={"cost_usd": "p90 of 3"}
+        candidate,
+        expected_usage={"cost_usd": 2.0},
+        expected_from={"cost_usd": "p90 of 3"},
+        nodes=("n2",) if "other_node" in active else ("n1", "n2"),
     )
     return Snapshot(
         node=node(
@@ -139,6 +145,7 @@ def conditions_snapshot(active: set[str]) -> Snapshot:
 
 
 EXPECTED_DETAIL: dict[str, dict[str, Any]] = {
+    "other_node": {"node": "n1", "nodes": ["n2"]},
     "halted": {"scope": "global", "reason": "halt by op"},
     "unknown_outcome": {"unknown_attempts": 2},
     "paused": {"scope": "global", "reason": "pause by op"},
@@ -562,6 +569,17 @@ def test_refusal_words_from_admit_carry_memory_numbers() -> None:
             "gpu_capacity — node has no GPU configured",
         ),
         ("slots_full", {"slots": 0}, "slots_full"),
+        (
+            "other_node",
+            {"node": "a", "nodes": ["b", "c"]},
+            "other_node — node a does not run this stage; it runs on b, c",
+        ),
+        (
+            "no_worker",
+            {"node": "b", "start": "laneway worker --node b", "stage": "s", "nodes": ["b"]},
+            "no_worker — no live worker on node b (stage s runs on b); "
+            "start one: laneway worker --node b",
+        ),
     ],
 )
 def test_describe(code: str, detail: dict[str, Any], text: str) -> None:
@@ -681,3 +699,51 @@ def test_no_budget_no_refusal_whatever_the_spend() -> None:
 def test_explain_lists_budget_with_other_reasons() -> None:
     snap = budgeted(costing(1, 20.0), free_slots=0)
     assert [code for code, _ in explain(snap, snap.candidates[0])] == ["budget", "slots_full"]
+
+
+# -- placement: a stage's ``nodes`` ----------------------------------------------
+
+
+def test_runs_on_is_the_stage_nodes_else_the_lane_node() -> None:
+    assert runs_on(["b", "c"], "a") == ("b", "c")
+    assert runs_on(None, "a") == ("a",)
+    assert runs_on([], "a") == ("a",)
+    assert placement_words(["b", "c"]) == "b, c"
+    assert placement_words(None) == "lane's node"
+
+
+def test_a_job_placed_on_other_nodes_is_never_started_here() -> None:
+    elsewhere = replace(job(1), nodes=("n2",))
+    here = replace(job(2, lane="b"), nodes=("n1",))
+    result = admit(snapshot(elsewhere, here))
+    assert started(result) == [2]
+    assert result.refusals == [
+        Refusal(RUN, "a", "solve", "other_node", {"node": "n1", "nodes": ["n2"]}, 1)
+    ]
+
+
+def test_a_job_placed_elsewhere_takes_no_slot_and_no_memory() -> None:
+    # The refused job comes first; the one after it still gets the only slot and memory.
+    elsewhere = replace(job(1, memory_mib=60_000), nodes=("n2",))
+    here = replace(job(2, memory_mib=60_000, lane="b"), nodes=("n1",))
+    result = admit(snapshot(elsewhere, here, free_slots=1, node=node(available=62_000)))
+    assert started(result) == [2]
+
+
+def test_the_lane_cap_counts_the_lanes_jobs_running_on_other_nodes() -> None:
+    # Lane a's cap for solve is 1 and one of its jobs already runs (on another node):
+    # this node may run the stage but must not start a second.
+    placed = replace(job(1), nodes=("n1",))
+    result = admit(
+        snapshot(
+            placed,
+            lane_caps={(RUN, "a"): {"solve": 1}},
+            running_lane_stage=Counter({(RUN, "a", "solve"): 1}),
+        )
+    )
+    assert started(result) == [] and codes(result) == ["lane_cap"]
+
+
+def test_explain_names_other_node_first() -> None:
+    snap = snapshot(replace(job(1), nodes=("n2",)), free_slots=0)
+    assert [code for code, _ in explain(snap, snap.candidates[0])] == ["other_node", "slots_full"]
