@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from cli import oom_text, spend_text
+from cli import artifacts_text, oom_text, spend_text
 
 _CONTROL_CHARS = re.compile(
     r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|[\x00-\x08\x0b-\x1f\x7f]"
@@ -167,6 +167,7 @@ def status_text(status: dict[str, Any]) -> str:
             ]
         )
     out.append(table(["lane", "node", "ready", "waiting", "done", "last start", "now"], lane_rows))
+    out += placement_lines(status.get("placement") or [], "stage")
     t = status["throughput"]
     out.append("")
     out.append(f"throughput: {t['settled_attempts']} settled attempts, {t['per_hour']}/hour")
@@ -239,6 +240,22 @@ def workers_text(status: dict[str, Any]) -> list[str]:
     return out if len(out) > 2 else []
 
 
+def placement_lines(stages: list[dict[str, Any]], key: str) -> list[str]:
+    """Where each stage runs, when any stage names its ``nodes`` (else every stage runs
+    on its lane's node and nothing is said); a node no live worker serves is named."""
+    if not any(stage.get("nodes") for stage in stages):
+        return []
+    out = ["", "stages run on:"]
+    for stage in stages:
+        words = f"  {stage[key]}: {stage['placement' if 'placement' in stage else 'words']}"
+        if not stage.get("nodes"):
+            words += f" ({', '.join(stage['runs_on'])})"
+        for node in stage.get("no_live_worker") or []:
+            words += f"; no live worker on node {node}"
+        out.append(clean(words))
+    return out
+
+
 def closeout_words(closeout: dict[str, Any]) -> str:
     """``none``, ``pending (N steps)``, ``running step K of N (NAME)``, ``finished (N
     steps)`` or ``failed: NAME (STATE, exit C), ...``."""
@@ -295,6 +312,7 @@ def plan_text(plan: dict[str, Any]) -> str:
             rows,
         )
     )
+    out += placement_lines(plan["stages"], "name")
     out.append("")
     out.append("capacity:")
     for node in plan["capacity"]:
@@ -338,6 +356,7 @@ def explain_text(report: dict[str, Any]) -> str:
             if unserved
             else "nothing blocks it: the next claim on its node can start it"
         )
+    out += _placement_lines(report)
     out += _settled_lines(report)
     arithmetic = report.get("arithmetic")
     if arithmetic:
@@ -364,6 +383,20 @@ def explain_text(report: dict[str, Any]) -> str:
             + (f" — {clean(attempt['reason'])}" if attempt["reason"] else "")
         )
     return "\n".join(out)
+
+
+def _placement_lines(report: dict[str, Any]) -> list[str]:
+    """Where the job's stage runs and, per node, why it is not taking the job."""
+    place = report.get("placement")
+    if not place:
+        return []
+    where = place["words"] if place["nodes"] else f"{place['words']} ({place['lane_node']})"
+    out = [f"runs on: {where}"]
+    for entry in place["per_node"]:
+        if entry["why_not"] and (place["nodes"] or not entry["runs_it"]):
+            reasons = "; ".join(b["words"] for b in entry["why_not"])
+            out.append(clean(f"  node {entry['node']}: {reasons}"))
+    return out
 
 
 def _settled_lines(report: dict[str, Any]) -> list[str]:
@@ -443,5 +476,6 @@ def report_text(report: dict[str, Any]) -> str:
             )
     out += spend_text.usage_lines(report.get("usage"))
     out += oom_text.oom_lines(report.get("oom_kills"))
+    out += artifacts_text.traffic_lines(report.get("artifacts"))
     out.append(f"HTML timeline: {report['html']}")
     return "\n".join(out)

@@ -96,7 +96,7 @@ def s3fs_for(endpoint: str):
     return s3fs.S3FileSystem(
         key=CREDENTIALS["AWS_ACCESS_KEY_ID"],
         secret=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"},
+        client_kwargs={"endpoint_url": endpoint},
     )
 
 
@@ -225,18 +225,15 @@ def start_run(nodes: Nodes, items: list[str]) -> int:
 
 
 def test_review_on_another_node_gets_verified_inputs_and_a_flipped_byte_never_runs(nodes, s3):
+    # Run 1: prepare and solve on a, review on b; b's input came through S3, verified.
+    first = start_run(nodes, ["q1"])
     nodes.start("controller", "controller", where="control")
     nodes.worker("a")
     nodes.worker("b")
-
-    # Run 1: prepare and solve on a, review on b; b's input came through S3, verified.
-    first = start_run(nodes, ["q1"])
     wait_until(lambda: nodes.reviewed() == ["q1 question for q1 -> 42"], timeout=120)
     for stage, node in (("prepare", "a"), ("solve", "a"), ("review", "b")):
         (attempt,) = wait_until(
-            lambda stage=stage: [
-                a for a in nodes.attempts(first, stage) if a.state == "settled"
-            ]
+            lambda stage=stage: [a for a in nodes.attempts(first, stage) if a.state == "settled"]
         )
         assert attempt.outcome == "succeeded", attempt.state_reason
         assert attempt.node == node
@@ -244,9 +241,10 @@ def test_review_on_another_node_gets_verified_inputs_and_a_flipped_byte_never_ru
     (review,) = nodes.attempts(first, "review")
     assert review.result["aws_env"] == []  # store credentials never reach a job
     (answer,) = nodes.rows(Artifact, Artifact.run_id == first, Artifact.stage == "solve")
-    assert answer.location == (
-        f"s3://{BUCKET}/runs/sha256/{answer.sha256[:2]}/{answer.sha256}"
-    ) and answer.node == "a"
+    assert (
+        answer.location == (f"s3://{BUCKET}/runs/sha256/{answer.sha256[:2]}/{answer.sha256}")
+        and answer.node == "a"
+    )
     (given,) = nodes.rows(AttemptInput, AttemptInput.attempt_id == review.id)
     assert given.artifact_id == answer.id and given.node == "b"
     fetched = Path(review.attempt_dir) / "inputs" / "solve" / "answer.txt"
