@@ -278,6 +278,18 @@ def closeout_words(closeout: dict[str, Any]) -> str:
     return clean(f"failed: {', '.join(failed)} (of {steps})")
 
 
+def artifact_plan_lines(artifacts: dict[str, Any] | None) -> list[str]:
+    """Dry-run: the artifact store and the stages that hand files on (none: nothing)."""
+    if not artifacts or not artifacts["handoffs"]:
+        return []
+    store = artifacts["store"] or "default: artifacts/ under each worker's runtime dir"
+    out = ["", f"artifacts: store {store}"]
+    for handoff in artifacts["handoffs"]:
+        out.append(f"  {handoff['from']} -> {handoff['to']}: {', '.join(handoff['outputs'])}")
+    out += [f"  warning: {warning}" for warning in artifacts["warnings"]]
+    return out
+
+
 def plan_text(plan: dict[str, Any]) -> str:
     items = plan["items"]
     out = [
@@ -313,6 +325,7 @@ def plan_text(plan: dict[str, Any]) -> str:
         )
     )
     out += placement_lines(plan["stages"], "name")
+    out += artifact_plan_lines(plan.get("artifacts"))
     out.append("")
     out.append("capacity:")
     for node in plan["capacity"]:

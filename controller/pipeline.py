@@ -132,6 +132,38 @@ def _executable_problem(executable: str, cwd: str | None) -> str | None:
     return None
 
 
+def artifact_plan(config: PipelineConfig) -> dict[str, Any]:
+    """Where stage outputs go and which stages hand files to which; a warning for each
+    hand-off between different nodes through the default store (each worker's own
+    runtime dir: readable across node names on one host, not across machines)."""
+    lane_nodes = sorted({lane.node for lane in config.lanes})
+
+    def nodes_of(stage: Any) -> list[str]:
+        return sorted(stage.nodes) if stage.nodes else lane_nodes
+
+    handoffs = []
+    warnings = []
+    for stage in config.stages:
+        for need in stage.needs:
+            producer = config.stage(need)
+            if not producer.outputs:
+                continue
+            handoffs.append({"from": need, "to": stage.name, "outputs": list(producer.outputs)})
+            crossing = sorted(set(nodes_of(stage)) - set(nodes_of(producer)))
+            if crossing and config.artifact_store is None:
+                warnings.append(
+                    f"stage {stage.name} may run on {', '.join(crossing)}, where {need} does "
+                    f"not: its inputs from {need} are in the default store, under the "
+                    "producing worker's runtime dir; on separate machines set "
+                    "artifact_store to a shared store (file:///shared/mount or s3://bucket)"
+                )
+    return {
+        "store": config.artifact_store,
+        "handoffs": handoffs,
+        "warnings": warnings,
+    }
+
+
 def plan(config: PipelineConfig, *, mem_available_mib: float | None) -> dict[str, Any]:
     """What a run of this config would hold, and the first admission decisions."""
     count = taken_items(config)
@@ -234,6 +266,7 @@ def plan(config: PipelineConfig, *, mem_available_mib: float | None) -> dict[str
             }
             for stage in config.stages
         ],
+        "artifacts": artifact_plan(config),
         "jobs_per_stage_and_lane": jobs,
         "jobs_total": count * len(config.stages),
         "capacity": [

@@ -70,3 +70,45 @@ def test_dry_run_prints_the_budget_arithmetic_for_the_whole_run(tmp_path, monkey
         ("calls", 0.0, True),
         ("cost_usd", 2.25, False),
     ]
+
+
+HANDOFF = """
+name = "handoff"
+nodes = [
+  { name = "a", memory_floor_mib = 0, max_jobs = 1 },
+  { name = "b", memory_floor_mib = 0, max_jobs = 1 },
+]
+lanes = [{ name = "main", node = "a" }]
+items = [{ key = "q1", lane = "main" }]
+
+[[stages]]
+name = "solve"
+argv = ["true"]
+outputs = ["answer.json"]
+
+[[stages]]
+name = "review"
+argv = ["cat", "{inputs.solve}/answer.json"]
+needs = ["solve"]
+nodes = ["b"]
+"""
+
+
+def test_dry_run_shows_the_hand_offs_and_warns_of_a_per_machine_store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "pipeline.toml"
+    config.write_text(HANDOFF)
+    shown = CliRunner().invoke(app, ["dry-run", str(config)])
+    assert shown.exit_code == 0, shown.output
+    assert "solve -> review: answer.json" in shown.output
+    assert "warning: stage review may run on b, where solve does not" in shown.output
+    plan = json.loads(CliRunner().invoke(app, ["dry-run", str(config), "--json"]).output)
+    assert plan["artifacts"]["handoffs"] == [
+        {"from": "solve", "to": "review", "outputs": ["answer.json"]}
+    ]
+    assert plan["argv_preview"]["review"] == ["cat", "<attempt_dir>/inputs/solve/answer.json"]
+    # A shared store: the same hand-off, no warning.
+    config.write_text('artifact_store = "s3://bucket/prefix"\n' + HANDOFF)
+    plan = json.loads(CliRunner().invoke(app, ["dry-run", str(config), "--json"]).output)
+    assert plan["artifacts"]["store"] == "s3://bucket/prefix"
+    assert plan["artifacts"]["warnings"] == []
