@@ -29,7 +29,6 @@ from cli import complete, render
 from controller import db
 from controller.clock import SystemClock, iso
 from controller.errors import (
-    CommitOutcomeUnknown,
     ConfigError,
     LanewayError,
     LedgerUnavailable,
@@ -989,8 +988,7 @@ def run_pipeline(
     progress = live.Progress(run_id, quiet=quiet or as_json)
     blocked: str | None = None
     last_look = last_probe = float("-inf")
-    ledger_failures = 0
-    backoff = db.backoff_wait()
+    outage = db.Outage()
     while True:
         try:
             busy = False
@@ -1031,16 +1029,14 @@ def run_pipeline(
         except Exception as exc:
             # The ledger is unreachable, locked past its timeout or refusing writes: what
             # runs keeps running under its supervisors; try again with backoff.
-            if not (db.is_transient(exc) or isinstance(exc, CommitOutcomeUnknown)):
+            pause = outage.failed(
+                exc, lambda words: progress.note(f"the ledger is not answering ({words}); retrying")
+            )
+            if pause is None:
                 raise
-            ledger_failures += 1
-            if ledger_failures == 1:
-                progress.note(f"the ledger is not answering ({db.describe(exc)}); retrying")
-            time.sleep(backoff(ledger_failures))
+            time.sleep(pause)
             continue
-        if ledger_failures:
-            progress.note(f"the ledger answers again (after {ledger_failures} tries)")
-            ledger_failures = 0
+        outage.back(lambda tries: progress.note(f"the ledger answers again (after {tries} tries)"))
 
     for service in services:
         service.drain(should_abort=stopper.abort)

@@ -36,7 +36,6 @@ from controller import closeout, db, ledger, pipeline
 from controller.clock import Clock, SystemClock
 from controller.crashpoints import crash_point
 from controller.durable import make_private_dir, modes, read_json, write_json
-from controller.errors import CommitOutcomeUnknown
 from controller.models import Attempt, Job
 from controller.outcome import Verdict as OutcomeVerdict
 from controller.states import EventKind
@@ -341,8 +340,7 @@ class Controller:
         """Tick whenever ``due()``; in between, an idle controller waits up to
         ``interval`` seconds for the ledger to change (``ChangeWatch``: a stat of the
         ledger files, or a notification on PostgreSQL)."""
-        failures = 0
-        backoff = db.backoff_wait()
+        outage = db.Outage()
         checked = time.monotonic()
         while not should_stop():
             if keep_lock is not None and time.monotonic() - checked >= LOCK_CHECK_SECONDS:
@@ -359,17 +357,13 @@ class Controller:
                 # The ledger is unreachable, locked past its timeout or refusing writes:
                 # a transient failure rolled the tick's transaction back, and every step
                 # re-reads what it acts on, so the next try starts over (with backoff).
-                if not (db.is_transient(exc) or isinstance(exc, CommitOutcomeUnknown)):
+                pause = outage.failed(exc, self.on_ledger_error)
+                if pause is None:
                     raise
-                failures += 1
-                self.last_ledger_error = db.describe(exc)
-                if failures == 1 and self.on_ledger_error is not None:
-                    self.on_ledger_error(self.last_ledger_error)
-                time.sleep(backoff(failures))
+                self.last_ledger_error = outage.last_error
+                time.sleep(pause)
                 continue
-            if failures and self.on_ledger_back is not None:
-                self.on_ledger_back(failures)
-            failures = 0
+            outage.back(self.on_ledger_back)
             self.watch.wait(interval)
 
 

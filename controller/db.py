@@ -282,6 +282,37 @@ def backoff_wait() -> Callable[[int], float]:
     return seconds
 
 
+class Outage:
+    """A service loop's record of the ledger not answering: the worker's, the
+    controller's and ``laneway run``'s loops share it. ``failed(exc)`` says whether a
+    failure is one to ride out (``is_transient``, or a commit whose outcome is unknown)
+    and how long to wait before the next try (tenacity's backoff with jitter), calling
+    ``on_error`` with the first one's words; ``back()`` calls ``on_back`` with the
+    number of failed tries once the ledger answers again."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self.last_error: str | None = None
+        self._wait = backoff_wait()
+
+    def failed(
+        self, error: BaseException, on_error: Callable[[str], None] | None = None
+    ) -> float | None:
+        """Seconds to wait before trying again, or None: not a failure to ride out."""
+        if not (is_transient(error) or isinstance(error, CommitOutcomeUnknown)):
+            return None
+        self.failures += 1
+        self.last_error = describe(error)
+        if self.failures == 1 and on_error is not None:
+            on_error(self.last_error)
+        return self._wait(self.failures)
+
+    def back(self, on_back: Callable[[int], None] | None = None) -> None:
+        if self.failures and on_back is not None:
+            on_back(self.failures)
+        self.failures = 0
+
+
 def _backoff(*, most: float) -> Any:
     """0.05 s, doubling up to ``most``, plus up to 50 ms of jitter (so workers that lost
     the ledger together do not all come back in the same millisecond)."""

@@ -358,14 +358,12 @@ class WorkerService:
         self.last_heartbeat_error: str | None = None
         self.revoked: str | None = None
         """Why the ledger no longer accepts this worker (it was declared lost), if so."""
-        self.ledger_failures = 0
+        self.outage = db.Outage()
         """Ticks in a row that failed because the ledger could not be reached."""
-        self.last_ledger_error: str | None = None
         self.on_ledger_error: Callable[[str], None] | None = None
         """Called with one line when the ledger stops answering (the CLI logs it)."""
         self.on_ledger_back: Callable[[int], None] | None = None
         """Called with the number of failed tries when it answers again."""
-        self._backoff = db.backoff_wait()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -1265,16 +1263,16 @@ class WorkerService:
         state and fence, so it cannot be recorded twice; a claim that did land but was
         never spawned keeps its intent, expires, and becomes unknown (never run twice).
         """
-        if not (db.is_transient(error) or isinstance(error, CommitOutcomeUnknown)):
+        pause = self.outage.failed(error, self.on_ledger_error)
+        if pause is None:
             return False
-        self.ledger_failures += 1
-        self.last_ledger_error = db.describe(error)
-        if self.on_ledger_error is not None and self.ledger_failures == 1:
-            self.on_ledger_error(self.last_ledger_error)
-        self.wait(self._backoff(self.ledger_failures))
+        self.wait(pause)
         return True
 
     def _ledger_back(self) -> None:
-        if self.ledger_failures and self.on_ledger_back is not None:
-            self.on_ledger_back(self.ledger_failures)
-        self.ledger_failures = 0
+        self.outage.back(self.on_ledger_back)
+
+    @property
+    def ledger_failures(self) -> int:
+        """Consecutive ticks that failed because the ledger did not answer."""
+        return self.outage.failures
