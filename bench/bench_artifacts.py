@@ -37,9 +37,10 @@ the end-to-end CPU a job pays for handing files on.
    each, interleaved: wall time and CPU per job (os.times: this process and the
    children it waited for).
 
-Part 3 is opt-in: on this commit the controller often never closes the e2e run (all its
-jobs succeeded, nothing in flight; a run is reported after 120 s), even alone in a fresh
-process; not yet explained. No assertions: numbers to compare.
+Part 3 is opt-in (it takes a minute). Each of its runs gets a fresh ledger path:
+``db.reader`` keeps one read-only engine per ledger URL for the process's life, so a
+ledger deleted and re-created at the same path would be read through the old file. No
+assertions: numbers to compare.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -765,7 +767,10 @@ def end_to_end(root: Path, items: int, outputs: bool) -> tuple[float, float, int
     from controller.models import Run
     from workers.service import WorkerService
 
-    runtime = root / f"e2e-{items}-{'outputs' if outputs else 'plain'}"
+    # A fresh path per run: db.reader keeps one read-only engine per ledger URL for the
+    # process's life, so a ledger deleted and re-created at the same path would be read
+    # through the old file's open connection.
+    runtime = root / f"e2e-{items}-{'outputs' if outputs else 'plain'}-{uuid.uuid4().hex[:8]}"
     engine = db.open_ledger(runtime)
     factory = db.session_factory(engine)
     with db.transaction(factory) as session:
