@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -23,12 +22,11 @@ from sqlalchemy import select
 
 from controller import db
 from controller.models import Artifact, Attempt, AttemptInput, Control, Job
+from tests.integration.test_two_nodes import Cluster
 from tests.support import escape, wait_until
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
-LANEWAY = [sys.executable, "-m", "cli.main"]
 BUCKET = "laneway-artifacts"
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "moto-test-key-id",
@@ -138,62 +136,28 @@ nodes = ["b"]
     return path
 
 
-class Nodes:
+class Nodes(Cluster):
+    """Nodes a and b (tests/integration/test_two_nodes.py's Cluster), with the S3
+    endpoint and credentials in every process's environment."""
+
     def __init__(self, tmp: Path, endpoint: str) -> None:
-        self.tmp = tmp
-        self.dirs = {name: tmp / name for name in ("control", "a", "b")}
+        super().__init__(tmp, ("a", "b"), {"AWS_ENDPOINT_URL": endpoint, **CREDENTIALS})
         for directory in self.dirs.values():
             directory.mkdir()
-        url = db.ledger_url(self.dirs["control"])
-        self.env = {
-            **os.environ,
-            "LANEWAY_DATABASE_URL": url,
-            "AWS_ENDPOINT_URL": endpoint,
-            **CREDENTIALS,
-        }
-        self.engine = db.make_engine(url)
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*LANEWAY, *args, "--runtime-dir", str(self.dirs["control"])],
-            env=self.env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-
-    def start(self, name: str, *args: str, where: str) -> None:
-        log = (self.tmp / f"{name}.log").open("ab")
-        self.processes[name] = subprocess.Popen(
-            [*LANEWAY, *args, "--runtime-dir", str(self.dirs[where])],
-            env=self.env,
-            cwd=ROOT,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
-        log.close()
 
     def worker(self, node: str) -> None:
         self.start(node, "worker", "--node", node, "--slots", "2", where=node)
 
-    def stop(self, name: str) -> None:
+    def stop_one(self, name: str) -> None:
         process = self.processes.pop(name)
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
-
-    def stop_all(self) -> None:
-        for name in list(self.processes):
-            self.stop(name)
-        self.engine.dispose()
 
     def rows(self, model, *where):
         with db.session_factory(self.engine)() as session:
             return list(session.scalars(select(model).where(*where)))
 
-    def attempts(self, run_id: int, stage: str) -> list[Attempt]:
+    def stage_attempts(self, run_id: int, stage: str) -> list[Attempt]:
         with db.session_factory(self.engine)() as session:
             return list(
                 session.scalars(
@@ -214,7 +178,7 @@ def nodes(tmp_path, s3, ledger_backend):
     s3fs_for(s3).mkdir(BUCKET)
     made = Nodes(tmp_path, s3)
     yield made
-    made.stop_all()
+    made.stop()
 
 
 def start_run(nodes: Nodes, items: list[str]) -> int:
@@ -233,12 +197,14 @@ def test_review_on_another_node_gets_verified_inputs_and_a_flipped_byte_never_ru
     wait_until(lambda: nodes.reviewed() == ["q1 question for q1 -> 42"], timeout=120)
     for stage, node in (("prepare", "a"), ("solve", "a"), ("review", "b")):
         (attempt,) = wait_until(
-            lambda stage=stage: [a for a in nodes.attempts(first, stage) if a.state == "settled"]
+            lambda stage=stage: [
+                a for a in nodes.stage_attempts(first, stage) if a.state == "settled"
+            ]
         )
         assert attempt.outcome == "succeeded", attempt.state_reason
         assert attempt.node == node
         assert attempt.attempt_dir.startswith(str(nodes.dirs[node]))
-    (review,) = nodes.attempts(first, "review")
+    (review,) = nodes.stage_attempts(first, "review")
     assert review.result["aws_env"] == []  # store credentials never reach a job
     (answer,) = nodes.rows(Artifact, Artifact.run_id == first, Artifact.stage == "solve")
     assert (
@@ -254,7 +220,7 @@ def test_review_on_another_node_gets_verified_inputs_and_a_flipped_byte_never_ru
     assert not (nodes.dirs["a"] / "artifacts").exists()
 
     # Run 2: b is away while solve stores its answer; one byte of the object flips.
-    nodes.stop("b")
+    nodes.stop_one("b")
     second = start_run(nodes, ["q2"])
     (stored,) = wait_until(
         lambda: nodes.rows(Artifact, Artifact.run_id == second, Artifact.stage == "solve"),
@@ -269,7 +235,7 @@ def test_review_on_another_node_gets_verified_inputs_and_a_flipped_byte_never_ru
     nodes.worker("b")
 
     (refused,) = wait_until(
-        lambda: [a for a in nodes.attempts(second, "review") if a.state == "settled"],
+        lambda: [a for a in nodes.stage_attempts(second, "review") if a.state == "settled"],
         timeout=120,
     )
     assert refused.outcome == "harness_failure" and refused.node == "b"

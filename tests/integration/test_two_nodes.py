@@ -60,11 +60,19 @@ timeout_seconds = 120
 
 
 class Cluster:
-    def __init__(self, tmp: Path) -> None:
+    """A controller's runtime dir and one per node, sharing only the ledger's URL (and
+    whatever ``extra_env`` gives every process); logs appended under ``tmp``."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        nodes: tuple[str, ...] = ("n1", "n2"),
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.tmp = tmp
-        self.dirs = {name: tmp / name for name in ("control", "n1", "n2")}
+        self.dirs = {name: tmp / name for name in ("control", *nodes)}
         url = db.ledger_url(self.dirs["control"])
-        self.env = {**os.environ, "LANEWAY_DATABASE_URL": url}
+        self.env = {**os.environ, "LANEWAY_DATABASE_URL": url, **(extra_env or {})}
         self.engine = db.make_engine(url)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -79,7 +87,7 @@ class Cluster:
         )
 
     def start(self, name: str, *args: str, where: str) -> None:
-        log = (self.tmp / f"{name}.log").open("wb")
+        log = (self.tmp / f"{name}.log").open("ab")
         self.processes[name] = subprocess.Popen(
             [*LANEWAY, *args, "--runtime-dir", str(self.dirs[where])],
             env=self.env,
