@@ -359,7 +359,7 @@ class WorkerService:
         self.revoked: str | None = None
         """Why the ledger no longer accepts this worker (it was declared lost), if so."""
         self.outage = db.Outage()
-        """Ticks in a row that failed because the ledger could not be reached."""
+        """The ledger not answering: ticks in a row that failed, the last error."""
         self.on_ledger_error: Callable[[str], None] | None = None
         """Called with one line when the ledger stops answering (the CLI logs it)."""
         self.on_ledger_back: Callable[[int], None] | None = None
