@@ -5,7 +5,8 @@ executing it again (paying twice, for a job that calls a paid API), but only whe
 nothing the result depends on changed. The key hashes exactly that:
 
 - the frozen stage definition: its name, argv template, cwd, env (names and templates,
-  never resolved values) and pass_env names;
+  never resolved values), pass_env names and declared outputs (a job whose earlier
+  result stored other outputs, or none, cannot hand on what its stage now declares);
 - the item: its key, lane and fields;
 - the sha256 of the frozen source files the stage depends on (``stages.sources``;
   default: all of the pipeline's sources);
@@ -30,13 +31,17 @@ KEY_VERSION = 1
 
 
 def stage_definition(stage: StageConfig) -> dict[str, Any]:
-    return {
+    definition: dict[str, Any] = {
         "name": stage.name,
         "argv": list(stage.argv),
         "cwd": stage.cwd,
         "env": dict(stage.env),
         "pass_env": sorted(stage.pass_env),
     }
+    if stage.outputs:
+        # Only when declared: the keys of stages without outputs stay as they were.
+        definition["outputs"] = sorted(stage.outputs)
+    return definition
 
 
 def job_reuse_key(

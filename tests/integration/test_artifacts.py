@@ -270,3 +270,23 @@ def test_a_reused_job_hands_on_the_outputs_its_earlier_run_stored(engine, make_r
     assert given["packet.json"].sha256 == packet.sha256
     fetched = Path(ran[0].attempt_dir) / "inputs" / "prepare" / "packet.json"
     assert sha256(fetched) == packet.sha256
+
+
+def test_a_stage_that_now_declares_outputs_is_not_reused_from_a_run_that_stored_none(
+    engine, make_run, tmp_path
+):
+    before = stages(tmp_path)
+    before[0]["outputs"] = []
+    before = before[:1]  # prepare alone, delivering nothing
+    first = make_run(make_config(before, items=1))
+    worker = start_worker(engine)
+    drive(engine, [worker], first)
+    assert rows(engine, Artifact, run_id=first) == []
+
+    # The same prepare, now declaring its outputs, and solve needing them: prepare runs
+    # again (its earlier result stored nothing to hand on), then solve gets its packet.
+    second = make_run(make_config(stages(tmp_path), items=1))
+    drive(engine, [worker], second)
+    ran = sorted(a.attempt_dir.rsplit("/", 2)[-2] for a in attempts(engine, second))
+    assert ran == ["item0.prepare", "item0.solve"]
+    assert all(a.outcome == "succeeded" for a in attempts(engine, second))
