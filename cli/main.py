@@ -1492,15 +1492,19 @@ def _reconcile_from_evidence(
             )
         engine = _writer(runtime_dir)
         with db.session_factory(engine)() as session:
-            config = ledger.run_config(ledger.get_run(session, run))
+            found_run = ledger.get_run(session, run)
+            config = ledger.run_config(found_run)
+            store_url = ledger.artifact_store_url(config.artifact_store, found_run.runtime_dir)
+            unknown = list(ledger.unknown_attempts(session, run))
             judged = [
                 evidence.judge(row, config.stage(stage), worker_host=host)
-                for row, stage, host in ledger.unknown_attempts(session, run)
+                for row, stage, host in unknown
             ]
     except LanewayError as error:
         _fail(error, as_json)
         return
     conclusive = [e for e in judged if e.conclusive]
+    attempts_by_id = {row.id: (row, stage) for row, stage, _ in unknown}
     if not as_json:
         for found in judged:
             verdict = f"settle as {found.outcome}" if found.conclusive else "left unknown"
@@ -1514,6 +1518,12 @@ def _reconcile_from_evidence(
     settled: list[dict[str, Any]] = []
     try:
         for found in conclusive:
+            # A success hands over its declared outputs as a worker's settle would:
+            # stored now and recorded with the settle, or the outcome that says why not.
+            row, stage = attempts_by_id[found.attempt_id]
+            found, stored = evidence.with_outputs(
+                found, row.attempt_dir, config.stage(stage).outputs, store_url
+            )
             for trying in db.retrying(patience=RETRY_SECONDS):
                 with trying, db.transaction(db.session_factory(engine)) as session:
                     job_state = ledger.reconcile_attempt(
@@ -1527,6 +1537,16 @@ def _reconcile_from_evidence(
                         exit_code=found.exit_code,
                         exit_signal=found.exit_signal,
                         outcome=found.outcome,
+                    )
+                    ledger.record_artifacts(
+                        session,
+                        attempt_id=row.id,
+                        run_id=row.run_id,
+                        job_id=row.job_id,
+                        stage=stage,
+                        node=row.node,
+                        stored=stored,
+                        now=SystemClock().now(),
                     )
             settled.append({**found.as_dict(), "job_state": job_state.value})
     except LanewayError as error:

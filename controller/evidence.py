@@ -18,14 +18,15 @@ this machine. Read-only: file reads and /proc; the caller settles what it decide
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from controller.config import StageConfig
 from controller.durable import read_json
+from controller.outcome import Verdict
 from controller.states import Outcome
-from workers import identity, jobenv
+from workers import artifacts, identity, jobenv
 
 
 @dataclass(frozen=True)
@@ -104,3 +105,21 @@ def _alive(attempt: Any) -> str | None:
                 continue
             return f"{name} (pid {pid})"
     return None
+
+
+def with_outputs(
+    found: Evidence, attempt_dir: str, outputs: list[str], store_url: str
+) -> tuple[Evidence, list[dict[str, Any]]]:
+    """Conclusive evidence of a success, for a stage that declares outputs: the outputs
+    stored as a worker's settle would (``artifacts.deliver``), and what to record; or
+    the evidence of the outcome that says why they could not be (missing: ``failed``; a
+    store failure: ``harness_failure``). Anything else passes through. Writes to the
+    artifact store, never to the ledger."""
+    if not found.conclusive or found.outcome is not Outcome.SUCCEEDED or not outputs:
+        return found, []
+    verdict, stored = artifacts.deliver(
+        Verdict(Outcome.SUCCEEDED, found.words), attempt_dir, outputs, store_url
+    )
+    if verdict.outcome is Outcome.SUCCEEDED:
+        return found, stored
+    return replace(found, outcome=verdict.outcome, words=f"{found.words}; {verdict.reason}"), []

@@ -9,10 +9,12 @@ import json
 import subprocess
 from pathlib import Path
 
+from sqlalchemy import select
+
 from cli.main import app
 from controller import db, ledger
 from controller.durable import make_private_dir, write_json
-from controller.models import Attempt, Job
+from controller.models import Artifact, Attempt, Job
 from tests.integration.test_cli import invoke, runner
 from tests.support import make_config, py_stage
 from workers import identity
@@ -117,3 +119,76 @@ def test_settles_what_the_evidence_establishes(factory, make_run, runtime: Path,
     ):
         result = invoke(*bad, *rt)
         assert result.exit_code == 2, (bad, result.output)
+
+
+def test_a_success_from_evidence_stores_its_declared_outputs(
+    factory, make_run, runtime: Path, clock
+):
+    stage = py_stage("prepare", "pass", outputs=["packet.json"], retry={"max_attempts": 1})
+    run_id = make_run(make_config([stage], items=2))
+    with db.transaction(factory) as session:
+        worker = ledger.register_worker(
+            session,
+            node="n1",
+            host=identity.host(),
+            pid=1,
+            boot_id=identity.boot_id(),
+            process_start_time=1,
+            slots=2,
+            now=clock.now(),
+        )
+    with db.transaction(factory) as session:
+        claims = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=2,
+            mem_available_mib=64_000,
+            now=clock.now(),
+        )
+    for claim, delivered in zip(claims, (True, False), strict=True):
+        pid, start = dead_process()
+        with db.transaction(factory) as session:
+            ledger.record_spawn(
+                session,
+                claim.attempt_id,
+                fence=claim.fence,
+                actor=worker,
+                now=clock.now(),
+                boot_id=identity.boot_id(),
+                supervisor_pid=pid,
+                supervisor_start_time=start,
+                child_pid=None,
+                child_start_time=None,
+            )
+            ledger.mark_unknown(
+                session, claim.attempt_id, reason="lease expired", actor="t", now=clock.now()
+            )
+        workspace = make_private_dir(Path(claim.attempt_dir) / "workspace")
+        if delivered:
+            (workspace / "packet.json").write_text('{"q": 1}')
+        write_json(
+            Path(claim.attempt_dir) / "exit.json",
+            {"attempt_id": claim.attempt_id, "exit_code": 0, "signal": None},
+        )
+    done = invoke(
+        "reconcile",
+        "--run",
+        str(run_id),
+        "--from-evidence",
+        "--yes",
+        "--runtime-dir",
+        str(runtime),
+        "--json",
+    )
+    assert done.exit_code == 0, done.output
+    delivered, missing = (claim.attempt_id for claim in claims)
+    with factory() as session:
+        ok, bad = session.get(Attempt, delivered), session.get(Attempt, missing)
+        stored = session.scalars(select(Artifact).where(Artifact.run_id == run_id)).all()
+    assert (ok.outcome, bad.outcome) == ("succeeded", "failed")
+    assert "packet.json is missing" in bad.state_reason
+    (artifact,) = stored
+    assert artifact.attempt_id == delivered and artifact.name == "packet.json"
+    obj = runtime / "artifacts" / "sha256" / artifact.sha256[:2] / artifact.sha256
+    assert obj.read_text() == '{"q": 1}'
