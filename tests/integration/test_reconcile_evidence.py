@@ -30,9 +30,10 @@ def dead_process() -> tuple[int, int]:
     return process.pid, start
 
 
-def test_settles_what_the_evidence_establishes(factory, make_run, runtime: Path, clock):
-    stage = py_stage("call", "pass", exit_codes={"0": "succeeded", "3": "infra_failure"})
-    run_id = make_run(make_config([stage], items=3))
+def unknown_attempts(factory, clock, count: int, supervisors) -> list:
+    """Claim ``count`` jobs on n1 for a worker of this host, record each attempt's
+    supervisor (``supervisors``: one (pid, start time) per claim) and mark it unknown,
+    as a lease that expired would. Returns the claims."""
     with db.transaction(factory) as session:
         worker = ledger.register_worker(
             session,
@@ -41,7 +42,7 @@ def test_settles_what_the_evidence_establishes(factory, make_run, runtime: Path,
             pid=1,
             boot_id=identity.boot_id(),
             process_start_time=1,
-            slots=3,
+            slots=count,
             now=clock.now(),
         )
     with db.transaction(factory) as session:
@@ -49,14 +50,12 @@ def test_settles_what_the_evidence_establishes(factory, make_run, runtime: Path,
             session,
             worker_id=worker,
             node="n1",
-            free_slots=3,
+            free_slots=count,
             mem_available_mib=64_000,
             now=clock.now(),
         )
-    assert len(claims) == 3
-    me, my_start = identity.current()
-    for claim, exit_code in zip(claims, (0, 3, None), strict=True):
-        pid, start = dead_process() if exit_code is not None else (me, my_start)
+    assert len(claims) == count
+    for claim, (pid, start) in zip(claims, supervisors, strict=True):
         with db.transaction(factory) as session:
             ledger.record_spawn(
                 session,
@@ -73,6 +72,15 @@ def test_settles_what_the_evidence_establishes(factory, make_run, runtime: Path,
             ledger.mark_unknown(
                 session, claim.attempt_id, reason="lease expired", actor="t", now=clock.now()
             )
+    return claims
+
+
+def test_settles_what_the_evidence_establishes(factory, make_run, runtime: Path, clock):
+    stage = py_stage("call", "pass", exit_codes={"0": "succeeded", "3": "infra_failure"})
+    run_id = make_run(make_config([stage], items=3))
+    me, my_start = identity.current()
+    claims = unknown_attempts(factory, clock, 3, [dead_process(), dead_process(), (me, my_start)])
+    for claim, exit_code in zip(claims, (0, 3, None), strict=True):
         make_private_dir(claim.attempt_dir)
         if exit_code is not None:
             write_json(
@@ -126,44 +134,8 @@ def test_a_success_from_evidence_stores_its_declared_outputs(
 ):
     stage = py_stage("prepare", "pass", outputs=["packet.json"], retry={"max_attempts": 1})
     run_id = make_run(make_config([stage], items=2))
-    with db.transaction(factory) as session:
-        worker = ledger.register_worker(
-            session,
-            node="n1",
-            host=identity.host(),
-            pid=1,
-            boot_id=identity.boot_id(),
-            process_start_time=1,
-            slots=2,
-            now=clock.now(),
-        )
-    with db.transaction(factory) as session:
-        claims = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=2,
-            mem_available_mib=64_000,
-            now=clock.now(),
-        )
+    claims = unknown_attempts(factory, clock, 2, [dead_process(), dead_process()])
     for claim, delivered in zip(claims, (True, False), strict=True):
-        pid, start = dead_process()
-        with db.transaction(factory) as session:
-            ledger.record_spawn(
-                session,
-                claim.attempt_id,
-                fence=claim.fence,
-                actor=worker,
-                now=clock.now(),
-                boot_id=identity.boot_id(),
-                supervisor_pid=pid,
-                supervisor_start_time=start,
-                child_pid=None,
-                child_start_time=None,
-            )
-            ledger.mark_unknown(
-                session, claim.attempt_id, reason="lease expired", actor="t", now=clock.now()
-            )
         workspace = make_private_dir(Path(claim.attempt_dir) / "workspace")
         if delivered:
             (workspace / "packet.json").write_text('{"q": 1}')
