@@ -841,16 +841,7 @@ class WorkerService:
                 continue
             refused = self._give_inputs(claim)
             if refused is not None:
-                with db.transaction(self.factory) as session:
-                    ledger.refuse_start(
-                        session,
-                        claim.attempt_id,
-                        run_id=claim.run_id,
-                        fence=claim.fence,
-                        reason=refused,
-                        actor=self.worker_id,
-                        now=db.ledger_now(session, self.clock),
-                    )
+                self._settle_without_spawn(claim, refused, pause_run=True)
                 continue
             kills = self.oom_counter.read()
             try:
@@ -1100,16 +1091,32 @@ class WorkerService:
             now=now,
         )
 
-    def _settle_without_spawn(self, claim: ledger.Claim, reason: str) -> None:
-        """Nothing was started (e.g. a secret reference is unset): a harness failure."""
+    def _settle_without_spawn(
+        self, claim: ledger.Claim, reason: str, *, pause_run: bool = False
+    ) -> None:
+        """Nothing was started (e.g. a secret reference is unset): a harness failure.
+        ``pause_run``: its inputs could not be given, and the run pauses too
+        (``ledger.refuse_start``)."""
         with db.transaction(self.factory) as session:
+            now = db.ledger_now(session, self.clock)
+            if pause_run:
+                ledger.refuse_start(
+                    session,
+                    claim.attempt_id,
+                    run_id=claim.run_id,
+                    fence=claim.fence,
+                    reason=reason,
+                    actor=self.worker_id,
+                    now=now,
+                )
+                return
             ledger.settle_attempt(
                 session,
                 claim.attempt_id,
                 fence=claim.fence,
                 outcome=Outcome.HARNESS_FAILURE,
                 actor=self.worker_id,
-                now=db.ledger_now(session, self.clock),
+                now=now,
                 reason=f"not started: {reason}",
             )
 
