@@ -353,6 +353,12 @@ class Supervision:
                 self.record["log_errors"].append(f"{name}: {exc.strerror or exc}")
 
     def _finish(self, logs: dict[str, int]) -> int:
+        # The watch is over: a stop that arrives from here on has nothing left to stop.
+        # Ignored, not handled: Python restores the default action while the interpreter
+        # shuts down, so a late SIGTERM would otherwise end this process by the signal
+        # instead of with the status it reports.
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
         for name, fd in logs.items():
             try:
                 os.fsync(fd)
