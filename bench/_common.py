@@ -18,6 +18,7 @@ import os
 import shutil
 import statistics
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -198,3 +199,40 @@ def proc_stat(pid: int) -> tuple[float, float, float] | None:
         (cutime + cstime) / CLK_TCK,
         rss_pages * PAGE / (1 << 20),
     )
+
+
+def rolled_back_claim(engine, counter) -> tuple[float, int, list]:
+    """One ``ledger.claim_jobs`` for 2 free slots on node n1 by a bench worker, in a
+    transaction rolled back afterwards (so it repeats on the same ledger; the commit's
+    fsync is not included): (seconds, SQL statements ``counter.count`` saw, claims)."""
+    from controller import db, ledger
+    from controller.clock import SystemClock
+
+    clock = SystemClock()
+    session = db.session_factory(engine)()
+    try:
+        session.begin()
+        worker = ledger.register_worker(
+            session,
+            node="n1",
+            host="bench",
+            pid=os.getpid(),
+            boot_id="bench",
+            process_start_time=None,
+            slots=2,
+            now=clock.now(),
+        )
+        counter.count = 0
+        started = time.perf_counter()
+        claims = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=2,
+            mem_available_mib=64_000,
+            now=clock.now(),
+        )
+        return time.perf_counter() - started, counter.count, claims
+    finally:
+        session.rollback()
+        session.close()

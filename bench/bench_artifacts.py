@@ -599,38 +599,7 @@ def plans(session, kept: list, sqlite: bool) -> list[str]:
 
 
 def measure_claim(engine, recorder: Recorder) -> tuple[float, int, int, list[int]]:
-    from controller import db, ledger
-    from controller.clock import SystemClock
-
-    clock = SystemClock()
-    session = db.session_factory(engine)()
-    try:
-        session.begin()
-        worker = ledger.register_worker(
-            session,
-            node="n1",
-            host="bench",
-            pid=os.getpid(),
-            boot_id="bench",
-            process_start_time=None,
-            slots=2,
-            now=clock.now(),
-        )
-        recorder.count = 0
-        started = time.perf_counter()
-        claims = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=2,
-            mem_available_mib=64_000,
-            now=clock.now(),
-        )
-        elapsed = time.perf_counter() - started
-        statements = recorder.count
-    finally:
-        session.rollback()
-        session.close()
+    elapsed, statements, claims = common.rolled_back_claim(engine, recorder)
     return elapsed, statements, len(claims), [len(c.inputs) for c in claims]
 
 

@@ -35,7 +35,6 @@ They are stopped with SIGTERM, then SIGKILL. No assertions: numbers to compare.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -253,39 +252,7 @@ def build(runtime: Path, size: int, backlog_share: float) -> dict:
 
 
 def measure_claim(engine, counter: Counter) -> tuple[float, int, int]:
-    from controller import db, ledger
-    from controller.clock import SystemClock
-
-    factory = db.session_factory(engine)
-    clock = SystemClock()
-    session = factory()
-    try:
-        session.begin()
-        worker = ledger.register_worker(
-            session,
-            node="n1",
-            host="bench",
-            pid=os.getpid(),
-            boot_id="bench",
-            process_start_time=None,
-            slots=2,
-            now=clock.now(),
-        )
-        counter.count = 0
-        started = time.perf_counter()
-        claims = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=2,
-            mem_available_mib=64_000,
-            now=clock.now(),
-        )
-        elapsed = time.perf_counter() - started
-        statements = counter.count
-    finally:
-        session.rollback()
-        session.close()
+    elapsed, statements, claims = common.rolled_back_claim(engine, counter)
     return elapsed, statements, len(claims)
 
 
