@@ -1539,14 +1539,7 @@ def _reconcile_from_evidence(
                         outcome=found.outcome,
                     )
                     ledger.record_artifacts(
-                        session,
-                        attempt_id=row.id,
-                        run_id=row.run_id,
-                        job_id=row.job_id,
-                        stage=stage,
-                        node=row.node,
-                        stored=stored,
-                        now=SystemClock().now(),
+                        session, row.id, stored, node=row.node, now=SystemClock().now()
                     )
             settled.append({**found.as_dict(), "job_state": job_state.value})
     except LanewayError as error:

@@ -424,18 +424,7 @@ def _settle_from_exit_record(
         revoke=True,
         reason_suffix=" (settled by the controller after its lease expired)",
     )
-    job = session.get(Job, attempt.job_id)
-    assert job is not None
-    ledger.record_artifacts(
-        session,
-        attempt_id=attempt.id,
-        run_id=attempt.run_id,
-        job_id=attempt.job_id,
-        stage=job.stage,
-        node=attempt.node,
-        stored=stored,
-        now=now,
-    )
+    ledger.record_artifacts(session, attempt.id, stored, node=attempt.node, now=now)
     return True
 
 

@@ -552,7 +552,7 @@ class WorkerService:
                 actor=self.worker_id,
                 now=now,
             )
-            self._record_outputs(session, claim, stored, now)
+            ledger.record_artifacts(session, claim.attempt_id, stored, node=self.node, now=now)
         return f"{label}: settled {verdict.outcome.value} from its exit record"
 
     def stop(self) -> None:
@@ -780,7 +780,9 @@ class WorkerService:
                                 now=now,
                                 measured=measurements(flight.peaks),
                             )
-                            self._record_outputs(session, flight.claim, stored, now)
+                            ledger.record_artifacts(
+                                session, attempt_id, stored, node=self.node, now=now
+                            )
                     outcomes.append(verdict.outcome.value if verdict.outcome else "unknown")
                     if verdict.outcome not in (None, Outcome.SUCCEEDED):
                         settled_failures.append(flight)
@@ -1076,20 +1078,6 @@ class WorkerService:
         if stored:
             crash_point("worker_after_store_before_settle")
         return verdict, exit_record, result, stored
-
-    def _record_outputs(
-        self, session: Any, claim: ledger.Claim, stored: list[dict[str, Any]], now: datetime
-    ) -> None:
-        ledger.record_artifacts(
-            session,
-            attempt_id=claim.attempt_id,
-            run_id=claim.run_id,
-            job_id=claim.job_id,
-            stage=claim.stage,
-            node=self.node,
-            stored=stored,
-            now=now,
-        )
 
     def _settle_without_spawn(
         self, claim: ledger.Claim, reason: str, *, pause_run: bool = False

@@ -21,35 +21,40 @@ from controller.states import Outcome
 
 def record_artifacts(
     session: Session,
-    *,
     attempt_id: int,
-    run_id: int,
-    job_id: int,
-    stage: str,
-    node: str,
     stored: list[dict[str, Any]],
+    *,
+    node: str,
     now: datetime,
 ) -> None:
-    """Record each stored output (``name``, ``sha256``, ``size_bytes``, ``location``)."""
-    if stored:
-        session.execute(
-            insert(artifacts),
-            [
-                {
-                    "run_id": run_id,
-                    "job_id": job_id,
-                    "attempt_id": attempt_id,
-                    "stage": stage,
-                    "node": node,
-                    "created_at": now,
-                    "name": row["name"],
-                    "sha256": row["sha256"],
-                    "size_bytes": row["size_bytes"],
-                    "location": row["location"],
-                }
-                for row in stored
-            ],
-        )
+    """Record each stored output (``name``, ``sha256``, ``size_bytes``, ``location``) of
+    ``attempt_id``, stored by a worker of ``node``; its run, job and stage are the
+    attempt's."""
+    if not stored:
+        return
+    owner = session.execute(
+        select(attempts.c.run_id, attempts.c.job_id, jobs.c.stage)
+        .join(jobs, jobs.c.id == attempts.c.job_id)
+        .where(attempts.c.id == attempt_id)
+    ).one()
+    session.execute(
+        insert(artifacts),
+        [
+            {
+                "run_id": owner.run_id,
+                "job_id": owner.job_id,
+                "attempt_id": attempt_id,
+                "stage": owner.stage,
+                "node": node,
+                "created_at": now,
+                "name": row["name"],
+                "sha256": row["sha256"],
+                "size_bytes": row["size_bytes"],
+                "location": row["location"],
+            }
+            for row in stored
+        ],
+    )
 
 
 def inputs_for(
