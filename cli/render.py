@@ -488,6 +488,7 @@ def report_text(report: dict[str, Any]) -> str:
                 )
             )
     out += spend_text.usage_lines(report.get("usage"))
+    out += oom_text.low_water_lines(report.get("node_memory"))
     out += oom_text.oom_lines(report.get("oom_kills"))
     out += artifacts_text.traffic_lines(report.get("artifacts"))
     out.append(f"HTML timeline: {report['html']}")

@@ -387,6 +387,24 @@ class StageStats(Base):
     peak_gpu_mib: Mapped[float | None] = mapped_column(Float)
 
 
+class NodeLowWater(Base):
+    """Per (run, node): the lowest free memory the node's workers measured while the run
+    was active, beside the run's floor for that node. Created with the run; lowered by
+    heartbeats (one UPDATE, only when a lower value comes), so ``laneway report`` can say
+    how close each node came to its floor."""
+
+    __tablename__ = "node_low_water"
+    __table_args__ = (Index("ix_node_low_water_node", "node", "run_id"),)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    node: Mapped[str] = mapped_column(ForeignKey("nodes.name"), primary_key=True)
+    memory_floor_mib: Mapped[int] = mapped_column(Integer)
+    """The run's configured floor for the node, frozen with the run."""
+    low_free_mib: Mapped[float | None] = mapped_column(Float)
+    """The lowest free memory measured; NULL until a worker of the node reports."""
+    low_at: Mapped[datetime | None] = mapped_column(DateTime())
+    """When it was measured (ledger clock)."""
+
+
 class AttemptUsage(Base):
     """What an attempt reported in its result's ``usage``: one row per key. Written once,
     by the settle (or the unknown mark, or the reconcile) that read the result."""

@@ -40,6 +40,7 @@ from controller.models import (
     Event,
     Item,
     Job,
+    NodeLowWater,
     Run,
     Worker,
 )
@@ -232,7 +233,60 @@ def build_report(
         ),
         "oom_kills": oom_kills(oom_killed),
         "artifacts": artifact_traffic(session, run.id),
+        "node_memory": low_water(session, run, [(a, j) for a, j, _ in rows], now=now),
     }
+
+
+def low_water(
+    session: Session, run: Run, attempts: list[tuple[Attempt, Job]], *, now: datetime
+) -> dict[str, dict[str, Any]]:
+    """Per node of the run: the lowest free memory its workers measured while the run
+    was active (``node_low_water``, lowered by heartbeats), the run's floor for it, the
+    margin between them, and the stages of the attempts that were running on the node
+    at that moment (what the memory went to)."""
+    found: dict[str, dict[str, Any]] = {}
+    for row in session.scalars(
+        select(NodeLowWater).where(NodeLowWater.run_id == run.id).order_by(NodeLowWater.node)
+    ):
+        running: Counter[str] = Counter()
+        if row.low_at is not None:
+            for attempt, job in attempts:
+                begun = attempt.started_at or attempt.intent_at
+                ended = attempt.settled_at or now
+                if attempt.node == row.node and begun <= row.low_at <= ended:
+                    running[job.stage] += 1
+        found[row.node] = {
+            "memory_floor_mib": row.memory_floor_mib,
+            "low_free_mib": row.low_free_mib,
+            "low_at": iso(row.low_at),
+            "margin_mib": (
+                None if row.low_free_mib is None else row.low_free_mib - row.memory_floor_mib
+            ),
+            "running": dict(sorted(running.items())),
+        }
+    return found
+
+
+def low_water_html(nodes: dict[str, dict[str, Any]]) -> str:
+    """Each node's low-water mark beside its floor as a table (nothing without rows)."""
+    if not nodes:
+        return ""
+    rows = "".join(
+        f"<tr><td>{html.escape(node)}</td><td>{_mib(entry['low_free_mib'])}</td>"
+        f"<td>{entry['memory_floor_mib']:,} MiB</td><td>{_mib(entry['margin_mib'])}</td>"
+        f"<td>{html.escape(str(entry['low_at'] or '-'))}</td>"
+        f"<td>{html.escape(_counts(entry['running']))}</td></tr>"
+        for node, entry in nodes.items()
+    )
+    return (
+        '<table class="low-water"><tr><th>node</th><th>lowest free memory</th>'
+        "<th>floor</th><th>margin</th><th>at</th><th>running then</th></tr>"
+        f"{rows}</table>"
+    )
+
+
+def _mib(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:,.0f} MiB"
 
 
 def artifact_traffic(session: Session, run_id: int) -> dict[str, Any]:
@@ -621,6 +675,7 @@ td, th {{ border: 1px solid #ddd; padding: 4px 8px; text-align: left; }}
 window {report["window_seconds"]:.1f} s</p>
 <table><tr><th>lane</th><th>node</th><th>attempts</th><th>per hour</th>
 <th>all slots idle</th><th>failures</th></tr>{rows}</table>
+{low_water_html(report.get("node_memory") or {})}
 {oom_html(report.get("oom_kills") or {})}
 {artifacts_html(report.get("artifacts") or {})}
 {spend.usage_table_html(report.get("usage") or {})}

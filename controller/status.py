@@ -272,7 +272,13 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
             if node not in live and run["state"] != "finished"
         ],
         "lanes": _lanes(
-            source, run, now=now, live=live, last_seen=last_seen, stage_nodes=stage_nodes
+            source,
+            run,
+            now=now,
+            live=live,
+            last_seen=last_seen,
+            stage_nodes=stage_nodes,
+            controls=controls,
         ),
         "placement": placement(stage_nodes, lane_nodes, live),
         "throughput": {
@@ -440,6 +446,7 @@ def _lanes(
     live: set[str],
     last_seen: dict[str, str],
     stage_nodes: dict[str, list[str] | None],
+    controls: list[dict[str, Any]],
 ) -> list[dict[str, Any]]:
     counts: dict[str, dict[str, int]] = {}
     ready_stages: dict[str, set[str]] = {}
@@ -483,7 +490,11 @@ def _lanes(
                 if not any(n in live for n in nodes)
             ]
             created = iso(run["created_at"])
-            if serving and len(unserved) == len(serving):
+            held = held_by_control(controls, name)
+            if held is not None:
+                # What an operator must lift comes first: a worker would not run it.
+                reason = held
+            elif serving and len(unserved) == len(serving):
                 # Whatever was recorded last is stale: no node that runs the lane's ready
                 # jobs has a live worker, so nothing claims them.
                 stage, nodes = unserved[0]
@@ -531,6 +542,23 @@ def _lanes(
             }
         )
     return lanes
+
+
+def held_by_control(controls: list[dict[str, Any]], lane: str) -> dict[str, Any] | None:
+    """The lane's reason when an active control holds it (a halt, then a pause, then a
+    stop, as admission checks them; global, run or this lane's), else None."""
+    for kind, code in (("halt", "halted"), ("pause", "paused"), ("stop", "stopped")):
+        for control in controls:
+            if control["kind"] == kind and control["lane"] in (None, lane):
+                detail = {"scope": control["scope"], "reason": control["reason"]}
+                return {
+                    "code": code,
+                    "stage": None,
+                    "since": control["set_at"],
+                    "detail": detail,
+                    "words": admission.describe(code, detail),
+                }
+    return None
 
 
 def _current_refusal(source: Rows, run_id: int, lane: str) -> dict[str, Any] | None:

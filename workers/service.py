@@ -35,7 +35,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -325,6 +325,9 @@ class WorkerService:
         self.memory_probe = memory_probe
         self._last_available: float | None = None
         """Free memory (MiB) at the last probe: evidence when an attempt is OOM-killed."""
+        self._lowest: tuple[float, float] | None = None
+        """(free MiB, monotonic time) of the lowest probe since the last heartbeat that
+        reached the ledger: the heartbeat lowers the node's low-water mark with it."""
         self.oom_counter = oom_counter or oom_watch.OomCounter.of_this_process()
         """The OOM kill count of this worker's memory cgroup (tests point it elsewhere)."""
         self.sampler = Sampler(gpu or NvmlGpu())
@@ -691,19 +694,26 @@ class WorkerService:
         if time.monotonic() - self._last_heartbeat < self.heartbeat_seconds:
             return
         available, total = self.memory_probe()
-        self._last_available = available
+        self._probed(available)
         gpus, gpu_note = self._gpu_for_heartbeat()
+        lowest = self._lowest
         try:
             with db.transaction(self.factory) as session:
+                now = db.ledger_now(session, self.clock)
                 ledger.heartbeat(
                     session,
                     self.worker_id,
-                    now=db.ledger_now(session, self.clock),
+                    now=now,
                     lease_seconds=self.lease_seconds,
                     mem_available_mib=available,
                     mem_total_mib=total,
                     gpus=gpus,
                     gpu_note=gpu_note,
+                    mem_low_mib=lowest[0] if lowest else None,
+                    mem_low_at=(
+                        now - timedelta(seconds=time.monotonic() - lowest[1]) if lowest else None
+                    ),
+                    running_runs={f.claim.run_id for f in self.in_flight.values()},
                 )
         except (DBAPIError, CommitOutcomeUnknown) as exc:
             if not (db.is_transient(exc) or isinstance(exc, CommitOutcomeUnknown)):
@@ -718,6 +728,14 @@ class WorkerService:
             self.revoked = str(exc)
             return
         self._last_heartbeat = time.monotonic()
+        self._lowest = None
+
+    def _probed(self, available: float) -> None:
+        """Keep a free-memory probe: the latest for OOM evidence, the lowest since the
+        last heartbeat for the node's low-water mark."""
+        self._last_available = available
+        if self._lowest is None or available < self._lowest[0]:
+            self._lowest = (available, time.monotonic())
 
     # -- claim and spawn -----------------------------------------------------
 
@@ -749,7 +767,7 @@ class WorkerService:
         sources = self._source_problems() if free > 0 else {}
         available = self.memory_probe()[0] if free > 0 else None
         if available is not None:
-            self._last_available = available
+            self._probed(available)
         if finished:
             crash_point("worker_before_settle")
         claims: list[ledger.Claim] = []

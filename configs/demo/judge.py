@@ -1,4 +1,4 @@
-"""Demo stage 3: judge solve's answer.json. Item i11's answer is rejected: an ordinary failure."""
+"""Demo stage 3: judge solve's answer.json. Item i05's answer is rejected: an ordinary failure."""
 
 import sys
 
@@ -8,7 +8,7 @@ item, answer = sys.argv[1], read_input(sys.argv[2])
 if answer["item"] != item:
     raise SystemExit(f"judge: {item} was handed the answer for {answer['item']}")
 work(0.2)
-if item == "i11":
+if item == "i05":
     print(f"judge: {item} rejected (wrong answer)")
     write_result(item=item, verdict="rejected")
     sys.exit(1)

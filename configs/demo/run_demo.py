@@ -3,6 +3,10 @@
 Starts from a fresh runtime dir (.demo-runtime/), runs `laneway run`, prints the final
 status, checks the paid-call log against the ledger (one line per succeeded solve, no
 key twice), and shows how to open the ledger with sqlite3.
+
+The run's budget stops it before its last paid call: `laneway run` ends with exit code 3
+(blocked: the run is paused, reason `budget`), which is the demo's expected end; any
+other early end is a failure.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 RUNTIME = ROOT / ".demo-runtime"
 LANEWAY = Path(sys.executable).parent / "laneway"
+EXIT_BLOCKED = 3
+"""`laneway run`'s exit code for a run that cannot go on without an operator."""
 
 
 def main() -> int:
@@ -36,11 +42,11 @@ def main() -> int:
     command = [str(LANEWAY), "run", str(HERE / "pipeline.toml"), "--runtime-dir", str(RUNTIME)]
     print("$ " + " ".join(command), flush=True)
     code = subprocess.call(command, env=env)
-    if code != 0:
+    ledger = RUNTIME / "ledger.sqlite3"
+    pause = budget_pause(ledger) if code == EXIT_BLOCKED else None
+    if code != 0 and pause is None:
         print(f"demo: laneway run exited {code}", file=sys.stderr)
         return code
-
-    ledger = RUNTIME / "ledger.sqlite3"
     lines = [json.loads(line) for line in paid_calls.read_text().splitlines() if line.strip()]
     keys = [line["idempotency_key"] for line in lines]
     with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as db:
@@ -65,6 +71,17 @@ def main() -> int:
             else "MISMATCH — see " + str(paid_calls)
         )
     )
+    with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as db:
+        spent = db.execute(
+            "SELECT COALESCE(SUM(value), 0) FROM attempt_usage WHERE key = 'cost_usd'"
+        ).fetchone()[0]
+    print(f"spent: ${spent:.2f} of the run's $2.60 budget")
+    if pause is not None:
+        print(f"stopped by its budget, as designed: {pause}")
+        print(
+            "  (to finish the rest, raise `budget` in the config and start a new run with "
+            "`laneway run ... --new`: every succeeded job is reused, not paid for again)"
+        )
     print()
     print("Look around:")
     shown = LANEWAY.relative_to(ROOT) if LANEWAY.is_relative_to(ROOT) else LANEWAY
@@ -72,10 +89,21 @@ def main() -> int:
     print(f"  sqlite3 {ledger.relative_to(ROOT)} 'SELECT * FROM v_job_current'")
     print(f"  sqlite3 {ledger.relative_to(ROOT)} 'SELECT id, kind, job_id, detail FROM events'")
     print(f"  {shown} artifacts 1 --runtime-dir {RUNTIME.relative_to(ROOT)}")
+    print(f"  {shown} report 1 --yield useful_tokens --runtime-dir {RUNTIME.relative_to(ROOT)}")
     print(f"  ls {RUNTIME.relative_to(ROOT)}/runs/1/jobs/i07.solve/attempt-1/")
     print(f"  ls {RUNTIME.relative_to(ROOT)}/runs/1/jobs/i01.judge/attempt-1/inputs/solve/")
     print("  (the tables and views are documented in docs/ledger.md)")
     return 0 if ok else 1
+
+
+def budget_pause(ledger: Path) -> str | None:
+    """The reason of the run's active pause when its budget set it, else None."""
+    with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as db:
+        row = db.execute(
+            "SELECT reason FROM controls WHERE kind = 'pause' AND cleared_at IS NULL "
+            "AND reason LIKE 'nothing more fits the budget%' ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+    return None if row is None else str(row[0])
 
 
 if __name__ == "__main__":

@@ -12,15 +12,15 @@ from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from controller import reuse
 from controller.config import PipelineConfig, config_from_frozen
 from controller.errors import IllegalTransition, NotFound, StaleLease
 from controller.ledger import statements
-from controller.ledger.reuse import reusable_attempts
-from controller.ledger.tables import leases, nodes, workers
+from controller.ledger.reuse import hand_offs, reusable_attempts
+from controller.ledger.tables import leases, node_low_water, nodes, workers
 from controller.ledger.transitions import append_event, append_events, event_row, rowcount
 from controller.models import Item, Job, Lane, Node, Run, Worker
 from controller.states import EventKind, JobState, RunState, WorkerState
@@ -85,7 +85,9 @@ def create_run(
     that succeeded earlier is created succeeded, ``reused_from`` that job's succeeded
     attempt, when its stage allows reuse (``reuse``, not named by ``rerun``; ``"all"``:
     no stage) and every job it needs in this run was reused too (so what re-runs
-    upstream re-runs downstream); a job whose needs were all reused starts ready.
+    upstream re-runs downstream) from attempts that wrote exactly the artifacts (by
+    sha256) the earlier attempt read (``HandOffs.same_inputs``); a job whose needs were
+    all reused starts ready.
     """
     chosen = frozenset(rerun)
     for node in config.nodes:
@@ -104,6 +106,17 @@ def create_run(
     session.flush()
     for lane in config.lanes:
         session.add(Lane(run_id=run.id, name=lane.name, node=lane.node, caps=dict(lane.caps)))
+    used = {lane.node for lane in config.lanes} | {
+        name for stage in config.stages for name in (stage.nodes or ())
+    }
+    session.execute(
+        insert(node_low_water),
+        [
+            {"run_id": run.id, "node": node.name, "memory_floor_mib": node.memory_floor_mib}
+            for node in config.nodes
+            if node.name in used
+        ],
+    )
     items = config.items[: config.batch_cap] if config.batch_cap else config.items
     keys = [reuse.item_reuse_keys(config, item, source_hashes) for item in items]
     wanted = {
@@ -113,6 +126,7 @@ def create_run(
         if reuse.reuse_allowed(stage, chosen)
     }
     earlier = reusable_attempts(session, wanted) if wanted else {}
+    handed = hand_offs(session, [found.attempt_id for found in earlier.values()])
     reused_jobs: list[Job] = []
     for position, item_config in enumerate(items):
         item = Item(
@@ -124,7 +138,8 @@ def create_run(
         )
         session.add(item)
         session.flush()
-        reused: set[str] = set()
+        reused: dict[str, int] = {}
+        """Stage -> the attempt this item's job of it takes over."""
         for stage_position, stage in enumerate(config.stages):
             key = keys[position][stage.name]
             found = earlier.get(key)
@@ -132,9 +147,11 @@ def create_run(
                 found is not None
                 and reuse.reuse_allowed(stage, chosen)
                 and all(need in reused for need in stage.needs)
+                and handed.same_inputs(found.attempt_id, [reused[n] for n in stage.needs])
             )
             if takes_over:
-                reused.add(stage.name)
+                assert found is not None
+                reused[stage.name] = found.attempt_id
                 state = JobState.SUCCEEDED
             elif all(need in reused for need in stage.needs):
                 state = JobState.READY
@@ -271,8 +288,16 @@ def heartbeat(
     mem_total_mib: float | None,
     gpus: list[dict[str, float]] | None = None,
     gpu_note: str | None = None,
+    mem_low_mib: float | None = None,
+    mem_low_at: datetime | None = None,
+    running_runs: Collection[int] = (),
 ) -> int:
     """Renew the worker's heartbeat, its live leases, and its node's memory sample.
+
+    ``mem_low_mib`` is the lowest free memory the worker measured since its last
+    heartbeat (at ``mem_low_at``; ``now`` when not given), else ``mem_available_mib``: it
+    lowers the node's low-water mark (``node_low_water``) in each of ``running_runs``,
+    the runs the worker has attempts running for.
 
     Returns how many leases were renewed. Raises StaleLease if the worker is no longer
     active (the controller declared it lost).
@@ -308,6 +333,17 @@ def heartbeat(
             updated_at=now,
         )
     )
+    low = mem_low_mib if mem_low_mib is not None else mem_available_mib
+    if low is not None and running_runs:
+        session.execute(
+            statements.LOWER_LOW_WATER,
+            {
+                "low_node": node,
+                "run_ids": sorted(running_runs),
+                "low": low,
+                "at": mem_low_at or now,
+            },
+        )
     return renewed
 
 

@@ -35,6 +35,7 @@ from controller.ledger.tables import (
     jobs,
     lanes,
     leases,
+    node_low_water,
     nodes,
     reservations,
     runs,
@@ -279,6 +280,20 @@ INSERT_STAGE_STATS = insert(stage_stats)
 # stale_workers: active workers whose heartbeat is older than the cutoff.
 STALE_WORKERS = select(workers.c.id).where(
     workers.c.state == WorkerState.ACTIVE.value, workers.c.heartbeat_at < bindparam("cutoff")
+)
+
+# lower_low_water: a heartbeat's free memory lowers its node's low-water mark in each run
+# the worker has attempts running for (primary key), and writes nothing when it is not
+# lower.
+LOWER_LOW_WATER = (
+    update(node_low_water)
+    .where(
+        node_low_water.c.node == bindparam("low_node"),
+        node_low_water.c.run_id.in_(bindparam("run_ids", expanding=True)),
+        (node_low_water.c.low_free_mib.is_(None))
+        | (node_low_water.c.low_free_mib > bindparam("low")),
+    )
+    .values(low_free_mib=bindparam("low"), low_at=bindparam("at"))
 )
 
 # expired_leases: live leases past their expiry whose attempt is still in flight.

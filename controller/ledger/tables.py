@@ -21,6 +21,7 @@ from controller.models import (
     Lane,
     Lease,
     Node,
+    NodeLowWater,
     Reservation,
     Run,
     StageStats,
@@ -47,6 +48,7 @@ jobs = _table(Job)
 lanes = _table(Lane)
 leases = _table(Lease)
 nodes = _table(Node)
+node_low_water = _table(NodeLowWater)
 reservations = _table(Reservation)
 runs = _table(Run)
 stage_stats = _table(StageStats)

@@ -249,3 +249,77 @@ def test_only_succeeded_work_is_reused(tmp_path):
     second = run_once(config, runtime)
     assert sorted(executions(tmp_path)[before:]) == ["judge x2", "prep x2"]
     assert second["reused"] == {"prep": 2, "judge": 2}
+
+
+HANDS_ON = """
+import os, sys, uuid
+item, stage, count, gate = sys.argv[1:5]
+with open(count, 'a') as handle:
+    handle.write(stage + ' ' + item + chr(10))
+if stage == 'prep':
+    open('out.txt', 'w').write(uuid.uuid4().hex)  # other bytes every time it runs
+else:
+    data = open(os.path.join(sys.argv[5], 'out.txt')).read()
+    open('verdict.txt', 'w').write(data)
+    sys.exit(1 if os.path.exists(gate + '.fail.' + item) else 0)
+"""
+
+
+def test_a_job_is_reused_only_with_the_inputs_it_read(tmp_path):
+    """The reuse key names what the needed jobs were, not the bytes they wrote: a job is
+    taken over only when its earlier attempt read exactly (by sha256) what the needed
+    jobs hand on in the new run."""
+    count, gate = tmp_path / "count.txt", tmp_path / "gate"
+    argv = [sys.executable, "-c", HANDS_ON, "{item}", "{stage}", str(count), str(gate)]
+    stages = [
+        {
+            "name": "prep",
+            "argv": [a.replace("{stage}", "prep") for a in argv],
+            "outputs": ["out.txt"],
+        },
+        {
+            "name": "judge",
+            "needs": ["prep"],
+            "outputs": ["verdict.txt"],
+            "argv": [a.replace("{stage}", "judge") for a in argv] + ["{inputs.prep}"],
+        },
+    ]
+    config = write_config(tmp_path, items=1, stages=stages)
+    runtime = tmp_path / "rt"
+
+    def new_runs(*extra: str) -> list[str]:
+        before = len(executions(tmp_path))
+        run_once(config, runtime, *extra)
+        return sorted(executions(tmp_path)[before:])
+
+    assert new_runs() == ["judge x1", "prep x1"]  # run 1: judge read prep's first bytes
+    failing = tmp_path / "gate.fail.x1"
+    failing.touch()
+    # Run 2: prep runs again and writes other bytes; judge reads them and fails.
+    assert new_runs("--rerun", "prep") == ["judge x1", "prep x1"]
+    failing.unlink()
+    # Run 3: prep is reused from run 2. Run 1's judge has the same key, but it read run
+    # 1's bytes: it is not taken over; judge runs on what prep hands on now.
+    assert new_runs() == ["judge x1"]
+    reused = sql(runtime, "SELECT stage, reused_run_id FROM v_reused_jobs WHERE run_id = 3")
+    assert reused == [{"stage": "prep", "reused_run_id": 2}]
+    verdicts = sql(
+        runtime,
+        "SELECT a.run_id, ar.sha256 FROM artifacts ar JOIN attempts a ON a.id = ar.attempt_id "
+        "WHERE ar.name = 'verdict.txt' ORDER BY a.run_id",
+    )
+    outs = sql(
+        runtime,
+        "SELECT a.run_id, ar.sha256 FROM artifacts ar JOIN attempts a ON a.id = ar.attempt_id "
+        "WHERE ar.name = 'out.txt' ORDER BY a.run_id",
+    )
+    assert [v["run_id"] for v in verdicts] == [1, 3] and [o["run_id"] for o in outs] == [1, 2]
+    # judge copies its input: run 3's verdict is run 2's prep output, not run 1's.
+    assert verdicts[1]["sha256"] == outs[1]["sha256"] != outs[0]["sha256"]
+    # Run 4: nothing changed since run 3, whose judge read what prep hands on: all reused.
+    assert new_runs() == []
+    reused = sql(runtime, "SELECT stage, reused_run_id FROM v_reused_jobs WHERE run_id = 4")
+    assert sorted((r["stage"], r["reused_run_id"]) for r in reused) == [
+        ("judge", 3),
+        ("prep", 2),
+    ]

@@ -61,7 +61,10 @@ def _run_demo(runtime: Path, paid: Path, env: dict[str, str]):
         timeout=300,
         cwd=ROOT,
     )
-    assert done.returncode == 0, done.stderr
+    # The run's budget pays for 10 of its 11 paid solves: admission refuses the last, the
+    # run pauses and `laneway run` ends blocked (exit 3), naming the budget.
+    assert done.returncode == 3, done.stderr
+    assert "nothing more fits the budget: budget (run) — cost_usd: spent 2.5" in done.stderr
     return runtime, paid, json.loads(done.stdout)
 
 
@@ -75,10 +78,16 @@ def query(runtime: Path, sql: str) -> list[tuple]:
         return db.execute(sql).fetchall()
 
 
-def test_every_job_terminal_with_expected_outcomes(demo):
+def test_the_budget_stops_the_run_cleanly_before_its_last_paid_solve(demo):
     runtime, _, status = demo
-    assert status["run"]["state"] == "finished"
-    assert status["totals"] == {"succeeded": 33, "failed": 2, "skipped": 1}
+    assert status["run"]["state"] == "active"
+    assert status["totals"] == {
+        "succeeded": 31,
+        "failed": 2,
+        "skipped": 1,
+        "ready": 1,
+        "waiting": 1,
+    }
     rows = query(
         runtime,
         "SELECT item, stage, state, outcome FROM v_job_current ORDER BY item, stage",
@@ -88,12 +97,69 @@ def test_every_job_terminal_with_expected_outcomes(demo):
         for item, stage, state, outcome in rows
         if state != "succeeded"
     }
+    # The solve refused is whichever paid solve came last; the lanes interleave, so it
+    # is one of the late items (and never i05 or i07, which come early in lane a).
+    (cut,) = {item for (item, stage), (state, _) in unusual.items() if state == "ready"}
+    assert cut in {"i09", "i10", "i11", "i12"}
     assert unusual == {
         ("i07", "solve"): ("failed", "infra_failure"),
         ("i07", "judge"): ("skipped", None),
-        ("i11", "judge"): ("failed", "failed"),
+        ("i05", "judge"): ("failed", "failed"),
+        (cut, "solve"): ("ready", None),
+        (cut, "judge"): ("waiting", None),
     }
     assert len(rows) == 36
+    # The reason is shown where the operator looks: the control, and the idle lane.
+    (control,) = status["controls"]
+    assert control["kind"] == "pause"
+    assert control["reason"].startswith("nothing more fits the budget: budget (run) — cost_usd")
+    (lane,) = [lane for lane in status["lanes"] if lane["ready"]]
+    assert lane["reason"]["code"] == "paused"
+    assert "nothing more fits the budget" in lane["reason"]["words"]
+    refused = query(
+        runtime,
+        "SELECT COUNT(*) FROM decisions WHERE reason_code = 'budget' AND stage = 'solve'",
+    )
+    assert refused[0][0] >= 1
+
+
+def test_usage_is_recorded_and_reported_with_each_nodes_low_water(demo):
+    runtime, _, _ = demo
+    spent = query(
+        runtime,
+        "SELECT j.stage, u.key, SUM(u.value), COUNT(*) FROM attempt_usage u "
+        "JOIN jobs j ON j.id = u.job_id WHERE u.key IN ('cost_usd', 'calls') "
+        "GROUP BY j.stage, u.key ORDER BY u.key",
+    )
+    # 10 paid calls at $0.25, and i07's outage reported its nothing-spent too.
+    assert [(stage, key, float(total), n) for stage, key, total, n in spent] == [
+        ("solve", "calls", 10.0, 11),
+        ("solve", "cost_usd", 2.5, 11),
+    ]
+    done = subprocess.run(
+        [
+            *LANEWAY,
+            "report",
+            "1",
+            "--json",
+            "--yield",
+            "useful_tokens",
+            "--runtime-dir",
+            str(runtime),
+        ],
+        env=_env(runtime),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["usage"]["totals"]["cost_usd"] == 2.5
+    assert report["usage"]["stages"]["solve"]["per_succeeded"]["cost_usd"] == 0.25
+    local = report["node_memory"]["local"]
+    assert local["memory_floor_mib"] == 256 and local["low_free_mib"] > 0
+    assert local["running"]  # what ran when the node had least memory free
 
 
 def test_one_paid_call_line_per_succeeded_paid_attempt(demo):
@@ -107,7 +173,7 @@ def test_one_paid_call_line_per_succeeded_paid_attempt(demo):
             "WHERE j.stage = 'solve' AND a.outcome = 'succeeded'",
         )
     }
-    assert len(keys) == len(set(keys)) == 11
+    assert len(keys) == len(set(keys)) == 10
     assert set(keys) == succeeded
 
 
@@ -120,13 +186,14 @@ def test_events_are_in_order_for_every_attempt(demo):
     for _, kind, attempt_id in events:
         if attempt_id is not None:
             per_attempt.setdefault(attempt_id, []).append(kind)
-    assert len(per_attempt) == 35
+    assert len(per_attempt) == 12 + 11 + 10
     for kinds in per_attempt.values():
         assert kinds == ["attempt_intent", "attempt_running", "attempt_settled"]
     run_events = [
         kind for (kind,) in query(runtime, "SELECT kind FROM events WHERE run_id = 1 ORDER BY id")
     ]
-    assert run_events[0] == "run_created" and run_events[-1] == "run_finished"
+    assert run_events[0] == "run_created" and run_events[-1] == "control_pause"
+    assert "run_finished" not in run_events
 
 
 def test_evidence_files_for_every_attempt(demo):
@@ -141,7 +208,7 @@ def test_evidence_files_for_every_attempt(demo):
     assert "503" in (infra / "stderr.log").read_text()
 
 
-def test_status_cli_reads_the_finished_run(demo):
+def test_status_cli_reads_the_paused_run(demo):
     runtime, _, _ = demo
     done = subprocess.run(
         [*LANEWAY, "status", "--runtime-dir", str(runtime)],
@@ -152,7 +219,8 @@ def test_status_cli_reads_the_finished_run(demo):
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
-    assert "finished" in done.stdout and "lanes:" in done.stdout
+    assert "— active" in done.stdout and "lanes:" in done.stdout
+    assert "paused (run) — nothing more fits the budget: budget (run)" in done.stdout
     assert "demo-key-for-tests-123" not in done.stdout
 
 
@@ -179,7 +247,7 @@ def test_stages_hand_their_files_on_through_verified_artifacts(demo):
     runtime, _, _ = demo
     stored = query(runtime, "SELECT stage, COUNT(*) FROM artifacts GROUP BY stage ORDER BY stage")
     # Every succeeded prepare stored its packet, every succeeded solve its answer.
-    assert stored == [("prepare", 12), ("solve", 11)]
+    assert stored == [("prepare", 12), ("solve", 10)]
     # Every solve and judge attempt was given its own item's file from the stage it
     # needs, with the sha256 its producer recorded.
     lineage = query(
@@ -188,7 +256,7 @@ def test_stages_hand_their_files_on_through_verified_artifacts(demo):
         "FROM v_lineage l JOIN v_artifacts a ON a.attempt_id = l.producing_attempt_id "
         "AND a.name = l.input_name JOIN v_artifacts p ON p.attempt_id = a.attempt_id",
     )
-    assert len(lineage) == 12 + 11
+    assert len(lineage) == 11 + 10  # 11 solve attempts (i07's too), 10 judge attempts
     for item, stage, input_stage, name, given, recorded, producer_item in lineage:
         assert (stage, input_stage, name) in {
             ("solve", "prepare", "packet.json"),

@@ -37,6 +37,7 @@ VIEWS = {
     "v_reused_jobs",
     "v_artifacts",
     "v_lineage",
+    "v_node_low_water",
 }
 
 
