@@ -488,6 +488,14 @@ def report_text(report: dict[str, Any]) -> str:
                 )
             )
     out += spend_text.usage_lines(report.get("usage"))
+    reused = report.get("reused") or {}
+    if reused.get("total"):
+        stages = ", ".join(f"{stage} {n}" for stage, n in reused["by_stage"].items())
+        runs = ", ".join(f"run {r}: {n}" for r, n in reused["from_runs"].items())
+        out.append(
+            f"reused from earlier runs (linked, not run): {reused['total']} jobs; "
+            f"per stage: {stages}; from {runs}"
+        )
     out += oom_text.low_water_lines(report.get("node_memory"))
     out += oom_text.oom_lines(report.get("oom_kills"))
     out += artifacts_text.traffic_lines(report.get("artifacts"))

@@ -234,7 +234,45 @@ def build_report(
         "oom_kills": oom_kills(oom_killed),
         "artifacts": artifact_traffic(session, run.id),
         "node_memory": low_water(session, run, [(a, j) for a, j, _ in rows], now=now),
+        "reused": reused_jobs(session, run.id),
     }
+
+
+def reused_jobs(session: Session, run_id: int) -> dict[str, Any]:
+    """The run's jobs that took over an earlier run's result instead of running
+    (``jobs.reused_from``; ``v_reused_jobs``), counted per stage, per lane and per run
+    they came from. One GROUP BY query."""
+    rows = session.execute(
+        select(Job.stage, Job.lane, Attempt.run_id, func.count())
+        .join(Attempt, Attempt.id == Job.reused_from)
+        .where(Job.run_id == run_id, Job.reused_from.is_not(None))
+        .group_by(Job.stage, Job.lane, Attempt.run_id)
+    ).all()
+    by_stage: Counter[str] = Counter()
+    by_lane: Counter[str] = Counter()
+    from_runs: Counter[str] = Counter()
+    for stage, lane, source_run, count in rows:
+        by_stage[stage] += count
+        by_lane[lane] += count
+        from_runs[str(source_run)] += count
+    return {
+        "total": sum(by_stage.values()),
+        "by_stage": dict(sorted(by_stage.items())),
+        "by_lane": dict(sorted(by_lane.items())),
+        "from_runs": dict(sorted(from_runs.items(), key=lambda kv: int(kv[0]))),
+    }
+
+
+def reused_html(reused: dict[str, Any]) -> str:
+    """The reused jobs as a paragraph (nothing when the run reused none)."""
+    if not reused or not reused["total"]:
+        return ""
+    runs = ", ".join(f"run {r}: {n}" for r, n in reused["from_runs"].items())
+    return (
+        f'<p class="reused">Reused from earlier runs (linked, not run): {reused["total"]} '
+        f"jobs — per stage: {html.escape(_counts(reused['by_stage']))}; from: "
+        f"{html.escape(runs)}</p>"
+    )
 
 
 def low_water(
@@ -675,6 +713,7 @@ td, th {{ border: 1px solid #ddd; padding: 4px 8px; text-align: left; }}
 window {report["window_seconds"]:.1f} s</p>
 <table><tr><th>lane</th><th>node</th><th>attempts</th><th>per hour</th>
 <th>all slots idle</th><th>failures</th></tr>{rows}</table>
+{reused_html(report.get("reused") or {})}
 {low_water_html(report.get("node_memory") or {})}
 {oom_html(report.get("oom_kills") or {})}
 {artifacts_html(report.get("artifacts") or {})}

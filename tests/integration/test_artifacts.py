@@ -13,6 +13,7 @@ import stat
 import sys
 from pathlib import Path
 
+import pytest
 from sqlalchemy import select, text
 
 from controller import db, ledger
@@ -182,9 +183,12 @@ def test_a_store_that_cannot_take_the_outputs_is_a_harness_failure(engine, make_
     assert rows(engine, Artifact, run_id=run_id) == []
 
 
+@pytest.mark.parametrize("damage", ["flipped", "deleted"])
 def test_an_input_whose_stored_bytes_changed_never_starts_and_pauses_the_run(
-    engine, runtime, make_run, tmp_path
+    engine, runtime, make_run, tmp_path, damage
 ):
+    """A stored input whose bytes changed, or that is gone from the store, never starts
+    the attempt that needs it: harness_failure naming the hash, the run paused."""
     release = tmp_path / "release"
     config = stages(tmp_path)
     config[0]["argv"][2] = escape(
@@ -214,11 +218,15 @@ def test_an_input_whose_stored_bytes_changed_never_starts_and_pauses_the_run(
 
     packet = wait_until(prepared)[0]
     obj = runtime / "artifacts" / "sha256" / packet.sha256[:2] / packet.sha256
-    data = bytearray(obj.read_bytes())
-    data[0] ^= 0x01
-    os.chmod(obj, 0o600)
-    obj.write_bytes(bytes(data))
-    flipped = hashlib.sha256(bytes(data)).hexdigest()
+    if damage == "flipped":
+        data = bytearray(obj.read_bytes())
+        data[0] ^= 0x01
+        os.chmod(obj, 0o600)
+        obj.write_bytes(bytes(data))
+        found = hashlib.sha256(bytes(data)).hexdigest()
+    else:
+        obj.unlink()
+        found = "is not in the store"
     with db.transaction(factory) as session:
         ledger.clear_controls(
             session,
@@ -236,7 +244,7 @@ def test_an_input_whose_stored_bytes_changed_never_starts_and_pauses_the_run(
 
     solve = wait_until(solve_settled)
     assert solve.outcome == "harness_failure"
-    assert packet.sha256 in solve.state_reason and flipped in solve.state_reason
+    assert packet.sha256 in solve.state_reason and found in solve.state_reason
     assert solve.state_reason.startswith("not started:")
     # Nothing of it ran: no process, no side effect, no file kept from the bad bytes.
     assert solve.child_pid is None and solve.supervisor_pid is None

@@ -15,9 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+
+from controller import db, ledger
+from controller.models import Item, Job
 from tests.integration.test_cli import invoke
 from tests.integration.test_cli_services import BOUND, LANEWAY, ROOT
-from tests.support import wait_until
+from tests.support import claim_on_n1, make_config, wait_until
 
 JOB = """
 import os, sys, time
@@ -183,6 +187,19 @@ def test_new_run_of_unchanged_config_reuses_everything_and_runs_nothing(tmp_path
     assert {(row["reused_run_id"], row["outcome"]) for row in rows} == {(1, "succeeded")}
     text = invoke("status", "2", "--runtime-dir", str(runtime))
     assert "reused from earlier runs" in text.stdout
+    report = invoke("report", "2", "--json", "--runtime-dir", str(runtime))
+    assert report.exit_code == 0, report.output
+    assert json.loads(report.stdout)["reused"] == {
+        "total": 6,
+        "by_stage": {"judge": 3, "prep": 3},
+        "by_lane": {"a": 6},
+        "from_runs": {"1": 6},
+    }
+    text = invoke("report", "2", "--runtime-dir", str(runtime))
+    assert (
+        "reused from earlier runs (linked, not run): 6 jobs; per stage: judge 3, prep 3; "
+        "from run 1: 6"
+    ) in text.stdout
 
     # A third run reuses through the second (which never ran anything): still run 1's.
     run_once(config, runtime)
@@ -323,3 +340,46 @@ def test_a_job_is_reused_only_with_the_inputs_it_read(tmp_path):
         ("judge", 3),
         ("prep", 2),
     ]
+
+
+def test_an_attempt_reconciled_by_hand_is_reused_only_as_succeeded(
+    factory, make_run, register_worker, clock
+):
+    """An operator's reconcile decides: reconciled succeeded, the job is reused by the
+    next run; reconciled failed or not-run, it runs again."""
+    config = make_config(items=3)
+    make_run(config)
+    worker = register_worker()
+    claims = claim_on_n1(factory, worker, clock, slots=3)
+    verdicts = {"item0": "succeeded", "item1": "failed", "item2": "not-run"}
+    assert sorted(c.item for c in claims) == sorted(verdicts)
+    for claim in claims:
+        with db.transaction(factory) as session:
+            ledger.mark_unknown(
+                session, claim.attempt_id, reason="worker lost", actor="test", now=clock.now()
+            )
+            ledger.reconcile_attempt(
+                session,
+                claim.attempt_id,
+                verdict=verdicts[claim.item],
+                reason="checked by hand",
+                actor="operator",
+                now=clock.now(),
+            )
+    attempt_of = {c.item: c.attempt_id for c in claims}
+
+    second = make_run(config)
+    with factory() as session:
+        jobs = {
+            key: (state, reused_from)
+            for key, state, reused_from in session.execute(
+                select(Item.key, Job.state, Job.reused_from)
+                .join(Item, Item.id == Job.item_id)
+                .where(Job.run_id == second)
+            )
+        }
+    assert jobs == {
+        "item0": ("succeeded", attempt_of["item0"]),
+        "item1": ("ready", None),
+        "item2": ("ready", None),
+    }
