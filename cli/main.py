@@ -353,7 +353,9 @@ def status(
                         progress.show(report, source)
                 if progress is None:
                     if report["unknown"]:
-                        _mark_conclusive(source, report)
+                        from controller import evidence
+
+                        evidence.mark_conclusive(source, report)
                     _emit(report, as_json, render.status_text)
                     return
                 time.sleep(2)
@@ -364,43 +366,6 @@ def status(
     finally:
         if progress is not None:
             progress.close()
-
-
-def _mark_conclusive(source: Any, report: dict[str, Any]) -> None:
-    """Mark each unknown attempt whose evidence has become conclusive (read here: its
-    exit record, /proc), with the command that settles them (``controller.evidence``)."""
-    from types import SimpleNamespace
-
-    from controller import evidence
-    from controller.config import config_from_frozen
-
-    run_id = report["run"]["id"]
-    [(frozen,)] = source.rows("SELECT config_json FROM runs WHERE id = :run", {"run": run_id})
-    config = config_from_frozen(frozen)
-    columns = (
-        "id, job_id, attempt_dir, boot_id, supervisor_pid, supervisor_start_time, child_pid, "
-        "child_start_time"
-    )
-    rows = source.rows(
-        f"SELECT a.{columns.replace(', ', ', a.')}, j.stage, w.host FROM attempts a "
-        "JOIN jobs j ON j.id = a.job_id LEFT JOIN workers w ON w.id = a.worker_id "
-        "WHERE a.run_id = :run AND a.state = 'unknown'",
-        {"run": run_id},
-    )
-    names = columns.split(", ")
-    judged = {}
-    for row in rows:
-        attempt = SimpleNamespace(**dict(zip(names, row[: len(names)], strict=True)))
-        stage, host = row[len(names)], row[len(names) + 1]
-        judged[attempt.id] = evidence.judge(attempt, config.stage(stage), worker_host=host)
-    command = (
-        f"laneway reconcile --run {run_id} --from-evidence --runtime-dir "
-        f"{shlex.quote(report['run']['runtime_dir'])}"
-    )
-    for unknown in report["unknown"]:
-        found = judged.get(unknown["attempt_id"])
-        if found is not None and found.conclusive:
-            unknown["conclusive"] = {**found.as_dict(), "settle": command}
 
 
 class _Log:
@@ -1325,7 +1290,6 @@ def cancel(
     reports; the worker settles the attempt as cancelled. --run also stops the run's
     dispatch and cancels its waiting and ready jobs. Run it on the attempt's machine.
     """
-    from controller import ledger
     from workers import stopping
 
     try:
@@ -1333,38 +1297,20 @@ def cancel(
             raise UsageError("name one ATTEMPT, or pass --run RUN (not both)")
         engine = _writer(runtime_dir)
         now = SystemClock().now()
-        why, actor = _reason(reason), _actor()
-        for trying in db.retrying(patience=RETRY_SECONDS):
-            with trying, db.transaction(db.session_factory(engine)) as session:
-                if run is not None:
-                    ledger.get_run(session, run)
-                    targets = ledger.running_attempts(session, run)
-                else:
-                    assert attempt is not None
-                    targets = [ledger.get_attempt(session, attempt)]
-                # Check every supervisor's identity before recording anything: a refused
-                # cancel leaves the ledger as it was.
-                for target in targets:
-                    stopping.check_local_supervisor(target)
-                pending = 0
-                if run is not None:
-                    ledger.set_control(
-                        session,
-                        ControlKind.STOP,
-                        scope=ControlScope.RUN,
-                        run_id=run,
-                        reason=why,
-                        actor=actor,
-                        now=now,
-                    )
-                    pending = ledger.cancel_pending(session, run, reason=why, actor=actor, now=now)
-                for target in targets:
-                    ledger.request_cancel(session, target.id, reason=why, actor=actor, now=now)
-        signalled = [stopping.terminate_supervisor(target) for target in targets]
+        done = stopping.cancel(
+            engine,
+            attempt=attempt,
+            run=run,
+            reason=_reason(reason),
+            actor=_actor(),
+            now=now,
+            patience=RETRY_SECONDS,
+        )
     except LanewayError as error:
         _fail(error, as_json)
         return
-    body = {"ok": True, "jobs_cancelled": pending, "attempts_signalled": signalled}
+    signalled = done.attempts_signalled
+    body = {"ok": True, "jobs_cancelled": done.jobs_cancelled, "attempts_signalled": signalled}
     _emit(
         body,
         as_json,
@@ -1430,7 +1376,7 @@ def reconcile(
     what its evidence says, and settles those whose evidence is conclusive into the
     outcome their exit record establishes, after one confirmation (--yes for scripts).
     """
-    from controller import ledger
+    from controller import evidence, ledger
 
     if from_evidence:
         _reconcile_from_evidence(run, attempt, as_, result, reason, yes, runtime_dir, as_json)
@@ -1445,7 +1391,7 @@ def reconcile(
         recorded = _read_result_file(result) if result else None
         engine = _writer(runtime_dir)
         with db.session_factory(engine)() as session:
-            exit_code, exit_signal = _verified_exit(ledger.get_attempt(session, attempt))
+            exit_code, exit_signal = evidence.verified_exit(ledger.get_attempt(session, attempt))
         for trying in db.retrying(patience=RETRY_SECONDS):
             with trying, db.transaction(db.session_factory(engine)) as session:
                 job_state = ledger.reconcile_attempt(
@@ -1480,8 +1426,9 @@ def _reconcile_from_evidence(
     runtime_dir: Path,
     as_json: bool,
 ) -> None:
-    """``reconcile --run RUN --from-evidence``: judge, show, confirm once, settle."""
-    from controller import evidence, ledger
+    """``reconcile --run RUN --from-evidence``: judge, show, confirm once, settle
+    (``controller.reconcile``)."""
+    from controller import reconcile
 
     try:
         if run is None:
@@ -1491,22 +1438,13 @@ def _reconcile_from_evidence(
                 "--from-evidence settles as the evidence says: no ATTEMPT, --as or --result"
             )
         engine = _writer(runtime_dir)
-        with db.session_factory(engine)() as session:
-            found_run = ledger.get_run(session, run)
-            config = ledger.run_config(found_run)
-            store_url = ledger.artifact_store_url(config.artifact_store, found_run.runtime_dir)
-            unknown = list(ledger.unknown_attempts(session, run))
-            judged = [
-                evidence.judge(row, config.stage(stage), worker_host=host)
-                for row, stage, host in unknown
-            ]
+        review = reconcile.review_evidence(engine, run)
     except LanewayError as error:
         _fail(error, as_json)
         return
-    conclusive = [e for e in judged if e.conclusive]
-    attempts_by_id = {row.id: (row, stage) for row, stage, _ in unknown}
+    conclusive = review.conclusive
     if not as_json:
-        for found in judged:
+        for found in review.judged:
             verdict = f"settle as {found.outcome}" if found.conclusive else "left unknown"
             typer.echo(f"attempt {found.attempt_id}: {verdict} — {render.clean(found.words)}")
     if conclusive and not yes:
@@ -1514,42 +1452,18 @@ def _reconcile_from_evidence(
             _fail(UsageError("--from-evidence with --json asks no question: pass --yes"), True)
         if not typer.confirm(f"settle {len(conclusive)} attempt(s) as their evidence says?"):
             raise typer.Exit(1)
-    why = reason.strip() or "conclusive evidence: verified exit record, supervisor and child gone"
-    settled: list[dict[str, Any]] = []
     try:
-        for found in conclusive:
-            # A success hands over its declared outputs as a worker's settle would:
-            # stored now and recorded with the settle, or the outcome that says why not.
-            row, stage = attempts_by_id[found.attempt_id]
-            found, stored = evidence.with_outputs(
-                found, row.attempt_dir, config.stage(stage).outputs, store_url
-            )
-            for trying in db.retrying(patience=RETRY_SECONDS):
-                with trying, db.transaction(db.session_factory(engine)) as session:
-                    job_state = ledger.reconcile_attempt(
-                        session,
-                        found.attempt_id,
-                        verdict="evidence",
-                        reason=f"{why}; {found.words}",
-                        actor=_actor(),
-                        now=SystemClock().now(),
-                        result=found.result,
-                        exit_code=found.exit_code,
-                        exit_signal=found.exit_signal,
-                        outcome=found.outcome,
-                    )
-                    ledger.record_artifacts(
-                        session, row.id, stored, node=row.node, now=SystemClock().now()
-                    )
-            settled.append({**found.as_dict(), "job_state": job_state.value})
+        settled = reconcile.settle_from_evidence(
+            engine, review, actor=_actor(), reason=reason, patience=RETRY_SECONDS
+        )
     except LanewayError as error:
         _fail(error, as_json)
         return
     body = {
         "ok": True,
         "run_id": run,
-        "settled": settled,
-        "left_unknown": [e.as_dict() for e in judged if not e.conclusive],
+        "settled": [done.as_dict() for done in settled],
+        "left_unknown": [e.as_dict() for e in review.left_unknown],
     }
     _emit(
         body,
@@ -1559,25 +1473,6 @@ def _reconcile_from_evidence(
             f"{len(b['left_unknown'])} left unknown"
         ),
     )
-
-
-def _verified_exit(attempt: Any) -> tuple[int | None, int | None]:
-    """The exit code and signal from the attempt's own exit record, when there is one
-    that is whole and names this attempt (a known exit code is never lost by a
-    reconcile); (None, None) otherwise."""
-    from controller import durable
-
-    try:
-        record = durable.read_json(Path(attempt.attempt_dir) / "exit.json")
-    except (OSError, ValueError):
-        return None, None
-    if not isinstance(record, dict) or record.get("attempt_id") != attempt.id:
-        return None, None
-    code, signum = record.get("exit_code"), record.get("signal")
-    valid = [v for v in (code, signum) if isinstance(v, int) and not isinstance(v, bool)]
-    if not valid:
-        return None, None
-    return (code if code in valid else None), (signum if signum in valid else None)
 
 
 class RetryOutcome(StrEnum):

@@ -12,21 +12,38 @@ read on this machine:
   another boot id) runs neither.
 
 An attempt that ran on another host is never judged from here: its pids mean nothing on
-this machine. Read-only: file reads and /proc; the caller settles what it decides to.
+this machine. Read-only: file reads and /proc; the caller settles what it decides to
+(``controller/reconcile.py``). ``mark_conclusive`` is the judgement ``laneway status``
+and the dashboard (``controller/web.py``) show, with the command that settles them.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from controller.config import StageConfig
+from controller.config import StageConfig, config_from_frozen
 from controller.durable import read_json
 from controller.outcome import Verdict
 from controller.states import Outcome
 from workers import artifacts, identity, jobenv
+
+if TYPE_CHECKING:
+    from controller.status import Rows
+
+_UNKNOWN_COLUMNS = (
+    "id",
+    "job_id",
+    "attempt_dir",
+    "boot_id",
+    "supervisor_pid",
+    "supervisor_start_time",
+    "child_pid",
+    "child_start_time",
+)
 
 
 @dataclass(frozen=True)
@@ -90,6 +107,84 @@ def judge(attempt: Any, stage: StageConfig, *, worker_host: str | None) -> Evide
         exit_signal=signum if isinstance(signum, int) and not isinstance(signum, bool) else None,
         result=result if isinstance(result, dict) else None,
     )
+
+
+@dataclass(frozen=True)
+class _UnknownRow:
+    """The columns of an ``attempts`` row that ``judge`` reads."""
+
+    id: int
+    job_id: int
+    attempt_dir: str
+    boot_id: str | None
+    supervisor_pid: int | None
+    supervisor_start_time: int | None
+    child_pid: int | None
+    child_start_time: int | None
+
+
+def judge_unknowns(source: Rows, run_id: int) -> dict[int, Evidence]:
+    """The evidence for every unknown attempt of run ``run_id``, by attempt id, read
+    through ``source`` (a ``db.ReadOnlyLedger`` or ``status.SessionRows``: plain SQL, no
+    ORM) with the stage config the run froze."""
+    [(frozen,)] = source.rows("SELECT config_json FROM runs WHERE id = :run", {"run": run_id})
+    config = config_from_frozen(frozen)
+    columns = ", ".join(f"a.{name}" for name in _UNKNOWN_COLUMNS)
+    rows = source.rows(
+        f"SELECT {columns}, j.stage, w.host FROM attempts a "
+        "JOIN jobs j ON j.id = a.job_id LEFT JOIN workers w ON w.id = a.worker_id "
+        "WHERE a.run_id = :run AND a.state = 'unknown'",
+        {"run": run_id},
+    )
+    width = len(_UNKNOWN_COLUMNS)
+    judged = {}
+    for row in rows:
+        attempt = _UnknownRow(*row[:width])
+        stage, host = row[width], row[width + 1]
+        judged[attempt.id] = judge(attempt, config.stage(stage), worker_host=host)
+    return judged
+
+
+def settle_command(run_id: int, runtime_dir: str) -> str:
+    """The command that settles a run's unknown attempts whose evidence is conclusive."""
+    return (
+        f"laneway reconcile --run {run_id} --from-evidence --runtime-dir {shlex.quote(runtime_dir)}"
+    )
+
+
+def mark_conclusive(source: Rows, report: dict[str, Any]) -> None:
+    """Mark, in a ``status_report``, each unknown attempt whose evidence has become
+    conclusive (read here: its exit record, /proc): ``unknown["conclusive"]`` is the
+    evidence (``Evidence.as_dict``) with ``settle``, the command that settles it
+    (``settle_command``). Attempts not conclusive are left as they are. ``laneway
+    status`` and the dashboard's state both show this."""
+    if not report["unknown"]:
+        return
+    run_id = report["run"]["id"]
+    judged = judge_unknowns(source, run_id)
+    command = settle_command(run_id, report["run"]["runtime_dir"])
+    for unknown in report["unknown"]:
+        found = judged.get(unknown["attempt_id"])
+        if found is not None and found.conclusive:
+            unknown["conclusive"] = {**found.as_dict(), "settle": command}
+
+
+def verified_exit(attempt: Any) -> tuple[int | None, int | None]:
+    """The exit code and signal from the attempt's own exit record, when there is one
+    that is whole and names this attempt (a known exit code is never lost by a
+    reconcile); (None, None) otherwise. ``attempt``: anything with ``id`` and
+    ``attempt_dir`` (an ``attempts`` row)."""
+    try:
+        record = read_json(Path(attempt.attempt_dir) / "exit.json")
+    except (OSError, ValueError):
+        return None, None
+    if not isinstance(record, dict) or record.get("attempt_id") != attempt.id:
+        return None, None
+    code, signum = record.get("exit_code"), record.get("signal")
+    valid = [v for v in (code, signum) if isinstance(v, int) and not isinstance(v, bool)]
+    if not valid:
+        return None, None
+    return (code if code in valid else None), (signum if signum in valid else None)
 
 
 def _alive(attempt: Any) -> str | None:

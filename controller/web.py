@@ -6,9 +6,10 @@ Standard library only (``http.server``): one self-contained page (``web_page.py`
 build step, no CDN) that polls small JSON endpoints. Every read goes through one
 ``db.ReadOnlyLedger`` (as ``laneway status`` reads it), under a lock (one connection);
 ``explain`` opens a read-only engine as ``laneway explain`` does. A poll costs one
-``status_report``; the timeline (``report.build_report``, which reads every attempt of
-the run) is rebuilt at most every ``TIMELINE_SECONDS`` and only when the run's newest
-event changed. Nothing here writes.
+``status_report`` (and, while the run has unknown attempts, judging their evidence on
+this machine: ``controller.evidence``); the timeline (``report.build_report``, which
+reads every attempt of the run) is rebuilt at most every ``TIMELINE_SECONDS`` and only
+when the run's newest event changed. Nothing here writes.
 
 Bound to loopback, no token is needed. Bound elsewhere, every request must carry the
 token from ``--token-file`` (``Authorization: Bearer TOKEN``, or ``?token=TOKEN`` once,
@@ -125,9 +126,15 @@ class Dashboard:
 
     def state(self, run_id: int | None) -> dict[str, Any]:
         """``status_report`` with, per lane, the operator's next step, and per unknown
-        attempt the evidence files found in its directory."""
+        attempt the evidence files found in its directory and, once its evidence is
+        conclusive (judged on this machine, as ``laneway status`` judges it:
+        ``evidence.mark_conclusive``), ``conclusive`` with the command that settles it."""
         with self.lock, self.source.snapshot():
             status = status_report(self.source, run_id, now=self.now())
+            if status["unknown"]:
+                from controller import evidence
+
+                evidence.mark_conclusive(self.source, status)
             pids = {
                 attempt_id: (supervisor, child)
                 for attempt_id, supervisor, child in self.source.rows(

@@ -6,6 +6,11 @@ every ``POLL_MS`` and the timeline every ``TIMELINE_MS``, and builds the DOM wit
 ``textContent`` only (job output, reasons and names are never parsed as HTML); the one
 exception is the timeline SVG, which the server builds with every value escaped. (The
 JavaScript and CSS keep their own line lengths.)
+
+An unknown attempt shows its manual ``laneway reconcile ATTEMPT --as ...`` command; once
+its evidence is conclusive (``conclusive`` in the state), what it settles as and the
+``laneway reconcile --run RUN --from-evidence`` command instead, as ``laneway status``
+shows it.
 """
 
 POLL_MS = 2000
@@ -34,6 +39,7 @@ pre { background: #f3f4f6; padding: 6px; overflow: auto; max-height: 320px; marg
   white-space: pre-wrap; word-break: break-all; }
 .alarm { border: 2px solid #b91c1c; background: #fef2f2; }
 .alarm h2 { color: #b91c1c; }
+.conclusive { color: #166534; }
 .idle { color: #92400e; }
 .ok { color: #166534; }
 .bar { background: #e5e7eb; height: 10px; width: 160px; display: inline-flex;
@@ -134,8 +140,12 @@ function render(state) {
       u.files.length ? ` (${u.files.join(', ')})` : ' (no files)',
       u.supervisor_pid ? ` · supervisor pid ${u.supervisor_pid}` : '',
       u.child_pid ? ` · child pid ${u.child_pid}` : '',
-      ' · make sure none of its processes still runs before you reconcile'),
-    el('pre', {class: 'reconcile'}, u.reconcile))));
+      u.conclusive ? '' : ' · make sure none of its processes still runs before you reconcile'),
+    ...(u.conclusive ? [
+      el('p', {class: 'conclusive'}, el('b', {}, 'conclusive: '),
+        `settles as ${u.conclusive.outcome} — ${u.conclusive.words}`),
+      el('pre', {class: 'settle'}, u.conclusive.settle)]
+      : [el('pre', {class: 'reconcile'}, u.reconcile)]))));
   table('lanes', ['lane', 'node', 'running', 'ready', 'waiting', 'done', 'now', 'what to do'],
     state.lanes.map((l) => [l.lane, l.node, l.running, l.ready, l.waiting, l.done,
       l.running ? el('span', {class: 'ok'}, `${l.running} running`)

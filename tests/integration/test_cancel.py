@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from sqlalchemy import select
 from typer.testing import CliRunner
 
 from cli.main import app
-from controller import db
+from controller import db, ledger
 from controller.daemon import Controller
-from controller.models import Attempt, Control, Job, Run
+from controller.errors import UsageError
+from controller.models import Attempt, Control, Event, Job, Run
 from tests.support import make_config, py_stage, wait_until
+from workers import stopping
 from workers.gpu import FakeGpu
 from workers.identity import process_start_time
 from workers.service import WorkerService
@@ -165,3 +168,65 @@ def test_cancel_of_a_supervisor_elsewhere_is_refused_and_records_nothing(
     with factory() as session:
         kinds = session.scalars(select(Event.kind)).all()
     assert "cancel_requested" not in kinds
+
+
+def test_cancel_is_callable_without_the_cli(engine, runtime, make_run, clock):
+    """`workers.stopping.cancel`, the workflow `laneway cancel` calls: a run's pending
+    jobs cancelled and its one running attempt's supervisor signalled, in one call."""
+    run_id, tick, attempts, attempt = setup(engine, make_run, items=3)
+    for neither_or_both in ({}, {"attempt": attempt.id, "run": run_id}):
+        with pytest.raises(UsageError, match="not both"):
+            stopping.cancel(engine, reason="r", actor="t", now=clock.now(), **neither_or_both)
+    done = stopping.cancel(
+        engine, run=run_id, reason="abandon batch", actor="tester", now=clock.now(), patience=5
+    )
+    assert done == stopping.Cancelled(jobs_cancelled=2, attempts_signalled=[attempt.supervisor_pid])
+    with db.session_factory(engine)() as session:
+        control = session.scalars(select(Control)).one()
+        requested = session.scalars(select(Event).where(Event.kind == "cancel_requested")).all()
+    assert (control.kind, control.set_by, control.reason) == ("stop", "tester", "abandon batch")
+    assert [(e.attempt_id, e.actor) for e in requested] == [(attempt.id, "tester")]
+
+    def settled():
+        tick()
+        return attempts()[0].state == "settled"
+
+    wait_until(settled)
+    assert attempts()[0].outcome == "cancelled"
+
+
+def test_cancel_of_a_run_with_a_supervisor_elsewhere_records_nothing(
+    engine, make_run, register_worker, clock
+):
+    """Every target is checked before anything is recorded: a refused run cancel sets
+    no stop control and cancels none of its pending jobs."""
+    run_id = make_run(make_config(items=2))
+    worker = register_worker()
+    factory = db.session_factory(engine)
+    with db.transaction(factory) as session:
+        (claim,) = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=1,
+            mem_available_mib=64_000,
+            now=clock.now(),
+        )
+        ledger.record_spawn(
+            session,
+            claim.attempt_id,
+            fence=claim.fence,
+            actor=worker,
+            now=clock.now(),
+            boot_id="another-machine",
+            supervisor_pid=1,
+            supervisor_start_time=1,
+            child_pid=None,
+            child_start_time=None,
+        )
+    with pytest.raises(UsageError, match="not running on this machine"):
+        stopping.cancel(engine, run=run_id, reason="x", actor="t", now=clock.now())
+    with factory() as session:
+        assert session.scalars(select(Control)).all() == []
+        assert "cancel_requested" not in session.scalars(select(Event.kind)).all()
+        assert "cancelled" not in session.scalars(select(Job.state)).all()

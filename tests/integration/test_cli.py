@@ -43,7 +43,17 @@ lane = "a"
 
 
 def invoke(*args: str):
-    return runner.invoke(app, list(args), catch_exceptions=False)
+    """The CLI in this process. ``--database-url`` sets ``LANEWAY_DATABASE_URL`` for the
+    processes a command starts; it is put back afterwards, so no test's URL leaks into
+    the next test."""
+    before = os.environ.get("LANEWAY_DATABASE_URL")
+    try:
+        return runner.invoke(app, list(args), catch_exceptions=False)
+    finally:
+        if before is None:
+            os.environ.pop("LANEWAY_DATABASE_URL", None)
+        else:
+            os.environ["LANEWAY_DATABASE_URL"] = before
 
 
 @pytest.fixture

@@ -9,12 +9,16 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 from sqlalchemy import select
 
 from cli.main import app
-from controller import db, ledger
+from controller import db, evidence, ledger, reconcile
 from controller.durable import make_private_dir, write_json
+from controller.errors import IllegalTransition
 from controller.models import Artifact, Attempt, Job
+from controller.states import JobState, Outcome
+from controller.status import SessionRows, status_report
 from tests.integration.test_cli import invoke, runner
 from tests.support import make_config, py_stage
 from workers import identity
@@ -164,3 +168,53 @@ def test_a_success_from_evidence_stores_its_declared_outputs(
     assert artifact.attempt_id == delivered and artifact.name == "packet.json"
     obj = runtime / "artifacts" / "sha256" / artifact.sha256[:2] / artifact.sha256
     assert obj.read_text() == '{"q": 1}'
+
+
+def test_judge_review_and_settle_are_callable_without_the_cli(
+    engine, factory, make_run, runtime: Path, clock
+):
+    """The judgement `status` and the dashboard show (``evidence.mark_conclusive``), and
+    the two steps of `reconcile --from-evidence` (``reconcile.review_evidence``, then
+    ``reconcile.settle_from_evidence``), called directly."""
+    stage = py_stage("call", "pass", exit_codes={"0": "succeeded"})
+    run_id = make_run(make_config([stage], items=2))
+    claims = unknown_attempts(factory, clock, 2, [dead_process(), identity.current()])
+    for claim in claims:
+        make_private_dir(claim.attempt_dir)
+        write_json(
+            Path(claim.attempt_dir) / "exit.json",
+            {"attempt_id": claim.attempt_id, "exit_code": 0, "signal": None},
+        )
+    ok, alive = (claim.attempt_id for claim in claims)
+
+    with factory() as session:
+        rows = SessionRows(session)
+        judged = evidence.judge_unknowns(rows, run_id)
+        report = status_report(rows, run_id, now=clock.now())
+        evidence.mark_conclusive(rows, report)
+    assert judged[ok].conclusive and judged[ok].outcome is Outcome.SUCCEEDED
+    assert not judged[alive].conclusive and "still running" in judged[alive].words
+    marked = {u["attempt_id"]: u.get("conclusive") for u in report["unknown"]}
+    assert marked[alive] is None
+    assert marked[ok] == {
+        **judged[ok].as_dict(),
+        "settle": evidence.settle_command(run_id, str(runtime)),
+    }
+    assert marked[ok]["settle"].startswith(f"laneway reconcile --run {run_id} --from-evidence")
+
+    review = reconcile.review_evidence(engine, run_id)
+    assert [e.attempt_id for e in review.conclusive] == [ok]
+    assert [e.attempt_id for e in review.left_unknown] == [alive]
+    settled = reconcile.settle_from_evidence(engine, review, actor="tester", clock=clock)
+    assert [(s.evidence.attempt_id, s.job_state) for s in settled] == [(ok, JobState.SUCCEEDED)]
+    assert settled[0].as_dict()["job_state"] == "succeeded"
+    with factory() as session:
+        row = session.get(Attempt, ok)
+        assert row is not None
+        assert (row.state, row.outcome, row.exit_code) == ("settled", "succeeded", 0)
+        assert row.state_reason.startswith(f"reconciled by tester: {reconcile.EVIDENCE_REASON}; ")
+        assert evidence.verified_exit(row) == (0, None)
+    # Settled once: nothing is conclusive any more, and a stale review settles nothing.
+    assert reconcile.review_evidence(engine, run_id).conclusive == []
+    with pytest.raises(IllegalTransition):
+        reconcile.settle_from_evidence(engine, review, actor="tester", clock=clock)

@@ -273,3 +273,58 @@ def test_browser_shows_an_unknown_attempt_with_its_reconcile_command(running, tm
             assert errors == []
         finally:
             browser.close()
+
+
+def test_state_marks_an_unknown_attempt_whose_evidence_is_conclusive(
+    factory, make_run, runtime: Path, clock
+):
+    """/api/state judges each unknown attempt's evidence as `laneway status` does (one
+    shared judgement: ``evidence.mark_conclusive``): a verified exit record with its
+    supervisor gone is marked conclusive with the `reconcile --run RUN --from-evidence`
+    command; one whose supervisor still runs is not. The page's script shows it."""
+    import shlex
+
+    from controller.durable import make_private_dir, write_json
+    from tests.integration.test_reconcile_evidence import dead_process, unknown_attempts
+    from tests.support import make_config, py_stage
+    from workers import identity
+
+    stage = py_stage("call", "pass", exit_codes={"0": "succeeded", "3": "infra_failure"})
+    run_id = make_run(make_config([stage], items=2))
+    claims = unknown_attempts(factory, clock, 2, [dead_process(), identity.current()])
+    for claim in claims:
+        make_private_dir(claim.attempt_dir)
+        write_json(
+            Path(claim.attempt_dir) / "exit.json",
+            {"attempt_id": claim.attempt_id, "exit_code": 3, "signal": None},
+        )
+    gone, alive = (claim.attempt_id for claim in claims)
+    web = spawn("web", "--bind", "127.0.0.1:0", "--runtime-dir", str(runtime))
+    try:
+        assert web.stdout is not None
+        line = web.stdout.readline()
+        assert "serving http://127.0.0.1:" in line, line + (web.stderr.read() if web.poll() else "")
+        url = line.split("serving ", 1)[1].split()[0]
+        for _poll in range(2):  # judged on every poll (and the next poll still reads)
+            state = get_json(url + f"api/state?run={run_id}")
+            marked = {u["attempt_id"]: u.get("conclusive") for u in state["unknown"]}
+            assert set(marked) == {gone, alive}
+            assert marked[alive] is None
+            conclusive = marked[gone]
+            assert conclusive is not None
+            assert (conclusive["outcome"], conclusive["exit_code"]) == ("infra_failure", 3)
+            assert conclusive["settle"] == (
+                f"laneway reconcile --run {run_id} --from-evidence "
+                f"--runtime-dir {shlex.quote(str(runtime))}"
+            )
+        status = invoke("status", str(run_id), "--runtime-dir", str(runtime), "--json")
+        assert status.exit_code == 0, status.output
+        by_status = {
+            u["attempt_id"]: u.get("conclusive") for u in json.loads(status.stdout)["unknown"]
+        }
+        assert by_status == marked
+        script = get(url + "app.js")[1].decode()
+        assert "u.conclusive.settle" in script and "'conclusive: '" in script
+    finally:
+        web.send_signal(signal.SIGTERM)
+        finish(web)

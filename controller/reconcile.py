@@ -1,0 +1,129 @@
+"""Settling a run's unknown attempts from conclusive evidence (``laneway reconcile --run
+RUN --from-evidence``), in two steps so a caller can show what it found and ask before
+anything is written:
+
+- ``review_evidence``: read the run's unknown attempts and judge each
+  (``controller.evidence.judge``): nothing is written;
+- ``settle_from_evidence``: settle those whose evidence is conclusive into the outcome
+  their exit record establishes, a success with its declared outputs stored as a
+  worker's settle would store them (``evidence.with_outputs``), one write transaction
+  per attempt.
+
+The judgement alone (``laneway status``, the dashboard) is ``evidence.mark_conclusive``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from controller import db, evidence, ledger
+from controller.clock import Clock, SystemClock
+from controller.config import StageConfig
+from controller.evidence import Evidence
+from controller.states import JobState
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from controller.models import Attempt
+
+EVIDENCE_REASON = "conclusive evidence: verified exit record, supervisor and child gone"
+"""What a settle from evidence records as its reason when the operator gives none."""
+
+
+@dataclass(frozen=True)
+class Review:
+    """What the evidence says for each unknown attempt of a run (``review_evidence``)."""
+
+    run_id: int
+    judged: tuple[Evidence, ...]
+    """One judgement per unknown attempt, in attempt order."""
+    store_url: str
+    """The run's artifact store (where a success's declared outputs go)."""
+    attempts: Mapping[int, tuple[Attempt, StageConfig]]
+    """Each judged attempt's row and its stage's config, by attempt id."""
+
+    @property
+    def conclusive(self) -> list[Evidence]:
+        """The judgements ``settle_from_evidence`` settles."""
+        return [found for found in self.judged if found.conclusive]
+
+    @property
+    def left_unknown(self) -> list[Evidence]:
+        """The judgements that settle nothing (what is missing, or what still runs)."""
+        return [found for found in self.judged if not found.conclusive]
+
+
+@dataclass(frozen=True)
+class Settled:
+    """One attempt settled from its evidence, and where its job went."""
+
+    evidence: Evidence
+    job_state: JobState
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.evidence.as_dict(), "job_state": self.job_state.value}
+
+
+def review_evidence(engine: Engine, run_id: int) -> Review:
+    """Judge every unknown attempt of run ``run_id`` on this machine (its exit record,
+    /proc; an attempt of another host is never conclusive here). Read-only. Raises
+    NotFound for an unknown run."""
+    with db.session_factory(engine)() as session:
+        run = ledger.get_run(session, run_id)
+        config = ledger.run_config(run)
+        store_url = ledger.artifact_store_url(config.artifact_store, run.runtime_dir)
+        unknown = list(ledger.unknown_attempts(session, run_id))
+        judged = tuple(
+            evidence.judge(row, config.stage(stage), worker_host=host)
+            for row, stage, host in unknown
+        )
+    attempts = {row.id: (row, config.stage(stage)) for row, stage, _ in unknown}
+    return Review(run_id=run_id, judged=judged, store_url=store_url, attempts=attempts)
+
+
+def settle_from_evidence(
+    engine: Engine,
+    review: Review,
+    *,
+    actor: str,
+    reason: str = "",
+    patience: float = 30.0,
+    clock: Clock | None = None,
+) -> list[Settled]:
+    """Settle each attempt whose evidence ``review`` found conclusive, in order, as its
+    exit record says (``ledger.reconcile_attempt`` with verdict ``evidence``), recorded
+    by ``actor`` with ``reason`` (default ``EVIDENCE_REASON``) and what was found.
+
+    A success hands over its stage's declared outputs as a worker's settle would: stored
+    now and recorded with the settle, or settled as the outcome that says why they could
+    not be. Each attempt is its own write transaction, retried on a transient ledger
+    failure for up to ``patience`` seconds; an error stops at that attempt (those before
+    it stay settled) and propagates (IllegalTransition when another reconcile won)."""
+    clock = clock or SystemClock()
+    why = reason.strip() or EVIDENCE_REASON
+    settled: list[Settled] = []
+    for found in review.conclusive:
+        row, stage = review.attempts[found.attempt_id]
+        found, stored = evidence.with_outputs(
+            found, row.attempt_dir, stage.outputs, review.store_url
+        )
+        for trying in db.retrying(patience=patience):
+            with trying, db.transaction(db.session_factory(engine)) as session:
+                job_state = ledger.reconcile_attempt(
+                    session,
+                    found.attempt_id,
+                    verdict="evidence",
+                    reason=f"{why}; {found.words}",
+                    actor=actor,
+                    now=clock.now(),
+                    result=found.result,
+                    exit_code=found.exit_code,
+                    exit_signal=found.exit_signal,
+                    outcome=found.outcome,
+                )
+                ledger.record_artifacts(session, row.id, stored, node=row.node, now=clock.now())
+        settled.append(Settled(found, job_state))
+    return settled
