@@ -914,7 +914,7 @@ def run_pipeline(
     """
     from controller import config as config_module
     from controller import daemon as daemon_module
-    from controller import ledger, pipeline
+    from controller import ledger, pipeline, usage
     from controller.status import SessionRows, build_status
     from workers.service import WorkerService
 
@@ -1035,12 +1035,22 @@ def run_pipeline(
     if final["run"]["state"] != "finished":
         if blocked:
             typer.echo(f"laneway: run {run_id} is blocked: {blocked}", err=True)
-        when = "once it is unblocked, " if blocked else ""
-        typer.echo(
-            f"laneway: run {run_id} is not finished; {when}continue it with: "
-            f"{pipeline.continue_command(run_id, runtime)}",
-            err=True,
-        )
+        spent = any(c["reason"].startswith(usage.BUDGET_SPENT) for c in final["controls"])
+        if spent:
+            # Resuming would pause it again: only more budget lets it go on.
+            typer.echo(
+                f"laneway: run {run_id} stopped at its budget; to go on, raise `budget` in "
+                "the config and start a new run with `laneway run CONFIG --new`: every job "
+                "that succeeded is reused, not run or paid for again",
+                err=True,
+            )
+        else:
+            when = "once it is unblocked, " if blocked else ""
+            typer.echo(
+                f"laneway: run {run_id} is not finished; {when}continue it with: "
+                f"{pipeline.continue_command(run_id, runtime)}",
+                err=True,
+            )
     if blocked:
         raise typer.Exit(EXIT_BLOCKED)
     if final["run"]["state"] != "finished":

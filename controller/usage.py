@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 
 USAGE_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+BUDGET_SPENT = "nothing more fits the budget"
+"""How the reason of the pause a budget sets begins (``ledger.claim``)."""
 """What a usage key may look like (it is stored in a String(64) column)."""
 
 P90_WINDOW = 100

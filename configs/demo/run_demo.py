@@ -78,10 +78,6 @@ def main() -> int:
     print(f"spent: ${spent:.2f} of the run's $2.60 budget")
     if pause is not None:
         print(f"stopped by its budget, as designed: {pause}")
-        print(
-            "  (to finish the rest, raise `budget` in the config and start a new run with "
-            "`laneway run ... --new`: every succeeded job is reused, not paid for again)"
-        )
     print()
     print("Look around:")
     shown = LANEWAY.relative_to(ROOT) if LANEWAY.is_relative_to(ROOT) else LANEWAY

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from controller import admission, launch
+from controller import admission, launch, usage
 from controller.config import TemplateError
 from controller.errors import IllegalTransition
 from controller.ledger import artifacts as artifact_ledger
@@ -207,7 +207,7 @@ def _pause_when_nothing_fits(
             ControlKind.PAUSE,
             scope=ControlScope.RUN,
             run_id=run_id,
-            reason=f"nothing more fits the budget: {refusals[0].words()}",
+            reason=f"{usage.BUDGET_SPENT}: {refusals[0].words()}",
             actor=actor,
             now=now,
         )

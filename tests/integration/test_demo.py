@@ -65,6 +65,7 @@ def _run_demo(runtime: Path, paid: Path, env: dict[str, str]):
     # run pauses and `laneway run` ends blocked (exit 3), naming the budget.
     assert done.returncode == 3, done.stderr
     assert "nothing more fits the budget: budget (run) — cost_usd: spent 2.5" in done.stderr
+    assert "stopped at its budget; to go on, raise `budget`" in done.stderr
     return runtime, paid, json.loads(done.stdout)
 
 
