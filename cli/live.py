@@ -186,7 +186,8 @@ def renderable(status: dict[str, Any], eta: float | None, rates: dict[str, Any])
     header = Text()
     header.append(f"run {run['id']} ({run['name']})", style="bold")
     header.append(f" — {run['state']}")
-    header.append(f" · ETA {render.duration(eta) if eta is not None else 'not measured yet'}")
+    if run["state"] != "finished":  # a finished run has nothing left to estimate
+        header.append(f" · ETA {render.duration(eta) if eta is not None else 'not measured yet'}")
     parts.append(header)
     if status["unknown"]:
         box = Table.grid(padding=(0, 1))

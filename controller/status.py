@@ -359,7 +359,9 @@ def node_rows(
             params,
         )[0][0]
         mine = [w for w in workers if w["node"] == node]
-        beats = [w["heartbeat_at"] for w in mine if w["state"] == WorkerState.ACTIVE.value]
+        # The newest heartbeat of any of its workers, a stopped or lost one's too: a node
+        # whose workers have all stopped was last heard from then, not "never".
+        beats = [w["heartbeat_at"] for w in mine]
         available, total, floor, max_jobs = memory[0] if memory else (None, None, None, None)
         found.append(
             {
@@ -367,8 +369,7 @@ def node_rows(
                 "live_workers": sum(1 for w in mine if w["live"]),
                 "last_heartbeat_at": max(beats) if beats else None,
                 "heartbeat_age_seconds": min(
-                    (w["heartbeat_age_seconds"] for w in mine if w["state"] == "active"),
-                    default=None,
+                    (w["heartbeat_age_seconds"] for w in mine), default=None
                 ),
                 "mem_available_mib": None if available is None else round(available, 1),
                 "mem_total_mib": None if total is None else round(total, 1),

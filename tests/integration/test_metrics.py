@@ -91,8 +91,65 @@ def test_an_unhandled_expired_lease_and_refusals_are_counted(
         for (name, labels), count in samples.items()
         if name == "laneway_refusals_total"
     }
-    assert refusals and sum(refusals.values()) >= 1
+    # One refusal, labelled with the reason the claim recorded: the node ran its max_jobs.
+    assert refusals == {(("reason", "max_jobs"), ("run", "1")): 1}
     assert (
         value(samples, "laneway_lane_idle_seconds", run="1", lane="a", node="n1", reason="busy")
         == 0
     )
+
+
+def node_series(samples, node: str) -> dict[str, float]:
+    """The node's samples by metric name (only those labelled with ``node`` alone)."""
+    return {name: count for (name, labels), count in samples.items() if labels == (("node", node),)}
+
+
+def test_node_memory_is_the_last_heartbeats_sample_under_its_node(
+    runtime, factory, make_run, register_worker, clock
+):
+    config = make_config(
+        items=[{"key": "x", "lane": "a"}, {"key": "y", "lane": "b"}],
+        nodes=[
+            {"name": "n1", "memory_floor_mib": 512, "max_jobs": 4},
+            {"name": "n2", "memory_floor_mib": 256, "max_jobs": 4},
+        ],
+        lanes=[{"name": "a", "node": "n1"}, {"name": "b", "node": "n2"}],
+    )
+    make_run(config)
+    worker = register_worker("n1")
+
+    def beat(free: float, total: float) -> None:
+        with db.transaction(factory) as session:
+            ledger.heartbeat(
+                session,
+                worker,
+                now=clock.now(),
+                lease_seconds=60,
+                mem_available_mib=free,
+                mem_total_mib=total,
+            )
+
+    # No sample yet: the floors only; no free memory is made up.
+    before = scrape(runtime, clock.now())
+    assert node_series(before, "n1") == {
+        "laneway_node_memory_floor_mib": 512,
+        "laneway_node_live_workers": 1,
+    }
+    beat(1234.5, 64_000)
+    clock.advance(5)
+    samples = scrape(runtime, clock.now())
+    assert node_series(samples, "n1") == {
+        "laneway_node_free_memory_mib": 1234.5,
+        "laneway_node_memory_floor_mib": 512,
+        "laneway_node_memory_total_mib": 64_000,
+        "laneway_node_sample_age_seconds": 5,
+        "laneway_node_live_workers": 1,
+    }
+    # n2's worker never reported: its floor, no sample, no live worker.
+    assert node_series(samples, "n2") == {
+        "laneway_node_memory_floor_mib": 256,
+        "laneway_node_live_workers": 0,
+    }
+    # The next heartbeat's sample replaces it at the next scrape.
+    beat(900.0, 64_000)
+    assert value(scrape(runtime, clock.now()), "laneway_node_free_memory_mib", node="n1") == 900

@@ -117,6 +117,13 @@ def test_terminal_display_shows_stages_rates_and_why_a_lane_is_idle():
     assert "start a worker: laneway worker --node n1" in text
 
 
+def test_a_finished_run_has_no_eta():
+    body = status()
+    body["run"]["state"] = "finished"
+    text, _ = draw(body)
+    assert text.splitlines()[0] == "run 1 (demo) — finished"
+
+
 def test_plain_lines_one_per_change():
     out = io.StringIO()
     shown = live.Progress(1, stream=out, live=False)
