@@ -279,6 +279,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
             last_seen=last_seen,
             stage_nodes=stage_nodes,
             controls=controls,
+            unknown=len(unknown),
         ),
         "placement": placement(stage_nodes, lane_nodes, live),
         "throughput": {
@@ -448,6 +449,7 @@ def _lanes(
     last_seen: dict[str, str],
     stage_nodes: dict[str, list[str] | None],
     controls: list[dict[str, Any]],
+    unknown: int,
 ) -> list[dict[str, Any]]:
     counts: dict[str, dict[str, int]] = {}
     ready_stages: dict[str, set[str]] = {}
@@ -491,7 +493,7 @@ def _lanes(
                 if not any(n in live for n in nodes)
             ]
             created = iso(run["created_at"])
-            held = held_by_control(controls, name)
+            held = held_by_control(controls, name, unknown=unknown)
             if held is not None:
                 # What an operator must lift comes first: a worker would not run it.
                 reason = held
@@ -545,20 +547,30 @@ def _lanes(
     return lanes
 
 
-def held_by_control(controls: list[dict[str, Any]], lane: str) -> dict[str, Any] | None:
-    """The lane's reason when an active control holds it (a halt, then a pause, then a
-    stop, as admission checks them; global, run or this lane's), else None."""
-    for kind, code in (("halt", "halted"), ("pause", "paused"), ("stop", "stopped")):
-        for control in controls:
-            if control["kind"] == kind and control["lane"] in (None, lane):
-                detail = {"scope": control["scope"], "reason": control["reason"]}
-                return {
-                    "code": code,
-                    "stage": None,
-                    "since": control["set_at"],
-                    "detail": detail,
-                    "words": admission.describe(code, detail),
-                }
+def held_by_control(
+    controls: list[dict[str, Any]], lane: str, *, unknown: int = 0
+) -> dict[str, Any] | None:
+    """The lane's reason when what an operator must lift holds it, in admission's order:
+    a halt, the run's ``unknown`` attempts, a pause, a stop (global, run or this lane's
+    controls); else None."""
+
+    def control_of(kind: str) -> dict[str, Any] | None:
+        return next((c for c in controls if c["kind"] == kind and c["lane"] in (None, lane)), None)
+
+    def held(code: str, detail: dict[str, Any], since: str | None) -> dict[str, Any]:
+        words = admission.describe(code, detail)
+        return {"code": code, "stage": None, "since": since, "detail": detail, "words": words}
+
+    halt = control_of("halt")
+    if halt is not None:
+        return held("halted", {"scope": halt["scope"], "reason": halt["reason"]}, halt["set_at"])
+    if unknown:
+        return held("unknown_outcome", {"unknown_attempts": unknown}, None)
+    for kind, code in (("pause", "paused"), ("stop", "stopped")):
+        control = control_of(kind)
+        if control is not None:
+            detail = {"scope": control["scope"], "reason": control["reason"]}
+            return held(code, detail, control["set_at"])
     return None
 
 

@@ -63,9 +63,10 @@ def test_a_scrape_reports_the_ledger(runtime, factory, make_run, register_worker
     assert value(samples, "laneway_unknown_attempts", **run) == 1
     assert value(samples, "laneway_lease_expiries_total", **run) == 1
     assert value(samples, "laneway_leases_expired") == 0  # the controller acted on it
-    # The lane has a ready job, runs nothing, and its node's only worker went quiet.
+    # The lane has a ready job and runs nothing; its node's only worker went quiet, but
+    # what holds it is the unknown attempt: nothing is dispatched until it is reconciled.
     idle = value(
-        samples, "laneway_lane_idle_seconds", lane="a", node="n1", reason="no_worker", **run
+        samples, "laneway_lane_idle_seconds", lane="a", node="n1", reason="unknown_outcome", **run
     )
     assert idle >= 600
     assert value(samples, "laneway_lane_pending_jobs", lane="a", **run) == 1

@@ -19,7 +19,7 @@ from controller import db, ledger
 from controller.daemon import Controller
 from controller.models import Job
 from controller.report import build_report, render_html
-from controller.states import Outcome
+from controller.states import ControlKind, ControlScope, Outcome
 from controller.status import LOST_AFTER_SECONDS, build_status, explain_job
 from tests.support import claim_on_n1, make_config, py_stage, settle_one
 
@@ -300,3 +300,49 @@ def test_report_keeps_recorded_reasons_while_a_worker_lives(
     (gap,) = lane["idle_periods"]
     assert gap["reasons"] == ["max_jobs — 1 running, node max_jobs 1"]
     assert gap["no_worker_seconds"] == 0.0
+
+
+def test_what_an_operator_must_lift_comes_before_a_stale_refusal_and_no_worker(
+    factory, make_run, register_worker, clock
+):
+    """An idle lane's reason is what holds it now, in admission's order: the run's
+    unknown attempt (not the max_jobs refusal recorded while it ran), then a pause,
+    whether or not a worker is live."""
+    run_id = make_run(make_config(items=2, max_jobs=1))
+    worker = register_worker()
+    (claim,) = claim_on_n1(factory, worker, clock, slots=2)  # the other: max_jobs
+    assert status_at(factory, run_id, clock)["lanes"][0]["reason"] is None  # one runs
+    with db.transaction(factory) as session:
+        ledger.mark_unknown(
+            session, claim.attempt_id, reason="lease expired", actor="test", now=clock.now()
+        )
+    (lane,) = status_at(factory, run_id, clock)["lanes"]
+    assert lane["running"] == 0 and lane["ready"] == 1
+    assert lane["reason"]["code"] == "unknown_outcome"
+    assert lane["reason"]["words"].startswith("unknown_outcome — 1 attempt(s) await")
+
+    with db.transaction(factory) as session:
+        ledger.reconcile_attempt(
+            session,
+            claim.attempt_id,
+            verdict="succeeded",
+            reason="checked",
+            actor="operator",
+            now=clock.now(),
+        )
+        ledger.set_control(
+            session,
+            ControlKind.PAUSE,
+            scope=ControlScope.RUN,
+            run_id=run_id,
+            reason="provider maintenance",
+            actor="operator",
+            now=clock.now(),
+        )
+    for stopped in (False, True):
+        if stopped:
+            with db.transaction(factory) as session:
+                ledger.stop_worker(session, worker, now=clock.now())
+        (lane,) = status_at(factory, run_id, clock)["lanes"]
+        assert lane["reason"]["code"] == "paused", stopped
+        assert lane["reason"]["words"] == "paused (run) — provider maintenance"
