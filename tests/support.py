@@ -116,3 +116,29 @@ def settle_one(
             now=clock.now(),
             **kwargs,
         )
+
+
+def heartbeat(
+    factory: Any,
+    worker: str,
+    clock: Any,
+    free: float,
+    *,
+    total: float = 64_000,
+    lease_seconds: float = 60,
+    **kwargs: Any,
+) -> int:
+    """One heartbeat of ``worker`` reporting ``free`` MiB of ``total``, in its own
+    transaction (``kwargs``: the rest of ``ledger.heartbeat``'s)."""
+    from controller import db, ledger
+
+    with db.transaction(factory) as session:
+        return ledger.heartbeat(
+            session,
+            worker,
+            now=clock.now(),
+            lease_seconds=lease_seconds,
+            mem_available_mib=free,
+            mem_total_mib=total,
+            **kwargs,
+        )

@@ -131,15 +131,8 @@ def test_cancel_refuses_what_is_not_running(engine, runtime, make_run):
     assert both.exit_code == 2 and "not both" in both.stderr
 
 
-def test_cancel_of_a_supervisor_elsewhere_is_refused_and_records_nothing(
-    engine, runtime, make_run, register_worker, clock
-):
-    from controller import ledger
-    from controller.models import Event
-
-    make_run(make_config())
-    worker = register_worker()
-    factory = db.session_factory(engine)
+def spawned_elsewhere(factory, worker, clock):
+    """One claimed attempt whose supervisor was recorded on another machine (boot id)."""
     with db.transaction(factory) as session:
         (claim,) = ledger.claim_jobs(
             session,
@@ -161,6 +154,16 @@ def test_cancel_of_a_supervisor_elsewhere_is_refused_and_records_nothing(
             child_pid=None,
             child_start_time=None,
         )
+    return claim
+
+
+def test_cancel_of_a_supervisor_elsewhere_is_refused_and_records_nothing(
+    engine, runtime, make_run, register_worker, clock
+):
+    make_run(make_config())
+    worker = register_worker()
+    factory = db.session_factory(engine)
+    claim = spawned_elsewhere(factory, worker, clock)
     result = runner.invoke(
         app, ["cancel", str(claim.attempt_id), "--reason", "x", "--runtime-dir", str(runtime)]
     )
@@ -203,27 +206,7 @@ def test_cancel_of_a_run_with_a_supervisor_elsewhere_records_nothing(
     run_id = make_run(make_config(items=2))
     worker = register_worker()
     factory = db.session_factory(engine)
-    with db.transaction(factory) as session:
-        (claim,) = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=1,
-            mem_available_mib=64_000,
-            now=clock.now(),
-        )
-        ledger.record_spawn(
-            session,
-            claim.attempt_id,
-            fence=claim.fence,
-            actor=worker,
-            now=clock.now(),
-            boot_id="another-machine",
-            supervisor_pid=1,
-            supervisor_start_time=1,
-            child_pid=None,
-            child_start_time=None,
-        )
+    spawned_elsewhere(factory, worker, clock)
     with pytest.raises(UsageError, match="not running on this machine"):
         stopping.cancel(engine, run=run_id, reason="x", actor="t", now=clock.now())
     with factory() as session:

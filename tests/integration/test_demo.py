@@ -69,6 +69,18 @@ def _run_demo(runtime: Path, paid: Path, env: dict[str, str]):
     return runtime, paid, json.loads(done.stdout)
 
 
+def laneway(runtime: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A laneway command on the demo's ledger."""
+    return subprocess.run(
+        [*LANEWAY, *args, "--runtime-dir", str(runtime)],
+        env=_env(runtime),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+
+
 def query(runtime: Path, sql: str) -> list[tuple]:
     if runtime in LEDGERS:
         import psycopg
@@ -137,23 +149,7 @@ def test_usage_is_recorded_and_reported_with_each_nodes_low_water(demo):
         ("solve", "calls", 10.0, 11),
         ("solve", "cost_usd", 2.5, 11),
     ]
-    done = subprocess.run(
-        [
-            *LANEWAY,
-            "report",
-            "1",
-            "--json",
-            "--yield",
-            "useful_tokens",
-            "--runtime-dir",
-            str(runtime),
-        ],
-        env=_env(runtime),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    done = laneway(runtime, "report", "1", "--json", "--yield", "useful_tokens")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["usage"]["totals"]["cost_usd"] == 2.5
@@ -211,14 +207,7 @@ def test_evidence_files_for_every_attempt(demo):
 
 def test_status_cli_reads_the_paused_run(demo):
     runtime, _, _ = demo
-    done = subprocess.run(
-        [*LANEWAY, "status", "--runtime-dir", str(runtime)],
-        env=_env(runtime),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    done = laneway(runtime, "status")
     assert done.returncode == 0, done.stderr
     assert "— active" in done.stdout and "lanes:" in done.stdout
     assert "paused (run) — nothing more fits the budget: budget (run)" in done.stdout

@@ -12,24 +12,20 @@ from controller import db, ledger
 from controller.models import Node, NodeLowWater
 from controller.outcome import Outcome
 from controller.report import build_report, render_html
-from tests.support import claim_on_n1, make_config, py_stage, settle_one, wait_until
+from tests.support import (
+    claim_on_n1,
+    heartbeat,
+    make_config,
+    py_stage,
+    settle_one,
+    wait_until,
+)
 from workers.service import WorkerService
 
 
 def beat(factory, worker, clock, free, *, runs, low=None, low_at=None):
     """A heartbeat of a worker with attempts running for ``runs``."""
-    with db.transaction(factory) as session:
-        ledger.heartbeat(
-            session,
-            worker,
-            now=clock.now(),
-            lease_seconds=60,
-            mem_available_mib=free,
-            mem_total_mib=64_000,
-            mem_low_mib=low,
-            mem_low_at=low_at,
-            running_runs=runs,
-        )
+    heartbeat(factory, worker, clock, free, mem_low_mib=low, mem_low_at=low_at, running_runs=runs)
 
 
 def marks(factory, run_id):

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controller import db, ledger, metrics
 from controller.states import Outcome
-from tests.support import claim_on_n1, make_config, py_stage, settle_one
+from tests.support import claim_on_n1, heartbeat, make_config, py_stage, settle_one
 
 
 def scrape(runtime: Path, now) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -119,24 +119,13 @@ def test_node_memory_is_the_last_heartbeats_sample_under_its_node(
     make_run(config)
     worker = register_worker("n1")
 
-    def beat(free: float, total: float) -> None:
-        with db.transaction(factory) as session:
-            ledger.heartbeat(
-                session,
-                worker,
-                now=clock.now(),
-                lease_seconds=60,
-                mem_available_mib=free,
-                mem_total_mib=total,
-            )
-
     # No sample yet: the floors only; no free memory is made up.
     before = scrape(runtime, clock.now())
     assert node_series(before, "n1") == {
         "laneway_node_memory_floor_mib": 512,
         "laneway_node_live_workers": 1,
     }
-    beat(1234.5, 64_000)
+    heartbeat(factory, worker, clock, 1234.5)
     clock.advance(5)
     samples = scrape(runtime, clock.now())
     assert node_series(samples, "n1") == {
@@ -152,5 +141,5 @@ def test_node_memory_is_the_last_heartbeats_sample_under_its_node(
         "laneway_node_live_workers": 0,
     }
     # The next heartbeat's sample replaces it at the next scrape.
-    beat(900.0, 64_000)
+    heartbeat(factory, worker, clock, 900.0)
     assert value(scrape(runtime, clock.now()), "laneway_node_free_memory_mib", node="n1") == 900

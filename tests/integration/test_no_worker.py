@@ -21,7 +21,7 @@ from controller.models import Job
 from controller.report import build_report, render_html
 from controller.states import ControlKind, ControlScope, Outcome
 from controller.status import LOST_AFTER_SECONDS, build_status, explain_job
-from tests.support import claim_on_n1, make_config, py_stage, settle_one
+from tests.support import claim_on_n1, heartbeat, make_config, py_stage, settle_one
 
 runner = CliRunner()
 
@@ -256,15 +256,7 @@ def test_report_labels_the_time_without_a_worker_no_worker(
     clock.advance(10)
     settle_one(factory, claim, worker, clock, Outcome.SUCCEEDED)
     clock.advance(20)
-    with db.transaction(factory) as session:
-        ledger.heartbeat(
-            session,
-            worker,
-            now=clock.now(),
-            lease_seconds=60,
-            mem_available_mib=64_000,
-            mem_total_mib=128_000,
-        )
+    heartbeat(factory, worker, clock, 64_000, total=128_000)
     clock.advance(5)
     with db.transaction(factory) as session:
         ledger.stop_worker(session, worker, now=clock.now())
