@@ -896,7 +896,13 @@ def run_pipeline(
     new: NewOpt = False,
     rerun: RerunOpt = None,
     as_json: JsonFlag = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress lines.")] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet",
+            help="No progress on stderr (with --json: none of its JSON lines either).",
+        ),
+    ] = False,
 ) -> None:
     """Start a pipeline and run it here, in the foreground, until it finishes.
 
@@ -950,7 +956,7 @@ def run_pipeline(
     from cli import live
 
     stopper = _Stopper()
-    progress = live.Progress(run_id, quiet=quiet or as_json)
+    progress = live.Progress(run_id, quiet=quiet, as_json=as_json)
     blocked: str | None = None
     last_look = last_probe = float("-inf")
     outage = db.Outage()

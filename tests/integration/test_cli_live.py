@@ -88,6 +88,28 @@ def test_run_off_a_terminal_reports_progress_in_lines(tmp_path):
     assert "\x1b" not in done.stderr
 
 
+def test_run_json_reports_progress_as_json_lines_on_stderr(tmp_path):
+    """stdout stays one JSON document (the final status); the progress goes to stderr
+    as one JSON status per change."""
+    config = config_file(tmp_path, items=3)
+    done = subprocess.run(
+        [*LANEWAY, "run", str(config), "--runtime-dir", str(tmp_path / "rt"), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    final = json.loads(done.stdout)
+    assert final["run"]["state"] == "finished" and final["totals"] == {"succeeded": 3}
+    lines = [json.loads(line) for line in done.stderr.splitlines()]
+    assert lines and all("eta_seconds" in line and "totals" in line for line in lines)
+    assert lines[-1]["totals"] == {"succeeded": 3}
+    seen = [json.dumps(line["totals"], sort_keys=True) for line in lines]
+    assert len(lines) >= 2 and seen[0] != seen[-1]  # it moved while running
+
+
 @pytest.mark.sqlite_only(
     "the quick read-only path is the standard library's sqlite3; on PostgreSQL a read-only "
     "command needs SQLAlchemy and the driver"
