@@ -10,7 +10,9 @@ counts calls of ``check(SITE)``; call K (and, with ``persist``, every later call
 - ``log_write`` — writing stdout.log / stderr.log (supervisor);
 - ``result_read`` — reading result.json (worker);
 - ``status_snapshot`` — writing status.json / SUMMARY.json (controller);
-- ``capture`` — adding a file to a failure capture archive (worker).
+- ``capture`` — adding a file to a failure capture archive (worker);
+- ``store_write`` — writing an output into a local artifact store (worker);
+- ``input_fetch`` — copying an input from the artifact store (worker).
 
 Stdlib only: the supervisor imports it.
 """

@@ -28,6 +28,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from controller import faults
 from controller.durable import make_private_dir, open_private
 from controller.outcome import Verdict
 from controller.states import Outcome
@@ -145,6 +146,7 @@ class ArtifactStore:
                 with open_private(temporary, "xb") as target, open(source, "rb") as data:
                     while chunk := data.read(CHUNK):
                         target.write(chunk)
+                    faults.check("store_write")  # test hook: the write or its fsync failing
                     target.flush()
                     os.fsync(target.fileno())
                 os.replace(temporary, key)  # atomic: never a half-written object
@@ -176,6 +178,7 @@ def fetch(location: str, sha256: str, name: str, target: Path) -> None:
             while chunk := stored.read(CHUNK):
                 digest.update(chunk)
                 copy.write(chunk)
+            faults.check("input_fetch")  # test hook: the copy failing
     except Exception as exc:  # fsspec backends raise their own types: all are the store's
         temporary.unlink(missing_ok=True)
         if isinstance(exc, FileNotFoundError):

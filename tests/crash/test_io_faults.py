@@ -4,7 +4,10 @@ record means unknown, and report/log failures are their own recorded diagnostics
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,3 +144,64 @@ def test_reconciling_after_a_receipt_failure_keeps_the_known_exit_code(
         settled = session.get(Attempt, attempt.id)
         assert (settled.state, settled.outcome, settled.exit_code) == ("settled", "failed", 7)
         assert session.get(Run, run_id) is not None
+
+
+PRODUCER = (
+    "import json, os; open('out.txt', 'w').write('bytes handed on'); "
+    "json.dump({'job_id': os.environ['LANEWAY_JOB_ID']}, "
+    "open(os.environ['LANEWAY_RESULT_PATH'], 'w'))"
+)
+CONSUMER = "import os, sys; open(sys.argv[1] + '.ran', 'w').write(open(sys.argv[2]).read())"
+
+
+@pytest.mark.parametrize("code", ["ENOSPC", "EIO"])
+@pytest.mark.parametrize("site", ["store_write", "input_fetch"])
+def test_a_fault_in_the_artifact_store_is_a_harness_failure_that_pauses(
+    engine, runtime, make_run, monkeypatch, tmp_path, site, code
+):
+    """Storing an output or fetching an input fails: the attempt is a harness failure
+    (the producer's exit code kept; the consumer never started), nothing half-written is
+    left in the store or the attempt directory, and the run pauses."""
+    monkeypatch.setenv(faults.ENV, f"{site}:1:{code}")
+    faults.reset()
+    marker = tmp_path / "consumer"
+    stages = [
+        py_stage("p", PRODUCER, outputs=["out.txt"]),
+        {
+            **py_stage("c", CONSUMER, needs=["p"]),
+            "argv": [sys.executable, "-c", CONSUMER, str(marker), "{inputs.p}/out.txt"],
+        },
+    ]
+    run_id = make_run(make_config(stages, items=1))
+    service = WorkerService(engine, node="n1", slots=1, memory_probe=lambda: (64e3, 128e3))
+    service.start()
+
+    def failed():
+        service.tick()
+        with db.session_factory(engine)() as session:
+            return session.scalars(
+                select(Attempt).where(Attempt.outcome == "harness_failure")
+            ).first()
+
+    attempt = wait_until(failed, timeout=60)
+    wait_until(lambda: service.tick().in_flight == 0)
+    faults.reset()
+    assert f"injected at {site} call 1" in attempt.state_reason
+    assert os.strerror(getattr(errno, code)) in attempt.state_reason
+    if site == "store_write":
+        assert attempt.attempt_dir.endswith(".p/attempt-1")
+        assert attempt.exit_code == 0  # the command's own exit is kept
+        stored = (
+            list((runtime / "artifacts").rglob("*")) if (runtime / "artifacts").exists() else []
+        )
+        assert [p for p in stored if p.is_file()] == []  # no object, no temporary
+    else:
+        assert attempt.state_reason.startswith("not started:")
+        assert attempt.child_pid is None and not Path(f"{marker}.ran").exists()
+        inputs = Path(attempt.attempt_dir) / "inputs"
+        assert not inputs.exists() or [p for p in inputs.rglob("*") if p.is_file()] == []
+    with db.session_factory(engine)() as session:
+        pauses = session.scalars(
+            select(Control).where(Control.run_id == run_id, Control.kind == "pause")
+        ).all()
+    assert len(pauses) == 1
