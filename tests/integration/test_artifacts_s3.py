@@ -98,7 +98,7 @@ def s3fs_for(endpoint: str):
     )
 
 
-def write_config(tmp: Path, items: list[str]) -> Path:
+def write_config(tmp: Path, items: list[str], store: str = f"s3://{BUCKET}/runs") -> Path:
     def argv(code: str, *rest: str) -> str:
         return json.dumps([sys.executable, "-c", escape(code), "{item}", *rest])
 
@@ -107,7 +107,7 @@ def write_config(tmp: Path, items: list[str]) -> Path:
     path.write_text(
         f"""
 name = "across"
-artifact_store = "s3://{BUCKET}/runs"
+artifact_store = "{store}"
 nodes = [
   {{ name = "a", memory_floor_mib = 0, max_jobs = 2 }},
   {{ name = "b", memory_floor_mib = 0, max_jobs = 2 }},
@@ -140,8 +140,9 @@ class Nodes(Cluster):
     """Nodes a and b (tests/integration/test_two_nodes.py's Cluster), with the S3
     endpoint and credentials in every process's environment."""
 
-    def __init__(self, tmp: Path, endpoint: str) -> None:
-        super().__init__(tmp, ("a", "b"), {"AWS_ENDPOINT_URL": endpoint, **CREDENTIALS})
+    def __init__(self, tmp: Path, endpoint: str | None) -> None:
+        env = {"AWS_ENDPOINT_URL": endpoint, **CREDENTIALS} if endpoint else {}
+        super().__init__(tmp, ("a", "b"), env)
         for directory in self.dirs.values():
             directory.mkdir()
 
@@ -181,8 +182,8 @@ def nodes(tmp_path, s3, ledger_backend):
     made.stop()
 
 
-def start_run(nodes: Nodes, items: list[str]) -> int:
-    config = write_config(nodes.tmp, items)
+def start_run(nodes: Nodes, items: list[str], store: str = f"s3://{BUCKET}/runs") -> int:
+    config = write_config(nodes.tmp, items, store)
     started = nodes.cli("start-pipeline", str(config), "--no-controller", "--json")
     assert started.returncode == 0, started.stderr
     return int(json.loads(started.stdout)["run_id"])
@@ -245,3 +246,29 @@ def test_review_on_another_node_gets_verified_inputs_and_a_flipped_byte_never_ru
     assert not (Path(refused.attempt_dir) / "inputs" / "solve" / "answer.txt").exists()
     pauses = nodes.rows(Control, Control.run_id == second, Control.cleared_at.is_(None))
     assert [p.kind for p in pauses] == ["pause"]
+
+
+def test_a_store_on_a_shared_mount_hands_files_between_nodes(tmp_path, ledger_backend):
+    """``file://`` on a mount both nodes see (here a directory both processes reach):
+    objects land there, not in either runtime dir, and b's input is a's bytes."""
+    shared = tmp_path / "shared-mount"
+    shared.mkdir()
+    nodes = Nodes(tmp_path, endpoint=None)
+    try:
+        run_id = start_run(nodes, ["q1"], store=shared.as_uri() + "/laneway")
+        nodes.start("controller", "controller", where="control")
+        nodes.worker("a")
+        nodes.worker("b")
+        wait_until(lambda: nodes.reviewed() == ["q1 question for q1 -> 42"], timeout=120)
+        (answer,) = nodes.rows(Artifact, Artifact.run_id == run_id, Artifact.stage == "solve")
+        expected = shared / "laneway" / "sha256" / answer.sha256[:2] / answer.sha256
+        assert answer.location == expected.as_uri() and expected.is_file()
+        (review,) = wait_until(
+            lambda: [a for a in nodes.stage_attempts(run_id, "review") if a.state == "settled"]
+        )
+        assert review.outcome == "succeeded" and review.node == "b"
+        fetched = Path(review.attempt_dir) / "inputs" / "solve" / "answer.txt"
+        assert hashlib.sha256(fetched.read_bytes()).hexdigest() == answer.sha256
+        assert not any((nodes.dirs[n] / "artifacts").exists() for n in ("a", "b"))
+    finally:
+        nodes.stop()
