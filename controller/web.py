@@ -181,9 +181,18 @@ class Dashboard:
         self._timelines[run["id"]] = (newest, time.monotonic(), svg)
         return svg
 
-    def explain(self, job_id: int) -> dict[str, Any]:
+    def explain(self, job: str, run_id: int | None = None) -> dict[str, Any]:
+        """``laneway explain`` for a job given by its id or as ``ITEM.STAGE`` (in run
+        ``run_id``, default the newest), as the command takes it."""
         from controller.status import explain_job
 
+        if job.isdigit() and 0 < int(job) < 2**63:
+            job_id = int(job)
+        elif "." in job:
+            with self.lock, self.source.snapshot():
+                job_id = logs_module.job_by_name(self.source, job, run_id)
+        else:
+            raise UsageError("job: give a job id or ITEM.STAGE")
         with db.session_factory(self._orm())() as session:
             return explain_job(session, job_id, now=self.now())
 
@@ -310,7 +319,9 @@ def make_server(
                 svg = dashboard.timeline(_id(query, "run", optional=True))
                 self._send(HTTPStatus.OK, svg.encode(), "image/svg+xml; charset=utf-8")
             elif path == "/api/explain":
-                self._json(dashboard.explain(_id(query, "job")))
+                self._json(
+                    dashboard.explain(query.get("job", ""), _id(query, "run", optional=True))
+                )
             elif path == "/api/attempt":
                 self._json(dashboard.attempt(_id(query, "id")))
             else:

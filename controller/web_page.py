@@ -77,7 +77,7 @@ reconciled</h2><div id="unknown-list"></div></section>
 <section><h2>Timeline</h2><div class="timeline-box" id="timeline"></div></section>
 <div class="cols">
 <section><h2>Explain a job</h2>
-<form id="explain-form"><input id="explain-job" placeholder="job id" inputmode="numeric">
+<form id="explain-form"><input id="explain-job" placeholder="job id or ITEM.STAGE">
 <button>explain</button></form><div id="explain"></div></section>
 <section><h2>Attempt</h2>
 <form id="attempt-form"><input id="attempt-id" placeholder="attempt id" inputmode="numeric">
@@ -202,7 +202,8 @@ async function runs() {
 async function explain(job) {
   $('explain-job').value = job;
   try {
-    const r = await get(`/api/explain?job=${job}`);
+    const where = run === null ? '' : `&run=${run}`;
+    const r = await get(`/api/explain?job=${encodeURIComponent(job)}${where}`);
     const parts = [el('p', {}, `job ${r.job_id} (${r.item}.${r.stage}, lane ${r.lane}, run ${r.run_id}): `, el('b', {}, r.state))];
     if (r.blocked_by.length) parts.push(el('ul', {}, ...r.blocked_by.map((b) => el('li', {}, `${b.code}: ${b.words}`))));
     if (r.arithmetic) parts.push(el('pre', {}, JSON.stringify(r.arithmetic, null, 1)));

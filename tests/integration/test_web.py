@@ -129,6 +129,10 @@ def test_endpoints_show_the_running_pipeline_and_refuse_writes(running):
     assert attempt["logs"]["stdout"]["text"] == "working\n"
     assert attempt["state"] == "running"
     assert get_json(url + "api/explain?job=2")["state"] == "ready"
+    by_name = get_json(url + "api/explain?job=x1.only&run=1")  # ITEM.STAGE, as the CLI
+    assert (by_name["job_id"], by_name["item"], by_name["stage"]) == (2, "x1", "only")
+    assert get(url + "api/explain?job=x9.only")[0] == 404
+    assert get(url + "api/explain?job=nope")[0] == 400
     status, svg = get(url + "api/timeline")
     assert status == 200 and svg.startswith(b"<svg")
     status, page = get(url)
