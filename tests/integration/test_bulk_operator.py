@@ -8,7 +8,11 @@ import json
 import sys
 from pathlib import Path
 
+from controller import db, ledger
+from controller.models import Job
+from controller.states import Outcome
 from tests.integration.test_cli import invoke
+from tests.support import claim_on_n1, make_config, py_stage, settle_one
 
 JOB = """
 import os, sys
@@ -93,3 +97,41 @@ def test_bulk_retry_and_item_stage_ids(tmp_path: Path):
     assert finished.exit_code == 0, finished.output
     assert json.loads(finished.stdout)["totals"] == {"succeeded": 4}
     assert sorted(count.read_text().splitlines()) == ["x1", "x1", "x2", "x2", "x3", "x3", "x4"]
+
+
+def test_bulk_retry_filters_by_stage_and_outcome(factory, make_run, register_worker, clock):
+    """`retry --run RUN --stage S [--outcome O]`: only the failed jobs of that stage (and
+    outcome) move back to ready; the others stay as they are."""
+    run_id = make_run(
+        make_config([py_stage("a", "pass"), py_stage("b", "pass")], items=2, max_jobs=4)
+    )
+    worker = register_worker()
+    claims = claim_on_n1(factory, worker, clock, slots=4)
+    outcome_of = {
+        ("item0", "a"): Outcome.FAILED,
+        ("item1", "a"): Outcome.INFRA_FAILURE,
+        ("item0", "b"): Outcome.FAILED,
+        ("item1", "b"): Outcome.SUCCEEDED,
+    }
+    job_of = {}
+    for claim in claims:
+        settle_one(factory, claim, worker, clock, outcome_of[(claim.item, claim.stage)])
+        job_of[(claim.item, claim.stage)] = claim.job_id
+
+    def retry(**filters):
+        with db.transaction(factory) as session:
+            return ledger.retry_failed(
+                session, run_id, reason="fixed", actor="op", now=clock.now(), **filters
+            )
+
+    assert retry(stage="a", outcome=Outcome.INFRA_FAILURE) == [job_of[("item1", "a")]]
+    assert retry(stage="b") == [job_of[("item0", "b")]]
+    assert retry(stage="b") == []  # nothing failed is left in b
+    with factory() as session:
+        states = {key: session.get(Job, job_id).state for key, job_id in job_of.items()}
+    assert states == {
+        ("item0", "a"): "failed",  # an ordinary failure of a: not asked for
+        ("item1", "a"): "ready",
+        ("item0", "b"): "ready",
+        ("item1", "b"): "succeeded",
+    }
