@@ -77,7 +77,7 @@ reconciled</h2><div id="unknown-list"></div></section>
 <section><h2>Timeline</h2><div class="timeline-box" id="timeline"></div></section>
 <div class="cols">
 <section><h2>Explain a job</h2>
-<form id="explain-form"><input id="explain-job" placeholder="job id or ITEM.STAGE">
+<form id="explain-form"><input id="explain-job" placeholder="job id or ITEM.STAGE" size="22">
 <button>explain</button></form><div id="explain"></div></section>
 <section><h2>Attempt</h2>
 <form id="attempt-form"><input id="attempt-id" placeholder="attempt id" inputmode="numeric">
