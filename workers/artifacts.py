@@ -62,17 +62,26 @@ class Output:
     size_bytes: int
 
 
-def hash_file(path: Path) -> tuple[str, int]:
+Between = Callable[[], None] | None
+"""Called after each CHUNK a transfer moves: the worker renews its leases there when
+they are due, so one large file cannot outlast them."""
+
+
+def hash_file(path: Path, between: Between = None) -> tuple[str, int]:
     digest = hashlib.sha256()
     size = 0
     with open(path, "rb") as source:
         while chunk := source.read(CHUNK):
             digest.update(chunk)
             size += len(chunk)
+            if between is not None:
+                between()
     return digest.hexdigest(), size
 
 
-def find_outputs(workspace: Path, patterns: list[str]) -> tuple[list[Output], list[str]]:
+def find_outputs(
+    workspace: Path, patterns: list[str], between: Between = None
+) -> tuple[list[Output], list[str]]:
     """The files ``patterns`` (names or globs relative to ``workspace``) match, hashed,
     and the patterns that match no regular file inside the workspace. A symlink that
     leads out of the workspace is not an output (the job cannot hand over other
@@ -91,7 +100,7 @@ def find_outputs(workspace: Path, patterns: list[str]) -> tuple[list[Output], li
                 continue
             name = path.relative_to(workspace).as_posix()
             if name not in found:
-                sha256, size = hash_file(path)
+                sha256, size = hash_file(path, between)
                 found[name] = Output(name, path, sha256, size)
             matched += 1
         if not matched:
@@ -116,15 +125,15 @@ class ArtifactStore:
     def _key(self, sha256: str) -> str:
         return f"{self.root}/sha256/{sha256[:2]}/{sha256}"
 
-    def put(self, output: Output) -> str:
+    def put(self, output: Output, between: Between = None) -> str:
         """Store ``output`` under its hash unless that object is there already; read it
         back and check its hash either way. Returns its location."""
         key = self._key(output.sha256)
         try:
             self.fs.invalidate_cache()
             if not self.fs.exists(key):
-                self._write(output.path, key)
-            stored = self._hash_object(key)
+                self._write(output.path, key, between)
+            stored = self._hash_object(key, between)
         except StoreError:
             raise
         except Exception as exc:  # fsspec backends raise their own types: all are the store's
@@ -137,7 +146,7 @@ class ArtifactStore:
             )
         return self.location(output.sha256)
 
-    def _write(self, source: Path, key: str) -> None:
+    def _write(self, source: Path, key: str, between: Between = None) -> None:
         parent = key.rsplit("/", 1)[0]
         if self.local:
             make_private_dir(Path(parent))
@@ -146,6 +155,8 @@ class ArtifactStore:
                 with open_private(temporary, "xb") as target, open(source, "rb") as data:
                     while chunk := data.read(CHUNK):
                         target.write(chunk)
+                        if between is not None:
+                            between()
                     faults.check("store_write")  # test hook: the write or its fsync failing
                     target.flush()
                     os.fsync(target.fileno())
@@ -156,15 +167,17 @@ class ArtifactStore:
         else:
             self.fs.put_file(str(source), key)  # one PUT: the object appears whole or not
 
-    def _hash_object(self, key: str) -> str:
+    def _hash_object(self, key: str, between: Between = None) -> str:
         digest = hashlib.sha256()
         with self.fs.open(key, "rb") as stored:
             while chunk := stored.read(CHUNK):
                 digest.update(chunk)
+                if between is not None:
+                    between()
         return digest.hexdigest()
 
 
-def fetch(location: str, sha256: str, name: str, target: Path) -> None:
+def fetch(location: str, sha256: str, name: str, target: Path, between: Between = None) -> None:
     """Copy the object at ``location`` to ``target`` (private), hashing the bytes as
     they are written; raises InputMismatch (nothing kept) when they do not match
     ``sha256``, StoreError when the store cannot be read."""
@@ -178,6 +191,8 @@ def fetch(location: str, sha256: str, name: str, target: Path) -> None:
             while chunk := stored.read(CHUNK):
                 digest.update(chunk)
                 copy.write(chunk)
+                if between is not None:
+                    between()
             faults.check("input_fetch")  # test hook: the copy failing
     except Exception as exc:  # fsspec backends raise their own types: all are the store's
         temporary.unlink(missing_ok=True)
@@ -196,7 +211,7 @@ def deliver(
     attempt_dir: str,
     outputs: list[str],
     store_url: str,
-    between: Callable[[], None] | None = None,
+    between: Between = None,
 ) -> tuple[Verdict, list[dict[str, Any]]]:
     """An attempt that would succeed hands over its declared outputs: each is hashed and
     put in the run's store (call it outside any transaction); returns the verdict and
@@ -204,12 +219,14 @@ def deliver(
     that is missing makes it ``failed`` (the job ran and did not deliver); a store that
     cannot take them makes it ``harness_failure`` (laneway's side broke; the files stay
     in the workspace, the exit code is kept). Anything else passes through. ``between``
-    runs before each transfer (the worker renews its leases there when they are due)."""
+    runs before each file and after each chunk of it is hashed, written or read back
+    (the worker renews its leases there when they are due). A store that takes a file in
+    one call (S3: one PUT) runs nothing in between."""
     if verdict.outcome is not Outcome.SUCCEEDED or not outputs:
         return verdict, []
     workspace = Path(attempt_dir) / "workspace"
     try:
-        found, missing = find_outputs(workspace, outputs)
+        found, missing = find_outputs(workspace, outputs, between)
     except OSError as exc:
         reason = f"its outputs could not be read: {exc.strerror or exc}"
         return replace(verdict, outcome=Outcome.HARNESS_FAILURE, reason=reason), []
@@ -230,7 +247,7 @@ def deliver(
                     "name": output.name,
                     "sha256": output.sha256,
                     "size_bytes": output.size_bytes,
-                    "location": store.put(output),
+                    "location": store.put(output, between),
                 }
             )
     except StoreError as exc:

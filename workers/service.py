@@ -1074,6 +1074,7 @@ class WorkerService:
                     given["sha256"],
                     f"{given['stage']}/{given['name']}",
                     root / given["stage"] / given["name"],
+                    between=self._heartbeat_if_due,  # within one large file too
                 )
             except (artifacts.InputMismatch, artifacts.StoreError) as exc:
                 return str(exc)

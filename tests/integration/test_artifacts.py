@@ -21,7 +21,8 @@ from controller.clock import SystemClock
 from controller.models import Artifact, AttemptInput, Control, Run
 from controller.states import ControlKind, ControlScope
 from tests.integration.test_worker import attempts, drive, start_worker
-from tests.support import escape, make_config, wait_until
+from tests.support import escape, make_config, py_stage, wait_until
+from workers import artifacts
 
 PREPARE = """
 import json, os, sys
@@ -298,3 +299,49 @@ def test_a_stage_that_now_declares_outputs_is_not_reused_from_a_run_that_stored_
     ran = sorted(a.attempt_dir.rsplit("/", 2)[-2] for a in attempts(engine, second))
     assert ran == ["item0.prepare", "item0.solve"]
     assert all(a.outcome == "succeeded" for a in attempts(engine, second))
+
+
+def test_the_worker_renews_its_leases_within_one_large_transfer(
+    engine, make_run, tmp_path, monkeypatch
+):
+    """The worker's lease renewal runs after every chunk of a single file it stores or
+    fetches, not only between files (here 64 bytes in chunks of 8)."""
+    monkeypatch.setattr(artifacts, "CHUNK", 8)
+    producer = "open('big.bin', 'wb').write(bytes(range(64)))"
+    consumer = "import sys; assert len(open(sys.argv[1], 'rb').read()) == 64"
+    config = make_config(
+        [
+            py_stage("p", producer, outputs=["big.bin"]),
+            {
+                **py_stage("c", consumer, needs=["p"]),
+                "argv": [sys.executable, "-c", consumer, "{inputs.p}/big.bin"],
+            },
+        ],
+        items=1,
+    )
+    run_id = make_run(config)
+    worker = start_worker(engine)
+    beats: list[str] = []
+    renew, give, deliver = worker._heartbeat_if_due, worker._give_inputs, worker._deliver
+
+    def counted(name, call):
+        def wrapped(*args):
+            before = len(beats)
+            result = call(*args)
+            beats.append(f"{name}:{len(beats) - before}")
+            return result
+
+        return wrapped
+
+    monkeypatch.setattr(worker, "_heartbeat_if_due", lambda: (beats.append("."), renew())[1])
+    monkeypatch.setattr(worker, "_give_inputs", counted("fetch", give))
+    monkeypatch.setattr(worker, "_deliver", counted("store", deliver))
+    drive(engine, [worker], run_id)
+    done: dict[str, int] = {}
+    for entry in beats:
+        if ":" in entry:  # the most renewals any one store or fetch made
+            name, count = entry.split(":")
+            done[name] = max(done.get(name, 0), int(count))
+    # Storing: 8 chunks hashed, 8 written, 8 read back (+1 before the file); fetching: 8.
+    assert done["store"] >= 24 and done["fetch"] >= 8
+    assert {a.outcome for a in attempts(engine, run_id)} == {"succeeded"}

@@ -86,3 +86,35 @@ def test_deliver_passes_failures_through_and_fails_a_missing_output(tmp_path):
     assert verdict.outcome is Outcome.FAILED and "b.json" in verdict.reason and stored == []
     verdict, stored = artifacts.deliver(ok, str(attempt), ["a.json"], url)
     assert verdict is ok and [row["name"] for row in stored] == ["a.json"]
+
+
+def test_a_large_file_runs_between_after_every_chunk_of_each_transfer(tmp_path, monkeypatch):
+    """Storing and fetching one file call ``between`` (the worker's lease renewal) after
+    each chunk they hash, write, read back or copy, not only between files: one large
+    file cannot outlast the leases."""
+    monkeypatch.setattr(artifacts, "CHUNK", 4)
+    attempt_dir = tmp_path / "attempt"
+    data = b"0123456789abcdefghij"  # 5 chunks
+    write(attempt_dir / "workspace" / "big.bin", data)
+    calls: list[int] = []
+    store_url = (tmp_path / "store").as_uri()
+    verdict, stored = artifacts.deliver(
+        Verdict(Outcome.SUCCEEDED, "exit code 0"),
+        str(attempt_dir),
+        ["big.bin"],
+        store_url,
+        between=lambda: calls.append(1),
+    )
+    assert verdict.outcome is Outcome.SUCCEEDED and len(stored) == 1
+    # 5 while hashing, 1 before the transfer, 5 while writing, 5 while reading back.
+    assert len(calls) == 16
+    calls.clear()
+    target = tmp_path / "given" / "big.bin"
+    artifacts.fetch(
+        stored[0]["location"],
+        stored[0]["sha256"],
+        "p/big.bin",
+        target,
+        between=lambda: calls.append(1),
+    )
+    assert target.read_bytes() == data and len(calls) == 5
