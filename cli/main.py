@@ -1393,6 +1393,7 @@ def reconcile(
     outcome their exit record establishes, after one confirmation (--yes for scripts).
     """
     from controller import evidence, ledger
+    from controller.reconcile import outputs_for_success
 
     if from_evidence:
         _reconcile_from_evidence(run, attempt, as_, result, reason, yes, runtime_dir, as_json)
@@ -1407,20 +1408,27 @@ def reconcile(
         recorded = _read_result_file(result) if result else None
         engine = _writer(runtime_dir)
         with db.session_factory(engine)() as session:
-            exit_code, exit_signal = evidence.verified_exit(ledger.get_attempt(session, attempt))
+            found = ledger.get_attempt(session, attempt)
+            exit_code, exit_signal = evidence.verified_exit(found)
+            node = found.node
+        why = _reason(reason)
+        # A success hands its declared outputs on, as a worker's settle would.
+        stored = outputs_for_success(engine, attempt) if as_.value == "succeeded" else []
         for trying in db.retrying(patience=RETRY_SECONDS):
             with trying, db.transaction(db.session_factory(engine)) as session:
+                now = SystemClock().now()
                 job_state = ledger.reconcile_attempt(
                     session,
                     attempt,
                     verdict=as_.value,
-                    reason=_reason(reason),
+                    reason=why,
                     actor=_actor(),
-                    now=SystemClock().now(),
+                    now=now,
                     result=recorded,
                     exit_code=exit_code,
                     exit_signal=exit_signal,
                 )
+                ledger.record_artifacts(session, attempt, stored, node=node, now=now)
     except LanewayError as error:
         _fail(error, as_json)
         return

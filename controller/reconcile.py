@@ -10,6 +10,11 @@ anything is written:
   per attempt.
 
 The judgement alone (``laneway status``, the dashboard) is ``evidence.mark_conclusive``.
+
+An operator's own ``reconcile ATTEMPT --as succeeded`` of a stage that declares outputs
+hands them over too (``outputs_for_success``): stored from the attempt's workspace and
+recorded with the settle, or refused, so that no job reconciled succeeded leaves the
+stages that need it without their inputs.
 """
 
 from __future__ import annotations
@@ -21,8 +26,12 @@ from typing import TYPE_CHECKING, Any
 from controller import db, evidence, ledger
 from controller.clock import Clock, SystemClock
 from controller.config import StageConfig
+from controller.errors import IllegalTransition
 from controller.evidence import Evidence
-from controller.states import JobState
+from controller.models import Job, Worker
+from controller.outcome import Verdict
+from controller.states import AttemptState, JobState, Outcome
+from workers import artifacts, identity
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -127,3 +136,47 @@ def settle_from_evidence(
                 ledger.record_artifacts(session, row.id, stored, node=row.node, now=clock.now())
         settled.append(Settled(found, job_state))
     return settled
+
+
+def outputs_for_success(engine: Engine, attempt_id: int) -> list[dict[str, Any]]:
+    """What an operator's ``reconcile ATTEMPT --as succeeded`` records: the declared
+    outputs of the attempt's stage, found in its workspace, hashed and put in the run's
+    artifact store (``artifacts.deliver``; call it outside any transaction, then record
+    the result with the settle: ``ledger.record_artifacts``). Nothing for a stage without
+    outputs, or an attempt that is not unknown (the reconcile refuses it itself).
+
+    Raises IllegalTransition (nothing stored, nothing recorded) when the attempt ran on
+    another host (its workspace is there), or when an output is missing or cannot be
+    stored: the stages that need it would have no inputs."""
+    with db.session_factory(engine)() as session:
+        attempt = ledger.get_attempt(session, attempt_id)
+        run = ledger.get_run(session, attempt.run_id)
+        config = ledger.run_config(run)
+        job = session.get(Job, attempt.job_id)
+        assert job is not None
+        stage = config.stage(job.stage)
+        worker = session.get(Worker, attempt.worker_id) if attempt.worker_id else None
+        host = worker.host if worker is not None else None
+        store_url = ledger.artifact_store_url(config.artifact_store, run.runtime_dir)
+    if not stage.outputs or attempt.state != AttemptState.UNKNOWN:
+        return []
+    named = ", ".join(stage.outputs)
+    if host is not None and host != identity.host():
+        raise IllegalTransition(
+            f"attempt {attempt_id} ran on host {host}: its declared outputs ({named}) are in "
+            "its workspace there; reconcile it as succeeded on that machine, or --as failed "
+            "or --as not-run"
+        )
+    verdict, stored = artifacts.deliver(
+        Verdict(Outcome.SUCCEEDED, "reconciled by an operator"),
+        attempt.attempt_dir,
+        list(stage.outputs),
+        store_url,
+    )
+    if verdict.outcome is not Outcome.SUCCEEDED:
+        raise IllegalTransition(
+            f"attempt {attempt_id} cannot be reconciled as succeeded: {verdict.reason}; the "
+            f"stages that need {job.stage} would have no inputs: reconcile it --as failed or "
+            "--as not-run"
+        )
+    return stored

@@ -63,8 +63,8 @@ def inputs_for(
     """The artifacts a job of ``job_id``'s item gets from the stages it needs that
     declare outputs: those of each needed job's succeeded attempt (or of the earlier
     run's attempt it reused). Returns them and, for a needed stage that recorded none,
-    why (e.g. its attempt was reconciled as succeeded by an operator: no outputs were
-    stored). A few indexed lookups per claimed job."""
+    why (e.g. its attempt was reconciled as succeeded before a reconcile stored
+    outputs). A few indexed lookups per claimed job."""
     if not needs_outputs:
         return [], []
     item_id = select(jobs.c.item_id).where(jobs.c.id == job_id).scalar_subquery()
@@ -110,7 +110,7 @@ def inputs_for(
             problems.append(
                 f"stage {producer.stage} (job {producer.id}) recorded no outputs"
                 + (f" for attempt {attempt_id}" if attempt_id is not None else "")
-                + ": settled without storing them (reconciled by an operator?); retry that job"
+                + ": settled without storing them; retry that job"
             )
         given += [dict(row) for row in rows]
     return given, problems

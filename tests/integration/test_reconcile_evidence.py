@@ -170,6 +170,80 @@ def test_a_success_from_evidence_stores_its_declared_outputs(
     assert obj.read_text() == '{"q": 1}'
 
 
+def test_a_success_reconciled_by_hand_hands_its_outputs_on_or_is_refused(
+    factory, make_run, runtime: Path, clock
+):
+    """`reconcile ATTEMPT --as succeeded` of a stage with declared outputs stores them
+    from the attempt's workspace and records them with the settle, so the stage that
+    needs it gets its input; with an output missing it is refused (exit 1) and nothing
+    changes: the operator reconciles it failed or not-run instead."""
+    stages = [
+        py_stage("prepare", "pass", outputs=["packet.json"]),
+        py_stage("solve", "pass", needs=["prepare"]),
+    ]
+    run_id = make_run(make_config(stages, items=2))
+    claims = unknown_attempts(factory, clock, 2, [dead_process(), dead_process()])
+    delivered, missing = claims
+    workspace = make_private_dir(Path(delivered.attempt_dir) / "workspace")
+    (workspace / "packet.json").write_text('{"q": 1}')
+    rt = ["--reason", "checked by hand", "--runtime-dir", str(runtime)]
+
+    done = invoke("reconcile", str(delivered.attempt_id), "--as", "succeeded", *rt)
+    assert done.exit_code == 0, done.output
+    refused = invoke("reconcile", str(missing.attempt_id), "--as", "succeeded", *rt)
+    assert refused.exit_code == 1
+    assert (
+        f"attempt {missing.attempt_id} cannot be reconciled as succeeded: declared output "
+        "packet.json is missing"
+    ) in refused.stderr
+    assert "--as failed or --as not-run" in refused.stderr
+    with factory() as session:
+        (artifact,) = session.scalars(select(Artifact).where(Artifact.run_id == run_id)).all()
+        assert session.get(Attempt, missing.attempt_id).state == "unknown"  # unchanged
+        item_id = session.get(Job, delivered.job_id).item_id
+        solve = session.scalars(
+            select(Job).where(Job.item_id == item_id, Job.stage == "solve")
+        ).one()
+    assert artifact.attempt_id == delivered.attempt_id and artifact.name == "packet.json"
+    assert (runtime / "artifacts" / "sha256" / artifact.sha256[:2] / artifact.sha256).is_file()
+    with factory() as session:
+        given, problems = ledger.inputs_for(session, job_id=solve.id, needs_outputs=["prepare"])
+    assert [(g["name"], g["sha256"]) for g in given] == [("packet.json", artifact.sha256)]
+    assert problems == []
+    # Reconciled failed instead, the other needs no outputs.
+    failed = invoke("reconcile", str(missing.attempt_id), "--as", "failed", *rt)
+    assert failed.exit_code == 0, failed.output
+
+
+def test_a_success_by_hand_of_an_attempt_on_another_host_is_refused(
+    factory, make_run, register_worker, runtime: Path, clock
+):
+    make_run(make_config([py_stage("prepare", "pass", outputs=["packet.json"])]))
+    worker = register_worker()  # host "test": not this machine
+    with db.transaction(factory) as session:
+        (claim,) = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=1,
+            mem_available_mib=64e3,
+            now=clock.now(),
+        )
+        ledger.mark_unknown(session, claim.attempt_id, reason="lost", actor="t", now=clock.now())
+    refused = invoke(
+        "reconcile",
+        str(claim.attempt_id),
+        "--as",
+        "succeeded",
+        "--reason",
+        "x",
+        "--runtime-dir",
+        str(runtime),
+    )
+    assert refused.exit_code == 1
+    assert f"attempt {claim.attempt_id} ran on host test" in refused.stderr
+
+
 def test_judge_review_and_settle_are_callable_without_the_cli(
     engine, factory, make_run, runtime: Path, clock
 ):
