@@ -1039,24 +1039,26 @@ def run_pipeline(
         final = build_status(session, ledger.get_run(session, run_id), now=daemon.clock.now())
     _emit(final, as_json, render.status_text)
     if final["run"]["state"] != "finished":
+        # How it ended and how to go on: words, or one JSON object per line with --json
+        # (stderr then holds JSON lines only).
+        say = _Log(as_json)
         if blocked:
-            typer.echo(f"laneway: run {run_id} is blocked: {blocked}", err=True)
+            words = f"laneway: run {run_id} is blocked: {blocked}"
+            say("run_blocked", words, run_id=run_id, reason=blocked, message=words)
         spent = any(c["reason"].startswith(usage.BUDGET_SPENT) for c in final["controls"])
         if spent:
             # Resuming would pause it again: only more budget lets it go on.
-            typer.echo(
+            words = (
                 f"laneway: run {run_id} stopped at its budget; to go on, raise `budget` in "
                 "the config and start a new run with `laneway run CONFIG --new`: every job "
-                "that succeeded is reused, not run or paid for again",
-                err=True,
+                "that succeeded is reused, not run or paid for again"
             )
+            say("run_budget_spent", words, run_id=run_id, message=words)
         else:
             when = "once it is unblocked, " if blocked else ""
-            typer.echo(
-                f"laneway: run {run_id} is not finished; {when}continue it with: "
-                f"{pipeline.continue_command(run_id, runtime)}",
-                err=True,
-            )
+            command = pipeline.continue_command(run_id, runtime)
+            words = f"laneway: run {run_id} is not finished; {when}continue it with: {command}"
+            say("run_not_finished", words, run_id=run_id, command=command, message=words)
     if blocked:
         raise typer.Exit(EXIT_BLOCKED)
     if final["run"]["state"] != "finished":

@@ -64,8 +64,13 @@ def _run_demo(runtime: Path, paid: Path, env: dict[str, str]):
     # The run's budget pays for 10 of its 11 paid solves: admission refuses the last, the
     # run pauses and `laneway run` ends blocked (exit 3), naming the budget.
     assert done.returncode == 3, done.stderr
-    assert "nothing more fits the budget: budget (run) — cost_usd: spent 2.5" in done.stderr
-    assert "stopped at its budget; to go on, raise `budget`" in done.stderr
+    # With --json, stderr is JSON lines only: the progress, then how the run ended.
+    lines = [json.loads(line) for line in done.stderr.splitlines()]
+    ended = [line for line in lines if "event" in line]
+    assert [line["event"] for line in ended] == ["run_blocked", "run_budget_spent"]
+    blocked, spent = (line["message"] for line in ended)
+    assert "nothing more fits the budget: budget (run) — cost_usd: spent 2.5" in blocked
+    assert "stopped at its budget; to go on, raise `budget`" in spent
     return runtime, paid, json.loads(done.stdout)
 
 
