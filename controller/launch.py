@@ -6,6 +6,7 @@ it writes the intent, the worker and the CLI's dry-run can call them anywhere.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -34,6 +35,15 @@ def artifact_store_url(configured: str | None, runtime_dir: str) -> str:
     store under the worker's runtime dir (``artifacts/``, this machine only)."""
     if configured:
         return configured.rstrip("/")
+    if not Path(runtime_dir).is_absolute():  # depends on the working directory
+        return (Path(runtime_dir) / ARTIFACTS_DIR).resolve().as_uri()
+    return _default_store(runtime_dir)
+
+
+@functools.lru_cache(maxsize=64)
+def _default_store(runtime_dir: str) -> str:
+    """The default store's URL for an absolute runtime dir, resolved once (a claim asks
+    for it for each job it grants; resolving the path is a few system calls)."""
     return (Path(runtime_dir) / ARTIFACTS_DIR).resolve().as_uri()
 
 
