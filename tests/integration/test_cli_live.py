@@ -70,16 +70,21 @@ def test_watch_json_prints_one_json_line_per_change(tmp_path):
     assert code == 130 and rest == ""
 
 
-def test_run_off_a_terminal_reports_progress_in_lines(tmp_path):
+def run_three(tmp_path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`laneway run` of a three-item pipeline, off a terminal."""
     config = config_file(tmp_path, items=3)
-    done = subprocess.run(
-        [*LANEWAY, "run", str(config), "--runtime-dir", str(tmp_path / "rt")],
+    return subprocess.run(
+        [*LANEWAY, "run", str(config), "--runtime-dir", str(tmp_path / "rt"), *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
+
+
+def test_run_off_a_terminal_reports_progress_in_lines(tmp_path):
+    done = run_three(tmp_path)
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
     assert "run 1: 3/3 jobs terminal · succeeded 3" in lines
@@ -91,15 +96,7 @@ def test_run_off_a_terminal_reports_progress_in_lines(tmp_path):
 def test_run_json_reports_progress_as_json_lines_on_stderr(tmp_path):
     """stdout stays one JSON document (the final status); the progress goes to stderr
     as one JSON status per change."""
-    config = config_file(tmp_path, items=3)
-    done = subprocess.run(
-        [*LANEWAY, "run", str(config), "--runtime-dir", str(tmp_path / "rt"), "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_three(tmp_path, "--json")
     assert done.returncode == 0, done.stderr
     final = json.loads(done.stdout)
     assert final["run"]["state"] == "finished" and final["totals"] == {"succeeded": 3}

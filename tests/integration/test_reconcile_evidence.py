@@ -20,7 +20,7 @@ from controller.models import Artifact, Attempt, Job
 from controller.states import JobState, Outcome
 from controller.status import SessionRows, status_report
 from tests.integration.test_cli import invoke, runner
-from tests.support import make_config, py_stage
+from tests.support import claim_on_n1, make_config, py_stage
 from workers import identity
 
 
@@ -220,15 +220,8 @@ def test_a_success_by_hand_of_an_attempt_on_another_host_is_refused(
 ):
     make_run(make_config([py_stage("prepare", "pass", outputs=["packet.json"])]))
     worker = register_worker()  # host "test": not this machine
+    (claim,) = claim_on_n1(factory, worker, clock)
     with db.transaction(factory) as session:
-        (claim,) = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=1,
-            mem_available_mib=64e3,
-            now=clock.now(),
-        )
         ledger.mark_unknown(session, claim.attempt_id, reason="lost", actor="t", now=clock.now())
     refused = invoke(
         "reconcile",
