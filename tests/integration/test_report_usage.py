@@ -39,7 +39,10 @@ def test_report_sums_usage_per_lane_and_stage_with_yield_and_missing(engine, mak
     assert lane_a["per_succeeded"]["cost_usd"] == pytest.approx(2.5 / 3, abs=1e-6)
     assert lane_b["per_succeeded"]["cost_usd"] == pytest.approx(1.5)
     assert lane_a["missing_usage"] == 1 and lane_b["missing_usage"] == 0
-    hours = report["window_seconds"] / 3600
+    # The run's exact window (the report's window_seconds is rounded to milliseconds,
+    # which on a run of half a second is more than the tolerance).
+    hours = (run.finished_at - run.created_at).total_seconds() / 3600
+    assert report["window_seconds"] == pytest.approx(hours * 3600, abs=5e-4)
     assert lane_a["yield_per_hour"]["useful_tokens"] == pytest.approx(40 / hours, rel=1e-3)
     assert set(lane_a["yield_per_hour"]) == {"useful_tokens", "output_tokens"}
     stage = usage["stages"]["s"]
