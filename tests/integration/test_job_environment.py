@@ -58,6 +58,56 @@ def test_a_job_gets_a_clean_environment_and_what_its_stage_names(
     assert '"MODE": "fast"' in stdout
 
 
+SET_FOR_THE_JOB = {
+    "LANEWAY_IDEMPOTENCY_KEY",
+    "LANEWAY_JOB_ID",
+    "LANEWAY_ATTEMPT_ID",
+    "LANEWAY_ATTEMPT",
+    "LANEWAY_RUN_ID",
+    "LANEWAY_ITEM",
+    "LANEWAY_STAGE",
+    "LANEWAY_LANE",
+    "LANEWAY_ATTEMPT_DIR",
+    "LANEWAY_WORKSPACE",
+    "LANEWAY_RESULT_PATH",
+    "LANEWAY_PORTS",
+}
+"""The ``LANEWAY_*`` variables the worker sets for a job without inputs."""
+
+
+def test_no_laneway_variable_of_the_worker_reaches_the_job(engine, runtime, make_run, monkeypatch):
+    password = "pw-readonly-7f3a9c1e"
+    readonly = f"postgresql://reader:{password}@127.0.0.1:5432/ledger"
+    monkeypatch.setenv("LANEWAY_READONLY_DATABASE_URL", readonly)
+    monkeypatch.setenv("LANEWAY_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("LANEWAY_SOMETHING_ELSE", "worker-only-value-2d4f")
+    # The supervisor's own variables: it reads them, the job must not see them.
+    monkeypatch.setenv("LANEWAY_GROUP_READABLE", "1")
+    monkeypatch.setenv("LANEWAY_FAULTS", "no_such_site:1:EIO")
+    stage = {
+        "name": "dump",
+        "argv": [sys.executable, "-c", escape(ENV_DUMP)],
+        "timeout_seconds": 30,
+    }
+    run_id = make_run(make_config([stage]))
+    drive(engine, [start_worker(engine)], run_id)
+    (attempt,) = attempts(engine, run_id)
+    assert attempt.outcome == "succeeded", attempt.state_reason
+    directory = Path(attempt.attempt_dir)
+    dumped = json.loads((directory / "stdout.log").read_text())
+    assert {name for name in dumped if name.startswith("LANEWAY_")} == SET_FOR_THE_JOB
+    assert {name for name in attempt.result["names"] if name.startswith("LANEWAY_")} == (
+        SET_FOR_THE_JOB
+    )
+    # The supervisor was given its variable: the logs it wrote are group-readable.
+    assert (directory / "stdout.log").stat().st_mode & 0o777 == 0o640
+    for path in directory.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            assert password.encode() not in data, path
+            assert b"worker-only-value-2d4f" not in data, path
+
+
 def test_an_unset_pass_env_variable_is_a_harness_failure_naming_it(engine, make_run, monkeypatch):
     monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
     stage = {
