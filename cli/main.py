@@ -1071,10 +1071,12 @@ def _run_to_continue(engine: Any, target: str | None) -> tuple[int, Any]:
     none: the newest unfinished run."""
     from controller import config as config_module
     from controller import ledger
+    from controller.ids import parse_id
 
     with db.reader(engine)() as session:
-        if target is not None and target.isdigit():
-            run = ledger.get_run(session, int(target))
+        run_id = None if target is None else parse_id(target)
+        if run_id is not None:
+            run = ledger.get_run(session, run_id)
             if run.state != "active":
                 raise UsageError(f"run {run.id} is finished; there is nothing to continue")
             return run.id, ledger.run_config(run)
@@ -1598,13 +1600,12 @@ def retry(
 
 def _job_id(engine: Any, job: str, run: int | None) -> int:
     """A job named by its id, or as ITEM.STAGE in ``run`` (default: the newest run)."""
+    from controller.ids import parse_id
     from controller.logs import job_by_name
     from controller.status import SessionRows
 
-    if job.isdigit():
-        number = int(job)
-        if not 1 <= number <= MAX_ID:
-            raise UsageError(f"{job}: not a job id")
+    number = parse_id(job)
+    if number is not None:
         return number
     if "." not in job:
         raise UsageError(f"{job!r}: name a job by its id or as ITEM.STAGE")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.errors import LanewayError, NotFound, UsageError
+from controller.ids import parse_id
 from controller.states import AttemptState
 from controller.status import Rows, find_run
 from workers import identity
@@ -118,10 +119,8 @@ def resolve(
 ) -> AttemptRef:
     """``target``: an attempt id; a job id when ``job``; or a job as ``ITEM.STAGE`` (in
     run ``run_id``, default the newest), whose newest attempt is meant."""
-    if target.isdigit():
-        number = int(target)
-        if number < 1 or number >= 2**63:
-            raise UsageError(f"{target}: not an id")
+    number = parse_id(target)
+    if number is not None:
         return newest_attempt(source, number) if job else get_attempt(source, number)
     if job:
         raise UsageError(f"--job {target!r}: a job id is a number (or name it as ITEM.STAGE)")

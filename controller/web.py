@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from controller import advice, db
+from controller import advice, db, ids
 from controller import logs as logs_module
 from controller.clock import SystemClock, iso
 from controller.errors import LanewayError, NotFound, UsageError
@@ -186,12 +186,11 @@ class Dashboard:
         ``run_id``, default the newest), as the command takes it."""
         from controller.status import explain_job
 
-        if job.isdigit() and 0 < int(job) < 2**63:
-            job_id = int(job)
-        elif "." in job:
+        job_id = ids.parse_id(job)
+        if job_id is None and "." in job:
             with self.lock, self.source.snapshot():
                 job_id = logs_module.job_by_name(self.source, job, run_id)
-        else:
+        elif job_id is None:
             raise UsageError("job: give a job id or ITEM.STAGE")
         with db.session_factory(self._orm())() as session:
             return explain_job(session, job_id, now=self.now())
@@ -382,9 +381,10 @@ def _id(query: dict[str, str], name: str, *, optional: bool = False) -> Any:
     value = query.get(name, "")
     if not value and optional:
         return None
-    if not value.isdigit() or not 0 < int(value) < 2**63:
+    number = ids.parse_id(value)
+    if number is None:
         raise UsageError(f"{name}: give an id (a positive number)")
-    return int(value)
+    return number
 
 
 def serve_metrics_in_background(
