@@ -8,13 +8,28 @@ in the ledger (``closeout_step_started`` / ``closeout_step_finished`` /
 ``closeout_finished`` events) and in ``runs/<run>/closeout_progress.json``, written
 atomically after every change. A step that was running when the controller died is
 recorded as ``interrupted`` and not run again (nothing runs twice without an operator).
+
+A step is started and watched by the rules a job's supervisor follows
+(``workers/supervisor.py``), here in the controller (which does not import ``workers``):
+
+- its environment is built as a job's (``controller.environment``): ``BASE_ENV`` and
+  ``LC_*`` of the controller's, plus ``LANEWAY_RUN_ID`` and ``LANEWAY_RUN_DIR``; none of
+  the controller's other variables (its ledger URL with a password, cloud keys);
+- its stdout and stderr go through the redactor (``controller.redact``) into its log:
+  the secrets of the run's stages, as the controller's environment resolves them, and
+  the passwords in the controller's ``LANEWAY_*`` URLs, are masked;
+- its process group is its own: past its timeout it gets TERM, then KILL after
+  ``GRACE_SECONDS``; when its first process exits, what is left of its group is stopped
+  the same way; the step is recorded only once its group is gone and its output read.
 """
 
 from __future__ import annotations
 
 import os
+import selectors
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,23 +40,90 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller import ledger
+from controller import environment, ledger
 from controller.clock import iso
-from controller.config import CloseoutStep, render_closeout
+from controller.config import CloseoutStep, PipelineConfig, render_closeout
 from controller.durable import make_private_dir, open_private, write_json
 from controller.models import Attempt, Control, Event, Run
+from controller.redact import Redactor
 from controller.states import AttemptState, ControlKind, EventKind, RunState, StepState
 
 ACTOR = "controller"
 GRACE_SECONDS = 5.0
+"""From TERM to KILL of a step's process group."""
+DRAIN_SECONDS = 2.0
+"""After the group is gone, how long to keep reading output held open by an escapee."""
+READ_SIZE = 65536
+STOP_READS = 16
+"""Reads of output still arriving after the pump was told to stop, at most."""
+
+
+class _LogPump:
+    """Copies a step's output (one pipe for stdout and stderr) into its log through the
+    redactor, on a thread of its own: the controller's tick never blocks on a step, and a
+    step writing faster than ticks never blocks on a full pipe."""
+
+    def __init__(self, pipe: int, log: int, secrets: list[str]) -> None:
+        self.pipe = pipe
+        self.log = log
+        self.redactor = Redactor(secrets)
+        self.last_output = time.monotonic()
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="closeout-log", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Stop reading (what is already in the pipe is still read), flush and close."""
+        self._stop.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self.pipe, selectors.EVENT_READ)
+        after_stop = 0
+        try:
+            while after_stop < STOP_READS:
+                ready = selector.select(timeout=0.1)
+                try:
+                    data = os.read(self.pipe, READ_SIZE) if ready else b""
+                except OSError as exc:
+                    self.error = f"could not read its output: {exc.strerror or exc}"
+                    break
+                if ready and not data:
+                    break  # end of output: every writer closed the pipe
+                if self._stop.is_set():
+                    # An escapee still writing must not hold the controller's tick.
+                    after_stop += 1 if data else STOP_READS
+                if data:
+                    self.last_output = time.monotonic()
+                    self._write(self.redactor.feed(data))
+            self._write(self.redactor.flush())
+        finally:
+            selector.close()
+            os.close(self.pipe)
+            os.close(self.log)
+
+    def _write(self, data: bytes) -> None:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.log, view) :]
+        except OSError as exc:
+            # Keep draining the pipe (the step must not block), but say so in the record.
+            self.error = f"could not write its log: {exc.strerror or exc}"
 
 
 @dataclass
 class _Running:
     name: str
     process: subprocess.Popen[bytes]
+    pump: _LogPump
     deadline: float
-    killed_at: float | None = None
+    timed_out: bool = False
+    leftovers: bool = False
+    kill_at: float | None = None
+    group_gone_at: float | None = None
     signal_error: str | None = None
 
 
@@ -133,22 +215,18 @@ def advance(closeout: Closeout, run: Run, *, now: datetime, record: Record) -> b
     changed = False
     current = closeout.running
     if current is not None:
-        code = current.process.poll()
-        if code is None and time.monotonic() >= current.deadline:
-            if current.killed_at is None:
-                current.signal_error = _signal(current.process, signal.SIGTERM)
-                current.killed_at = time.monotonic()
-            elif time.monotonic() - current.killed_at > GRACE_SECONDS:
-                current.signal_error = _signal(current.process, signal.SIGKILL)
-            return False
+        code = _watch(current)
         if code is None:
             return False
         state = (
             StepState.TIMED_OUT
-            if current.killed_at is not None
+            if current.timed_out
             else (StepState.SUCCEEDED if code == 0 else StepState.FAILED)
         )
-        record([_finish(closeout, current.name, state, code, now=now, error=current.signal_error)])
+        errors = [e for e in (current.signal_error, current.pump.error) if e]
+        if current.leftovers:
+            errors.append("processes of its group outlived it and were stopped")
+        record([_finish(closeout, current.name, state, code, now=now, error="; ".join(errors))])
         closeout.running = None
         changed = True
     pending = [step for step in closeout.steps if step["state"] == StepState.PENDING]
@@ -168,7 +246,7 @@ def advance(closeout: Closeout, run: Run, *, now: datetime, record: Record) -> b
         )
         step.update(state=StepState.RUNNING.value, started_at=iso(now))
         try:
-            process = _spawn(spec, Path(step["log"]), run, closeout.directory)
+            process, pump = _spawn(spec, Path(step["log"]), run, closeout.directory, config)
         except Exception as exc:
             # Recorded as the step's failure, and the next step is still attempted: a
             # bad step must never stop the controller's tick.
@@ -176,7 +254,9 @@ def advance(closeout: Closeout, run: Run, *, now: datetime, record: Record) -> b
                 [_finish(closeout, step["name"], StepState.FAILED, None, now=now, error=_why(exc))]
             )
             return True
-        closeout.running = _Running(step["name"], process, time.monotonic() + spec.timeout_seconds)
+        closeout.running = _Running(
+            step["name"], process, pump, time.monotonic() + spec.timeout_seconds
+        )
         return True
     if closeout.running is None and not closeout.done:
         closeout.done = True
@@ -195,27 +275,111 @@ def advance(closeout: Closeout, run: Run, *, now: datetime, record: Record) -> b
     return changed
 
 
+def _watch(current: _Running) -> int | None:
+    """One look at a running step, as a supervisor watches a job: TERM to its group past
+    the deadline, or to what is left of the group once its first process exited; KILL
+    after the grace. Returns the step's exit code once its group is gone and its output
+    read (or given up on after ``DRAIN_SECONDS`` of silence), else None."""
+    now = time.monotonic()
+    code = current.process.poll()
+    alive = code is None or _group_alive(current.process.pid)
+    if current.kill_at is None and alive:
+        if code is None and now >= current.deadline:
+            current.timed_out = True
+        elif code is not None:
+            current.leftovers = True
+        if current.timed_out or current.leftovers:
+            current.signal_error = _signal(current.process, signal.SIGTERM)
+            current.kill_at = now + GRACE_SECONDS
+    elif current.kill_at is not None and now >= current.kill_at and alive:
+        current.signal_error = _signal(current.process, signal.SIGKILL)
+    if code is None or alive:
+        return None
+    if current.pump.thread.is_alive():
+        if current.group_gone_at is None:
+            current.group_gone_at = now
+        if now - max(current.group_gone_at, current.pump.last_output) <= DRAIN_SECONDS:
+            return None
+    current.pump.stop()
+    return code
+
+
+def _group_alive(pgid: int) -> bool:
+    """Is a process of the group still running? Zombies do not count: the controller is
+    no subreaper, so a step's orphans are reaped by init, or (where init does not reap)
+    never, and a zombie holds no output open and can do nothing."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isascii() and name.isdigit()]
+    except OSError:
+        return True  # no /proc to look in: the signal said someone is there
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
+
+
+def step_environment(run: Run, directory: Path, environ: dict[str, str]) -> dict[str, str]:
+    """What a step starts with: a job's clean base (``environment.inherited``) and the
+    run's id and directory; nothing else of the controller's environment."""
+    return {
+        **environment.inherited(environ),
+        "LANEWAY_RUN_ID": str(run.id),
+        "LANEWAY_RUN_DIR": str(directory),
+    }
+
+
+def step_secrets(config: PipelineConfig, environ: dict[str, str]) -> list[str]:
+    """What is redacted from a step's log: the secrets of every stage of the run (a step
+    aggregates what the jobs left, and may find them there), and the passwords in the
+    controller's ``LANEWAY_*`` URLs."""
+    secrets = environment.credentials(environ)
+    for stage in config.stages:
+        secrets += environment.stage_secrets(stage, environ)
+    return secrets
+
+
 def _spawn(
-    spec: CloseoutStep, log_path: Path, run: Run, directory: Path
-) -> subprocess.Popen[bytes]:
+    spec: CloseoutStep, log_path: Path, run: Run, directory: Path, config: PipelineConfig
+) -> tuple[subprocess.Popen[bytes], _LogPump]:
     """Render and start one step (argv[0] and cwd were made absolute against the
-    config file when it was loaded; the default cwd is ``runs/<run>/``)."""
+    config file when it was loaded; the default cwd is ``runs/<run>/``), with the pump
+    that writes its redacted output to its log."""
     argv, cwd = render_closeout(spec, run_id=run.id, runtime_dir=run.runtime_dir)
+    environ = dict(os.environ)
     make_private_dir(log_path.parent)
-    with open_private(log_path, "ab") as log:
-        return subprocess.Popen(
+    log = open_private(log_path, "ab")
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    try:
+        process = subprocess.Popen(
             argv,
             cwd=cwd or str(directory),
             stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
+            stdout=write_end,
+            stderr=write_end,
             start_new_session=True,
-            env={
-                **os.environ,
-                "LANEWAY_RUN_ID": str(run.id),
-                "LANEWAY_RUN_DIR": str(directory),
-            },
+            env=step_environment(run, directory, environ),
         )
+    except BaseException:
+        os.close(read_end)
+        log.close()
+        raise
+    finally:
+        os.close(write_end)
+    # The pump owns both descriptors from here (it closes them when the output ends).
+    pump = _LogPump(read_end, os.dup(log.fileno()), step_secrets(config, environ))
+    log.close()
+    return process, pump
 
 
 def _why(exc: BaseException) -> str:

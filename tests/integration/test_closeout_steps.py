@@ -4,19 +4,22 @@ advance(); argv[0] and cwd resolve like a stage's, and preflight checks them."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
-from controller import closeout, db, ledger
+from controller import closeout, db, environment, ledger
 from controller.config import config_from_frozen, load_config
 from controller.errors import ConfigError
 from controller.models import Event
 from controller.pipeline import preflight
-from tests.support import make_config, wait_until
+from tests.support import escape, make_config, py_stage, wait_until
 
 
 def drive(engine, run_id: int, clock) -> closeout.Closeout:
@@ -198,3 +201,118 @@ def test_closeout_logs_and_run_dirs_are_owner_only(engine, runtime, make_run, cl
     assert (run_dir / "closeout" / "agg.log").read_text() == "hi\n"
     assert mode(run_dir / "closeout" / "agg.log") == 0o600
     assert mode(run_dir / "closeout_progress.json") == 0o600
+
+
+ENV_AND_SECRET = textwrap.dedent(
+    """
+    import base64, json, os, sys
+    with open(os.path.join(os.environ["LANEWAY_RUN_DIR"], "env.json"), "w") as f:
+        json.dump(dict(os.environ), f)
+    for secret in open(sys.argv[1]).read().split():
+        print("found", secret, base64.b64encode(secret.encode()).decode(), flush=True)
+        print("on stderr", secret, file=sys.stderr, flush=True)
+    """
+)
+
+
+def test_a_step_gets_a_clean_environment_and_its_log_is_redacted(
+    engine, runtime, make_run, clock, tmp_path, monkeypatch
+):
+    token, password = "closeout-token-5a7b9c", "pw-controller-3e1f0d"
+    monkeypatch.setenv("MY_TOKEN", token)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-unreferenced-8c2e")
+    monkeypatch.setenv("LANEWAY_READONLY_DATABASE_URL", f"postgresql://r:{password}@h/db")
+    monkeypatch.setenv("LANEWAY_FAULTS", "no_such_site:1:EIO")
+    # What a step could find: a job's output holding the stage's secret, a leaked URL.
+    found = tmp_path / "found.txt"
+    found.write_text(f"{token}\n{password}\n")
+    stage = {**py_stage("use", "pass"), "env": {"API_KEY": "${MY_TOKEN}"}}
+    config = make_config(
+        [stage],
+        closeout=[
+            {"name": "dump", "argv": [sys.executable, "-c", escape(ENV_AND_SECRET), str(found)]}
+        ],
+    )
+    run_id = make_run(config)
+    run_dir = runtime / "runs" / str(run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state = drive(engine, run_id, clock)
+    assert [s["state"] for s in state.steps] == ["succeeded"], finished_events(engine, run_id)
+    given = json.loads((run_dir / "env.json").read_text())
+    allowed = set(environment.BASE_ENV) | {"LANEWAY_RUN_ID", "LANEWAY_RUN_DIR"}
+    assert {n for n in given if not n.startswith("LC_")} <= allowed, sorted(given)
+    assert given["LANEWAY_RUN_ID"] == str(run_id) and given["LANEWAY_RUN_DIR"] == str(run_dir)
+    assert "PATH" in given
+    log = (run_dir / "closeout" / "dump.log").read_text()
+    assert log.count("[REDACTED]") >= 6, log  # each secret, raw and base64, both streams
+    for secret in (token, password):
+        assert secret not in log
+        assert base64.b64encode(secret.encode()).decode() not in log
+
+
+STUBBORN = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    if sys.argv[2] == "leader":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # and so its child, through exec
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+         "print('ready', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE,
+    )
+    child.stdout.readline()  # the child ignores TERM from here on
+    with open(sys.argv[1] + ".partial", "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    os.replace(sys.argv[1] + ".partial", sys.argv[1])
+    if sys.argv[2] != "leaves":
+        time.sleep(600)
+    """
+)
+
+
+def gone(pid: int) -> bool:
+    """Exited (a zombie waiting for a reaper has exited too)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_step_that_ignores_term_is_killed_with_its_group_and_recorded(
+    engine, runtime, make_run, clock, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(closeout, "GRACE_SECONDS", 0.5)
+    pids = {name: tmp_path / f"{name}.pids" for name in ("leader", "child", "leaves")}
+    steps = [
+        {
+            "name": name,
+            "argv": [sys.executable, "-c", escape(STUBBORN), str(path), name],
+            "timeout_seconds": 1 if name != "leaves" else 60,
+        }
+        for name, path in pids.items()
+    ]
+    run_id = make_run(make_config(closeout=steps))
+    (runtime / "runs" / str(run_id)).mkdir(parents=True, exist_ok=True)
+    try:
+        state = drive(engine, run_id, clock)
+        # Recorded only once every process of the step's group is gone.
+        for name, path in pids.items():
+            for pid in map(int, path.read_text().split()):
+                assert gone(pid), (name, pid)
+    finally:
+        for path in pids.values():
+            written = path.read_text().split() if path.exists() else []
+            for pid in map(int, written):
+                if not gone(pid):
+                    os.kill(pid, 9)
+    events = finished_events(engine, run_id)
+    # It ignored TERM (so did its child): KILL, to the group, after the grace.
+    assert (events["leader"]["state"], events["leader"]["exit_code"]) == ("timed_out", -9)
+    # It obeyed TERM, its child did not: the child is killed before the step is recorded.
+    assert (events["child"]["state"], events["child"]["exit_code"]) == ("timed_out", -15)
+    # It exited, leaving a child that ignores TERM: stopped as a job's leftovers are.
+    assert (events["leaves"]["state"], events["leaves"]["exit_code"]) == ("succeeded", 0)
+    assert "outlived it" in events["leaves"]["error"]
+    assert [s["state"] for s in state.steps] == ["timed_out", "timed_out", "succeeded"]
