@@ -446,19 +446,22 @@ def upgrade(engine: Engine) -> None:
 
 
 def open_ledger(runtime_dir: str | os.PathLike[str], *, migrate: bool = True) -> Engine:
-    """The engine every laneway process uses: create the runtime dir, migrate to head."""
+    """The engine for a command that may create the ledger (``migrate``, a run's
+    creation): create the runtime dir and, in an absent or empty database only, the
+    ledger; migrate to head. A database that holds another application's tables is
+    refused, unchanged (``ledger_contents``)."""
     url = ledger_url(runtime_dir)
     try:
         # Owner-only unless LANEWAY_GROUP_READABLE (docs/security.md): the runtime dir
         # and the ledger file (SQLite gives its -wal and -shm files the ledger's mode).
         durable.make_private_dir(runtime_dir)
-        if url == f"sqlite:///{Path(runtime_dir).resolve() / LEDGER_FILENAME}":
-            durable.open_private(Path(runtime_dir).resolve() / LEDGER_FILENAME, "ab").close()
     except OSError as exc:
         raise UsageError(
             f"--runtime-dir {runtime_dir}: cannot create it ({exc.strerror or exc}); "
             "pass a directory laneway can write"
         ) from None
+    if ledger_contents(url) == ABSENT:
+        _create_ledger_file(sqlite_path(url), runtime_dir)
     engine = make_engine(url)
     if migrate:
         upgrade(engine)
@@ -468,6 +471,97 @@ def open_ledger(runtime_dir: str | os.PathLike[str], *, migrate: bool = True) ->
 
 
 # ----------------------------------------------------------------- existing ledgers
+
+ABSENT, EMPTY, LEDGER = "absent", "empty", "ledger"
+
+
+def ledger_contents(url: str) -> str:
+    """What the database at ``url`` holds, looked at without changing it: ``ABSENT`` (no
+    SQLite file), ``EMPTY`` (a file or database without tables) or ``LEDGER`` (it has
+    laneway's ``alembic_version``). Anything else is another application's database:
+    ``LedgerRevisionError``, and nothing is written to it (a write engine would already
+    switch a SQLite file to WAL).
+
+    A SQLite file is only ever opened through SQLite, here read-only: opening and
+    closing any descriptor of it by name in a process that holds a connection to it
+    would drop that connection's POSIX locks (they belong to the process and the
+    file), and another process closing its last connection would then delete the WAL
+    with this one's commits in it (``tests/integration/test_ledger_processes.py``)."""
+    from urllib.parse import quote
+
+    if not is_sqlite_url(url):
+        return _postgres_contents(url)
+    path = sqlite_path(url)
+    if not path or not os.path.lexists(path):
+        return ABSENT
+    if not Path(path).is_file():
+        raise LedgerRevisionError(
+            f"{path} is not a laneway ledger (not a regular file); pass the runtime dir "
+            "of a laneway ledger"
+        )
+    try:
+        connection = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True)
+        try:
+            names = [row[0] for row in connection.execute("SELECT name FROM sqlite_master")]
+        finally:
+            connection.close()
+    except sqlite3.Error as exc:
+        raise LedgerRevisionError(
+            f"{path} is not a laneway ledger ({_first_line(exc)}); nothing was changed"
+        ) from None
+    return _judge_tables(names, path)
+
+
+def _postgres_contents(url: str) -> str:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    engine = make_engine(url, readonly=True)
+    try:
+        with engine.connect() as connection:
+            names = [
+                str(row[0])
+                for row in connection.exec_driver_sql(
+                    "SELECT table_name FROM information_schema.tables "
+                    "WHERE table_schema = current_schema()"
+                )
+            ]
+    except SQLAlchemyError as exc:
+        if is_transient(exc):
+            raise unreachable(engine, exc) from None
+        raise
+    finally:
+        engine.dispose()
+    return _judge_tables(names, shown_url(url))
+
+
+def _judge_tables(names: list[str], where: str) -> str:
+    if "alembic_version" in names:
+        return LEDGER
+    if not names:
+        return EMPTY
+    shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
+    raise LedgerRevisionError(
+        f"{where} is not a laneway ledger: it holds another application's tables "
+        f"({shown}); nothing was changed. Pass the runtime dir (or --database-url) of a "
+        "laneway ledger, or an empty one"
+    )
+
+
+def _create_ledger_file(path: str, runtime_dir: str | os.PathLike[str]) -> None:
+    """Create an absent SQLite ledger file, owner-only (or group-readable, per
+    ``durable.modes``). ``O_EXCL``: an existing file is never opened by name here (see
+    ``ledger_contents``); one another process created meanwhile is left as it is."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, durable.modes()[0])
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise UsageError(
+            f"--runtime-dir {runtime_dir}: cannot create the ledger there "
+            f"({exc.strerror or exc}); pass a directory laneway can write"
+        ) from None
+    os.close(fd)  # a new file: no connection of this process can hold a lock on it
+
 
 _REVISION_LINE = re.compile(
     r"^(revision|down_revision)\s*(?::[^=]*)?=\s*(?:['\"]([^'\"]+)['\"]|None)", re.MULTILINE
@@ -568,19 +662,26 @@ def _no_version_table(error: BaseException) -> bool:
     return type(origin).__name__ == "UndefinedTable" and "alembic_version" in str(origin)
 
 
-def check_existing(engine: Engine, runtime_dir: str | os.PathLike[str]) -> None:
-    """For an operator's write: the ledger must exist (no schema is created here) and
-    carry a revision this build knows."""
+def open_writer(runtime_dir: str | os.PathLike[str]) -> Engine:
+    """An engine for an operator's write (controls, cancel, reconcile, retry) on an
+    existing ledger: nothing is created or migrated, an unknown revision is refused,
+    and a database that is not a laneway ledger is refused before anything connects to
+    it for writing."""
+    url = existing_ledger_url(runtime_dir)
+    engine = make_engine(url)
     if _stored_revision(engine) is None:
+        engine.dispose()
         raise missing_ledger(runtime_dir)
     check_revision(engine)
+    return engine
 
 
 def existing_ledger_url(runtime_dir: str | os.PathLike[str]) -> str:
     """The ledger URL of ``runtime_dir``, refusing a SQLite runtime dir with no ledger
     (only ``start-pipeline`` and ``run`` create one)."""
     url = ledger_url(runtime_dir)
-    if is_sqlite_url(url) and not Path(sqlite_path(url)).is_file():
+    # On PostgreSQL the caller's revision check says "no ledger" (one connection less).
+    if is_sqlite_url(url) and ledger_contents(url) != LEDGER:
         raise missing_ledger(runtime_dir)
     return url
 
