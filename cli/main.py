@@ -131,9 +131,7 @@ def _fail(error: LanewayError, as_json: bool = False) -> None:
 def _writer(runtime_dir: Path) -> Engine:
     """An engine on an existing ledger for an operator's write (controls, cancel,
     reconcile, retry): no ledger is created, and an unknown revision is refused."""
-    engine = db.make_engine(db.existing_ledger_url(runtime_dir))
-    db.check_existing(engine, runtime_dir)
-    return engine
+    return db.open_writer(runtime_dir)
 
 
 def _reader(runtime_dir: Path) -> Engine:
@@ -935,12 +933,11 @@ def run_pipeline(
             if config is None:
                 raise UsageError("name a pipeline CONFIG (or pass --continue)")
             parsed = config_module.load_config(Path(config))
-            # Preflight first (pipeline.start refuses before it opens anything), then the
-            # ledger that start created or migrated.
-            run_id = pipeline.start(
+            # Preflight first (start_run refuses before it opens anything); the engine it
+            # opened is this process's one engine on the ledger.
+            run_id, engine = pipeline.start_run(
                 parsed, runtime_dir=runtime_dir, actor=_actor(), new=new, rerun=rerun
             )
-            engine = db.open_ledger(runtime_dir)
             nodes = parsed.nodes
         services = [WorkerService(engine, node=node.name, slots=node.max_jobs) for node in nodes]
         for service in services:

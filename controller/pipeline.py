@@ -299,8 +299,37 @@ def start(
     new: bool = False,
     rerun: list[str] | None = None,
 ) -> int:
+    """``start_run``, for a caller that does not go on using the ledger: the new run's
+    id (an engine opened here is disposed)."""
+    run_id, used = start_run(
+        config,
+        runtime_dir=runtime_dir,
+        actor=actor,
+        clock=clock,
+        engine=engine,
+        new=new,
+        rerun=rerun,
+    )
+    if engine is None:
+        used.dispose()
+    return run_id
+
+
+def start_run(
+    config: PipelineConfig,
+    *,
+    runtime_dir: str | Path,
+    actor: str,
+    clock: Clock | None = None,
+    engine: Engine | None = None,
+    new: bool = False,
+    rerun: list[str] | None = None,
+) -> tuple[int, Engine]:
     """Preflight, then freeze ``config`` into a new run. Raises PreflightError (having
-    created nothing) when preflight refuses. Returns the new run's id.
+    created nothing) when preflight refuses. Returns the new run's id and the engine it
+    was created through (``engine``, or the one opened here after preflight passed):
+    ``laneway run`` goes on with that one engine, so the ledger is opened once per
+    process.
 
     ``rerun``: stage names (or ``all``) whose jobs must run even where an earlier run's
     result could be reused (``ledger.create_run``).
@@ -339,7 +368,7 @@ def start(
         )
         run_id = run.id
     make_private_dir(runtime / "runs" / str(run_id))
-    return run_id
+    return run_id, engine
 
 
 def continue_command(run_id: int, runtime_dir: str | Path) -> str:

@@ -62,7 +62,8 @@ ATTEMPTS = {
 def test_sql_refuses_every_write_and_creates_nothing(runtime, tmp_path, name):
     target = tmp_path / "elsewhere" / "x.db"
     target.parent.mkdir()
-    before, ledger_before = files(tmp_path), dump(runtime)
+    ledger_before = dump(runtime)  # a read-only open leaves SQLite's -wal file
+    before = files(tmp_path)
     result = invoke("sql", ATTEMPTS[name].format(target=target), "--runtime-dir", str(runtime))
     assert_clean_error(result, 2)
     assert result.stderr.startswith("laneway: query refused: ")
