@@ -11,16 +11,22 @@ this machine: ``controller.evidence``); the timeline (``report.build_report``, w
 reads every attempt of the run) is rebuilt at most every ``TIMELINE_SECONDS`` and only
 when the run's newest event changed. Nothing here writes.
 
-Bound to loopback, no token is needed. Bound elsewhere, every request must carry the
+Bound to loopback, no token is needed, and a request is answered only when its ``Host``
+names this server (``host_allowed``): a page on another name that resolves to 127.0.0.1
+(DNS rebinding) gets 421, not the ledger. Bound elsewhere, every request must carry the
 token from ``--token-file`` (``Authorization: Bearer TOKEN``, or ``?token=TOKEN`` once,
-which sets an HttpOnly cookie), compared in constant time (``hmac.compare_digest``).
+which sets an HttpOnly cookie), compared in constant time (``hmac.compare_digest``). The
+cookie holds ``cookie_value(token)``, set only when the query's token matched: nothing a
+request sends is written into a response header.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import json
+import re
 import sys
 import threading
 import time
@@ -45,6 +51,10 @@ TIMELINE_IDLE_SECONDS = 60.0
 LOG_TAIL_LINES = 100
 RECENT_RUNS = 50
 COOKIE = "laneway_token"
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+"""Names a loopback dashboard answers to with its port, besides the address it is bound
+to (with or without the port)."""
+_HOST = re.compile(r"\A(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9.-]+))(?::([0-9]{1,5}))?\Z")
 EVIDENCE_FILES = (
     "receipt.json",
     "exit.json",
@@ -71,6 +81,39 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _address(name: str) -> str:
+    """A host name as compared: lowercase, an IP address in its canonical form."""
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        return name.lower()
+
+
+def host_allowed(header: str | None, bound: str, port: int) -> bool:
+    """Does a request's ``Host`` name this server: the bound address, with or without
+    its port, or ``localhost`` / ``127.0.0.1`` / ``[::1]`` with the bound port? A missing
+    or malformed Host is not this server's name either."""
+    match = _HOST.match(header.strip()) if header else None
+    if match is None:
+        return False
+    name = _address(match[1] or match[2])
+    given = int(match[3]) if match[3] else None
+    if name == _address(bound):
+        return given in (None, port)
+    return name in LOOPBACK_NAMES and given == port
+
+
+def cookie_value(token: str) -> str:
+    """What the token cookie holds: a keyed hash of the token (hex, nothing to quote),
+    never the token itself nor anything a request sent."""
+    return hmac.new(token.encode(), b"laneway web cookie", hashlib.sha256).hexdigest()
+
+
+def _matches(offered: str | None, expected: str) -> bool:
+    """Constant-time comparison of an offered secret with the expected one."""
+    return offered is not None and hmac.compare_digest(offered.encode(), expected.encode())
 
 
 def read_token(path: Path | None, host: str) -> str | None:
@@ -257,12 +300,35 @@ def make_server(
     ``/metrics`` (the controller's)."""
     from controller import web_page
 
+    check_host = is_loopback(host)
+
     class Handler(BaseHTTPRequestHandler):
         server_version = "laneway"
         sys_version = ""
 
         def log_message(self, format: str, *args: Any) -> None:
             return  # requests are not logged; errors are (``_error``)
+
+        def parse_request(self) -> bool:
+            """The request line and headers; then, bound to loopback, the Host check
+            before any method is dispatched (421, one line, connection closed)."""
+            if not super().parse_request():
+                return False
+            if not check_host:
+                return True
+            hosts = self.headers.get_all("Host") or []
+            if len(hosts) == 1 and host_allowed(hosts[0], host, port):
+                return True
+            self.close_connection = True
+            shown = f"[{host}]" if ":" in host else host
+            self._send(
+                HTTPStatus.MISDIRECTED_REQUEST,
+                json.dumps(
+                    {"error": f"unexpected Host header: open http://{shown}:{port}/"}
+                ).encode(),
+                "application/json",
+            )
+            return False
 
         def do_GET(self) -> None:
             url = urlsplit(self.path)
@@ -301,9 +367,9 @@ def make_server(
                 self._json({"error": "not found"}, HTTPStatus.NOT_FOUND)
             elif path == "/":
                 extra = {}
-                if token and "token" in query:
+                if token and _matches(query.get("token"), token):
                     extra["Set-Cookie"] = (
-                        f"{COOKIE}={query['token']}; HttpOnly; SameSite=Strict; Path=/"
+                        f"{COOKIE}={cookie_value(token)}; HttpOnly; SameSite=Strict; Path=/"
                     )
                 self._send(HTTPStatus.OK, web_page.PAGE.encode(), "text/html; charset=utf-8", extra)
             elif path == "/app.js":
@@ -329,17 +395,19 @@ def make_server(
         def _authorised(self, query: dict[str, str]) -> bool:
             if token is None:
                 return True
-            offered = []
             header = self.headers.get("Authorization", "")
-            if header.startswith("Bearer "):
-                offered.append(header.removeprefix("Bearer ").strip())
+            bearer = (
+                header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else None
+            )
             cookie = SimpleCookie(self.headers.get("Cookie", ""))
-            if COOKIE in cookie:
-                offered.append(cookie[COOKIE].value)
-            if "token" in query:
-                offered.append(query["token"])
-            expected = token.encode()
-            return any(hmac.compare_digest(value.encode(), expected) for value in offered)
+            kept = cookie[COOKIE].value if COOKIE in cookie else None
+            # Each compared, none short-circuiting the others.
+            checks = [
+                _matches(bearer, token),
+                _matches(kept, cookie_value(token)),
+                _matches(query.get("token"), token),
+            ]
+            return any(checks)
 
         def _json(self, body: Any, status: HTTPStatus = HTTPStatus.OK) -> None:
             self._send(status, json.dumps(body, default=str).encode(), "application/json")
@@ -369,6 +437,7 @@ def make_server(
 
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
+    port = server.server_port  # the one bound (port 0 asks for any): the Host check's
     return server
 
 
