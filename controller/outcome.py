@@ -21,20 +21,34 @@ Pure policy over what the supervisor and the job left on disk. The rules, in ord
    ``harness_failure``, its reason naming what is missing; any other class is kept
    (a ``true`` flag that is there still counts, rule 5), with the problem as a
    diagnostic.
+
+Nothing a job writes makes reading its attempt raise: a result.json larger than
+``RESULT_MAX_BYTES``, nested deeper than ``usage.RESULT_MAX_DEPTH`` or not JSON at all is
+an invalid result (rule 8); an exit record whose fields a supervisor would not write is
+not trusted (rule 1). What a valid result holds that no backend can store (NUL, unpaired
+surrogates) is replaced by the settle, with a diagnostic (``usage.stored_result``).
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from controller import faults
+from controller import usage as usage_math
 from controller.durable import read_json
 from controller.states import Outcome
 
 ResultRequirement = Literal["optional", "required"]
 REQUIRED_FIELDS = ("job_id", "infrastructure_failure", "fatal_failure")
+RESULT_MAX_BYTES = 16 * 1024 * 1024
+"""A larger result.json is not read (it would be parsed in the worker's memory and
+stored whole in the ledger): an invalid result, said so in a diagnostic."""
+EXIT_INT_LIMIT = 2**31
+"""An exit record's exit code and signal fit the ledger's 32-bit integer columns."""
 
 
 @dataclass
@@ -49,6 +63,8 @@ def _shown(value: Any) -> str:
     """A value from result.json as a reason may quote it: numbers, booleans and null
     as they are; strings and containers only by kind and size, since a job may have put
     a secret there and reasons are stored in the ledger unredacted."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return "(an integer of more than 19 digits)"
     if value is None or isinstance(value, (bool, int, float)):
         return repr(value)
     if isinstance(value, str):
@@ -64,11 +80,82 @@ def check_result(result: Any, job_id: int) -> str | None:
     """Why ``result`` (parsed result.json) is not acceptable, or None if it is."""
     if not isinstance(result, dict):
         return "result.json must be a JSON object"
-    if str(result.get("job_id")) != str(job_id):
+    if not _names_job(result.get("job_id"), job_id):
         return f"result.json job_id {_shown(result.get('job_id'))} is not this job ({job_id})"
     for flag in ("infrastructure_failure", "fatal_failure"):
         if flag in result and not isinstance(result[flag], bool):
             return f"result.json {flag} must be true or false, not {_shown(result[flag])}"
+    return None
+
+
+def _names_job(value: Any, job_id: int) -> bool:
+    """The job's id as a number or as its text (``LANEWAY_JOB_ID`` is text). Compared
+    without ``str()`` of anything else: that of a deeply nested value can raise."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value == job_id
+    return isinstance(value, str) and value == str(job_id)
+
+
+class ResultRefused(ValueError):
+    """result.json is JSON laneway will not take (too large, nested too deeply)."""
+
+
+def read_result(path: Path) -> Any:
+    """A job's result.json, parsed. FileNotFoundError when there is none, OSError when it
+    cannot be read, ResultRefused when it is a device, FIFO or socket (a FIFO blocks the
+    reader forever, ``/dev/zero`` never ends), is larger than ``RESULT_MAX_BYTES`` or is
+    nested deeper than ``usage.RESULT_MAX_DEPTH``, ValueError when it is not JSON."""
+    info = os.stat(path)
+    if stat.S_IFMT(info.st_mode) in (stat.S_IFIFO, stat.S_IFCHR, stat.S_IFBLK, stat.S_IFSOCK):
+        raise ResultRefused("result.json is not a regular file")
+    size = info.st_size
+    if size > RESULT_MAX_BYTES:
+        raise ResultRefused(
+            f"result.json is {size} bytes, more than the {RESULT_MAX_BYTES} laneway reads"
+        )
+    too_deep = f"result.json is nested deeper than {usage_math.RESULT_MAX_DEPTH} levels"
+    try:
+        result = read_json(path)
+    except RecursionError:
+        # Python's JSON reader recurses once per level of nesting.
+        raise ResultRefused(too_deep) from None
+    if _depth_exceeds(result, usage_math.RESULT_MAX_DEPTH):
+        raise ResultRefused(too_deep)
+    return result
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    pending = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            if depth >= limit:
+                return True
+            pending.extend((child, depth + 1) for child in item)
+    return False
+
+
+def exit_record_problem(record: dict[str, Any]) -> str | None:
+    """Why an exit record is not one a supervisor writes (its fields have the wrong
+    type or size for the ledger), or None. The job can write into its attempt
+    directory, so a record that does not look right is not trusted."""
+    for name in ("exit_code", "signal"):
+        value = record.get(name)
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not -EXIT_INT_LIMIT < value < EXIT_INT_LIMIT
+        ):
+            return f"exit.json {name} is {_shown(value)}, not a 32-bit integer"
+    if not isinstance(record.get("spawn_error") or "", str):
+        return "exit.json spawn_error is not text"
+    log_errors = record.get("log_errors") or []
+    if not isinstance(log_errors, list) or not all(isinstance(e, str) for e in log_errors):
+        return "exit.json log_errors is not a list of texts"
     return None
 
 
@@ -168,22 +255,28 @@ def read_outcome(
     exit_problem = None
     try:
         loaded = read_json(directory / "exit.json")
-        if isinstance(loaded, dict):
-            exit_record = loaded
-        else:
+        if not isinstance(loaded, dict):
             exit_problem = "exit.json is not a JSON object"
+        else:
+            exit_problem = exit_record_problem(loaded)
+            exit_record = loaded if exit_problem is None else None
     except FileNotFoundError:
         exit_problem = missing_exit
     except (OSError, ValueError) as exc:
         exit_problem = f"exit.json unreadable: {exc}"
+    except RecursionError:
+        exit_problem = "exit.json unreadable: nested too deeply"
     result: Any = None
     result_problem = None
     result_unreadable = False
     try:
         faults.check("result_read")  # test hook
-        result = read_json(directory / "result.json")
+        result = read_result(directory / "result.json")
         result_problem = check_result(result, job_id)
     except FileNotFoundError:
+        result = None
+    except ResultRefused as exc:
+        result_problem = str(exc)
         result = None
     except ValueError as exc:
         result_problem = f"result.json is not valid JSON: {exc}"

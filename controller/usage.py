@@ -2,21 +2,47 @@
 
 Pure Python, no database. A job's result JSON may carry ``usage``: numbers keyed by
 name (``input_tokens``, ``cost_usd``, ...). ``read_usage`` keeps the finite,
-non-negative numbers and turns everything else into a warning: usage is evidence, so
-a bad value never crashes a settle and never changes an outcome.
+non-negative numbers up to ``USAGE_MAX`` and turns everything else into a warning:
+usage is evidence, so a bad value never crashes a settle and never changes an outcome.
+``stored_result`` makes the rest of a result storable on every backend, saying what it
+had to change.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-USAGE_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+USAGE_KEY = re.compile(r"\A[A-Za-z][A-Za-z0-9_.-]{0,63}\Z")
+"""What a usage key may look like (it is stored in a String(64) column). ``\\Z``, not
+``$``: ``$`` also matches before a trailing newline, and ``cost_usd\\n`` would be a key of
+its own that no budget names."""
 BUDGET_SPENT = "nothing more fits the budget"
 """How the reason of the pause a budget sets begins (``ledger.claim``)."""
-"""What a usage key may look like (it is stored in a String(64) column)."""
+
+USAGE_MAX = 1e15
+"""The largest usage value kept. Past any real count of tokens, calls or dollars, and
+small enough that the sums the ledger keeps (``usage_totals``, the ``v_usage_*`` views)
+can never overflow a double: PostgreSQL refuses an overflowing sum, which would fail
+the settle that adds it."""
+USAGE_MAX_KEYS = 100
+"""At most this many usage keys of one result are kept (each is a row of the settle)."""
+USAGE_MAX_WARNINGS = 20
+"""At most this many usage warnings are recorded one by one; the rest are counted."""
+
+RESULT_MAX_DEPTH = 64
+"""How deeply a result's arrays and objects may nest (``controller.outcome`` refuses a
+deeper result.json; ``stored_result`` replaces what lies deeper by text)."""
+_INT_MAX_BITS = 13_000
+"""An integer longer than this (about 3900 digits) is stored as text: Python refuses to
+write an integer of more than 4300 digits as JSON text."""
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+"""NUL (PostgreSQL text and jsonb cannot hold it) and unpaired surrogates (no UTF-8
+encoding exists: the driver raises). A pair is one character by the time JSON is read."""
+REPLACEMENT = "\ufffd"
 
 P90_WINDOW = 100
 """How many of a stage's newest reported values the expected cost is measured over."""
@@ -32,12 +58,19 @@ def read_usage(result: Any) -> tuple[dict[str, float], list[str]]:
         return {}, [f"usage ignored: must be an object of numbers, not {type(raw).__name__}"]
     usage: dict[str, float] = {}
     warnings: list[str] = []
+    ignored = 0
     for key, value in raw.items():
         problem = _problem(key, value)
+        if problem is None and len(usage) >= USAGE_MAX_KEYS:
+            problem = f"more than {USAGE_MAX_KEYS} usage keys"
         if problem is not None:
-            warnings.append(f"usage.{str(key)[:64]} ignored: {problem}")
+            ignored += 1
+            if len(warnings) < USAGE_MAX_WARNINGS:
+                warnings.append(f"usage.{_shown_key(key)} ignored: {problem}")
             continue
         usage[key] = float(value)
+    if ignored > len(warnings):
+        warnings.append(f"usage: {ignored - len(warnings)} more values ignored")
     return usage, warnings
 
 
@@ -46,29 +79,118 @@ def _problem(key: Any, value: Any) -> str | None:
         return "a key is a name of letters, digits, '_', '.', '-' (at most 64)"
     if isinstance(value, bool) or not isinstance(value, int | float):
         return f"{_shown(value)} is not a number"
-    if not math.isfinite(value):
+    # Compared as they are: float() of an integer past 1e308 raises OverflowError.
+    if isinstance(value, float) and not math.isfinite(value):
         return f"{value} is not finite"
     if value < 0:
-        return f"{value} is negative"
+        return f"{_shown(value)} is negative"
+    if value > USAGE_MAX:
+        return f"{_shown(value)} is more than {USAGE_MAX:g}"
     return None
 
 
+def _shown_key(key: Any) -> str:
+    if isinstance(key, str) and key.isprintable() and len(key) <= 64:
+        return key
+    return _shown(key)
+
+
 def _shown(value: Any) -> str:
-    text = repr(value)
+    """A value in a warning: scalars by their repr (cut at 40 characters), containers
+    and integers too long to write only by kind and size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"(an integer of {_digits(value)} digits)"
+    if isinstance(value, dict):
+        return f"(an object of {len(value)} keys)"
+    if isinstance(value, list | tuple):
+        return f"(a list of {len(value)} items)"
+    text = repr(value[:41] if isinstance(value, str) else value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _digits(value: int) -> str:
+    """How many decimal digits ``value`` has, without writing it out (``str`` refuses
+    integers past 4300 digits); approximate past a few hundred."""
+    bits = abs(value).bit_length()
+    return f"about {int(bits * math.log10(2)) + 1}" if bits > 1000 else str(len(str(abs(value))))
+
+
 def storable(value: Any) -> Any:
-    """``value`` with every non-finite float (NaN, Infinity: Python's JSON reader accepts
-    them, PostgreSQL's json type does not) replaced by its text, so a result carrying
-    one is stored on every backend instead of failing its settle."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {key: storable(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [storable(item) for item in value]
-    return value
+    """``value`` as every backend can store it (``stored_result`` without its notes)."""
+    return stored_result(value)[0]
+
+
+def stored_result(value: Any) -> tuple[Any, list[str]]:
+    """A copy of a parsed result that every backend stores, and one note per kind of
+    change it needed. Non-finite floats (NaN, Infinity: Python's JSON reader accepts
+    them, PostgreSQL's json type does not) become their text without a note; NUL and
+    unpaired surrogates in strings and keys become U+FFFD; integers too long to write,
+    arrays and objects nested past ``RESULT_MAX_DEPTH`` and values of no JSON type
+    become a text saying what they were. Iterative: no depth makes it raise."""
+    changed: Counter[str] = Counter()
+
+    def scalar(item: Any) -> Any:
+        if isinstance(item, str):
+            clean = _UNSTORABLE.sub(REPLACEMENT, item)
+            if clean != item:
+                changed["strings"] += 1
+            return clean
+        if item is None or isinstance(item, bool):
+            return item
+        if isinstance(item, float):
+            return item if math.isfinite(item) else str(item)
+        if isinstance(item, int):
+            if item.bit_length() > _INT_MAX_BITS:
+                changed["integers"] += 1
+                return f"(an integer of {_digits(item)} digits)"
+            return item
+        changed["other"] += 1
+        return f"(a {type(item).__name__})"
+
+    def child(item: Any, depth: int, pending: list[tuple[Any, Any, int]]) -> Any:
+        if not isinstance(item, dict | list | tuple):
+            return scalar(item)
+        if depth > RESULT_MAX_DEPTH:
+            changed["deep"] += 1
+            return f"(nested deeper than {RESULT_MAX_DEPTH} levels)"
+        copy: Any = {} if isinstance(item, dict) else []
+        pending.append((item, copy, depth))
+        return copy
+
+    pending: list[tuple[Any, Any, int]] = []
+    root = child(value, 0, pending)
+    while pending:
+        source, target, depth = pending.pop()
+        if isinstance(target, list):
+            target.extend(child(item, depth + 1, pending) for item in source)
+            continue
+        for key, item in source.items():
+            name = scalar(key if isinstance(key, str) else str(key))
+            if name in target:  # two keys that became equal: keep both
+                changed["keys"] += 1
+                number = 2
+                while f"{name} #{number}" in target:
+                    number += 1
+                name = f"{name} #{number}"
+            target[name] = child(item, depth + 1, pending)
+    notes = {
+        "strings": "strings held a NUL or an unpaired surrogate (each replaced by U+FFFD)",
+        "keys": "keys became equal to another once cleaned (' #2' appended)",
+        "integers": "integers were too long to store (replaced by their size)",
+        "deep": f"values were nested deeper than {RESULT_MAX_DEPTH} levels (replaced by text)",
+        "other": "values were of no JSON type (replaced by their type)",
+    }
+    return root, [
+        f"result: {changed[kind]} {text} to be storable"
+        for kind, text in notes.items()
+        if changed[kind]
+    ]
+
+
+def clean_text(text: str) -> str:
+    """``text`` with NUL and unpaired surrogates replaced by U+FFFD, for a text column
+    (a reason, a diagnostic) that may quote what a job wrote."""
+    return _UNSTORABLE.sub(REPLACEMENT, text)
 
 
 def p90(values: Iterable[float]) -> float | None:

@@ -97,9 +97,15 @@ def settle_attempt(
     The result's ``usage`` is stored and added to its stage's spend whatever the
     outcome (money spent on a failure is spent); a value that is not a finite,
     non-negative number is left out with a diagnostic and changes nothing else.
+    Nothing in ``result`` makes the settle fail: what no backend can store is replaced
+    (``usage.stored_result``) and said so in a diagnostic; reason and diagnostics, which
+    may quote what the job wrote, are cleaned the same way.
     """
     columns = _measured_columns(measured)
+    stored, storage_notes = usage_math.stored_result(result)
     usage, usage_warnings = usage_math.read_usage(result)
+    reason = None if reason is None else usage_math.clean_text(reason)
+    notes = [usage_math.clean_text(str(d)) for d in diagnostics or []]
     attempt = move_attempt(
         session,
         attempt_id,
@@ -114,8 +120,8 @@ def settle_attempt(
             "state_reason": reason,
             "exit_code": exit_code,
             "exit_signal": exit_signal,
-            "result": usage_math.storable(result),
-            "diagnostics": [*(diagnostics or []), *usage_warnings],
+            "result": stored,
+            "diagnostics": [*notes, *storage_notes, *map(usage_math.clean_text, usage_warnings)],
             **columns,
         },
         event_detail={"outcome": outcome.value, "exit_code": exit_code, "reason": reason},
@@ -333,6 +339,7 @@ def mark_unknown(
     The reservation stays held: the process may still be running (and its expected
     cost stays held against budgets). Usage in ``result``, when one was read, is
     stored: it was spent whatever the outcome turns out to be."""
+    reason = usage_math.clean_text(reason)
     attempt = move_attempt(
         session,
         attempt_id,
