@@ -36,6 +36,7 @@ from controller import closeout, db, ledger, pipeline
 from controller.clock import Clock, SystemClock
 from controller.crashpoints import crash_point
 from controller.durable import make_private_dir, modes, read_json, write_json
+from controller.errors import CommitOutcomeUnknown, LedgerUnavailable, UsageError
 from controller.models import Attempt, Job
 from controller.outcome import Verdict as OutcomeVerdict
 from controller.states import EventKind
@@ -46,6 +47,9 @@ from workers import artifacts, identity, jobenv
 ACTOR = "controller"
 LOCK_CHECK_SECONDS = 5.0
 """How often a serving controller makes sure it still holds the ledger's lock."""
+LOCK_WAIT_GRACE_SECONDS = 1.0
+"""A write that waited this long for the ledger's write lock means every writer was
+held up: heartbeats could not land, so no worker is judged by them for a while."""
 PIDFILE = "controller.pid"
 
 
@@ -96,13 +100,38 @@ class Controller:
         self.on_ledger_error: Callable[[str], None] | None = None
         """Called with one line when the ledger stops answering (the CLI logs it)."""
         self.on_ledger_back: Callable[[int], None] | None = None
+        self._ledger_away = False
+        self._judge_after = float("-inf")
+        """Monotonic time before which no worker is judged lost and no lease expired:
+        the ledger was away, or its write lock was held for long, until
+        ``lost_after_seconds`` before it, so heartbeats could not land."""
+
+    def ledger_away(self) -> None:
+        """The ledger did not answer (a failed tick or lock check): once it answers
+        again, live workers get ``lost_after_seconds`` to heartbeat before anyone is
+        judged by their heartbeats or leases (docs/invariants.md, 4)."""
+        self._ledger_away = True
+
+    def _hold_judgement(self) -> None:
+        self._judge_after = time.monotonic() + self.lost_after_seconds
 
     def tick(self, now: datetime | None = None) -> ControllerReport:
+        try:
+            return self._tick(now)
+        except Exception as exc:
+            if db.is_transient(exc) or isinstance(exc, (CommitOutcomeUnknown, LedgerUnavailable)):
+                self.ledger_away()
+            raise
+
+    def _tick(self, now: datetime | None) -> ControllerReport:
         if now is None:
             # The ledger's clock: the server's on PostgreSQL (db.ledger_now), so lease
             # and heartbeat judgements do not depend on this host's clock.
             with self.reader() as session:
                 now = db.ledger_now(session, self.clock)
+        if self._ledger_away:
+            self._ledger_away = False
+            self._hold_judgement()
         report = ControllerReport()
         self._recovery_step(now, report)
         touched = self._promotion_step(now, report)
@@ -118,13 +147,21 @@ class Controller:
     # -- steps -----------------------------------------------------------------
 
     def _recovery_step(self, now: datetime, report: ControllerReport) -> None:
-        """Lost workers, then expired leases: only the live rows are looked at."""
+        """Lost workers, then expired leases: only the live rows are looked at.
+
+        Time the ledger could not be written never counts against a worker: after an
+        outage, or a write that waited long for the lock (so heartbeats queued behind
+        it), nothing is judged until live workers had ``lost_after_seconds`` to beat."""
         self._last_recovery = time.monotonic()
+        if time.monotonic() < self._judge_after:
+            return
         with self.reader() as session:
             stale = ledger.stale_workers(session, now=now, lost_after=self.lost_after_seconds)
             expired = ledger.expired_leases(session, now=now)
         if stale:
             with db.transaction(self.factory) as session:
+                if self._waited_long(session):
+                    return
                 report.lost = ledger.mark_lost_workers(
                     session, now=now, lost_after=self.lost_after_seconds, actor=ACTOR
                 )
@@ -135,6 +172,8 @@ class Controller:
                 row.attempt_id: _read_exit_record(self.reader, row.attempt_id) for row in expired
             }
             with db.transaction(self.factory) as session:
+                if self._waited_long(session):
+                    return
                 report.expired = ledger.expire_leases(
                     session,
                     now=now,
@@ -144,6 +183,14 @@ class Controller:
                     ),
                     only=set(records),
                 )
+
+    def _waited_long(self, session: Session) -> bool:
+        """Did this write wait so long for the lock that heartbeats were held up too?
+        Then hold judgement (the transaction ends having written nothing)."""
+        if db.lock_wait(session) < LOCK_WAIT_GRACE_SECONDS:
+            return False
+        self._hold_judgement()
+        return True
 
     def _retry_step(self, now: datetime, report: ControllerReport) -> None:
         """Retried jobs whose backoff has passed become claimable. Only a settle (an
@@ -344,10 +391,20 @@ class Controller:
         checked = time.monotonic()
         while not should_stop():
             if keep_lock is not None and time.monotonic() - checked >= LOCK_CHECK_SECONDS:
+                try:
+                    held = keep_lock()
+                except LedgerUnavailable as exc:
+                    # Unreachable is not lost: wait for the server, then look again.
+                    self.ledger_away()
+                    pause = outage.failed(exc, self.on_ledger_error)
+                    assert pause is not None  # failed() rides LedgerUnavailable out
+                    self.last_ledger_error = outage.last_error
+                    time.sleep(pause)
+                    continue
                 checked = time.monotonic()
-                if not keep_lock():
+                if not held:
                     # Its lock's connection was lost and another controller took the
-                    # ledger meanwhile (or the server is gone): one controller per ledger.
+                    # ledger meanwhile: one controller per ledger.
                     self.lost_lock = True
                     return
             try:
@@ -466,7 +523,13 @@ def hold_controller_lock(runtime_dir: Path, engine: Engine | None = None) -> boo
         return engine is None or holds_ledger_lock(engine)
     if engine is not None and not holds_ledger_lock(engine):
         return False
-    fd = os.open(Path(key) / "controller.lock", os.O_RDWR | os.O_CREAT, modes()[0])
+    try:
+        fd = os.open(Path(key) / "controller.lock", os.O_RDWR | os.O_CREAT, modes()[0])
+    except OSError as exc:
+        raise UsageError(
+            f"{Path(key) / 'controller.lock'}: cannot open the controller lock "
+            f"({exc.strerror or exc}); the controller needs a runtime dir it can write"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -494,8 +557,9 @@ def _lock_key(engine: Engine) -> str:
 
 def holds_ledger_lock(engine: Engine) -> bool:
     """On PostgreSQL: does this process hold the ledger's controller lock (taking it if
-    it is free, also again after its connection was lost)? Always True on SQLite, where
-    the runtime dir's flock is the ledger's lock (one host)."""
+    it is free, also again after its connection was lost)? Raises LedgerUnavailable when
+    the server cannot be reached (that says nothing about the lock). Always True on
+    SQLite, where the runtime dir's flock is the ledger's lock (one host)."""
     if db.is_sqlite(engine):
         return True
     import psycopg
@@ -511,12 +575,15 @@ def holds_ledger_lock(engine: Engine) -> bool:
             del _ledger_locks[key]
     url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     try:
-        connection = psycopg.connect(url, autocommit=True, application_name="laneway-controller")
+        connection = psycopg.connect(
+            url, autocommit=True, application_name="laneway-controller", connect_timeout=10
+        )
         row = connection.execute(
             "SELECT pg_try_advisory_lock(%s)", (CONTROLLER_LOCK_KEY,)
         ).fetchone()
-    except psycopg.OperationalError:
-        return False  # the server cannot be reached: not held (the caller retries)
+    except psycopg.OperationalError as exc:
+        # Not an answer: nobody can say who holds the lock while the server is away.
+        raise db.unreachable(engine, exc) from None
     if not (row and row[0]):
         connection.close()
         return False

@@ -12,6 +12,7 @@ import fcntl
 import os
 import re
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
@@ -46,8 +47,37 @@ def ledger_url(runtime_dir: str | os.PathLike[str]) -> str:
     """``LANEWAY_DATABASE_URL`` if set, else the SQLite file in the runtime dir."""
     override = os.environ.get("LANEWAY_DATABASE_URL")
     if override:
+        problem = url_problem(override)
+        if problem:
+            raise UsageError(f"LANEWAY_DATABASE_URL: {problem}")
         return override
-    return f"sqlite:///{Path(runtime_dir).resolve() / LEDGER_FILENAME}"
+    try:
+        return f"sqlite:///{Path(runtime_dir).resolve() / LEDGER_FILENAME}"
+    except RuntimeError as exc:  # a symlink loop
+        raise UsageError(f"--runtime-dir {runtime_dir}: {exc}; pass a directory") from None
+
+
+def url_problem(url: str) -> str | None:
+    """What is wrong with a ledger URL, in words (None: nothing laneway can see without
+    connecting). Parsed with the standard library, so a quick read-only command does
+    not import SQLAlchemy for it; never echoes the URL (it may hold a password)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (it parses the port, raising on a bad one)
+    except ValueError as exc:
+        return (
+            f"the URL does not parse ({exc}); use postgresql://USER@HOST[:PORT]/DATABASE "
+            "or sqlite:///PATH"
+        )
+    backend = parts.scheme.split("+", 1)[0]
+    if backend not in ("postgresql", "sqlite"):
+        return (
+            f"{backend or 'no scheme'!r} is not a ledger backend; use "
+            "postgresql://USER@HOST/DATABASE or sqlite:///PATH"
+        )
+    return None
 
 
 def is_sqlite_url(url: str) -> bool:
@@ -179,6 +209,7 @@ def transaction(factory: sessionmaker[Session], *, fair: bool = True) -> Iterato
     Reads take no lock. docs/deploy.md says what this costs (claims/s).
     """
     engine = factory.kw.get("bind")
+    asked = time.monotonic()
     with _write_lock(engine if fair else None), factory() as session:
         session.begin()
         try:
@@ -187,6 +218,7 @@ def transaction(factory: sessionmaker[Session], *, fair: bool = True) -> Iterato
                 from sqlalchemy import text
 
                 session.info[LEDGER_NOW] = session.execute(text(_LOCK_THEN_NOW)).scalar_one()
+            session.info[LOCK_WAIT] = time.monotonic() - asked
             yield session
         except BaseException:
             session.rollback()
@@ -285,7 +317,8 @@ def backoff_wait() -> Callable[[int], float]:
 class Outage:
     """A service loop's record of the ledger not answering: the worker's, the
     controller's and ``laneway run``'s loops share it. ``failed(exc)`` says whether a
-    failure is one to ride out (``is_transient``, or a commit whose outcome is unknown)
+    failure is one to ride out (``is_transient``, a commit whose outcome is unknown, or
+    ``LedgerUnavailable``: the server could not be reached)
     and how long to wait before the next try (tenacity's backoff with jitter), calling
     ``on_error`` with the first one's words; ``back()`` calls ``on_back`` with the
     number of failed tries once the ledger answers again."""
@@ -299,7 +332,9 @@ class Outage:
         self, error: BaseException, on_error: Callable[[str], None] | None = None
     ) -> float | None:
         """Seconds to wait before trying again, or None: not a failure to ride out."""
-        if not (is_transient(error) or isinstance(error, CommitOutcomeUnknown)):
+        if not (
+            is_transient(error) or isinstance(error, (CommitOutcomeUnknown, LedgerUnavailable))
+        ):
             return None
         self.failures += 1
         self.last_error = describe(error)
@@ -329,6 +364,17 @@ class _RetryState:
 
 
 LEDGER_NOW = "laneway_ledger_now"
+LOCK_WAIT = "laneway_lock_wait"
+
+
+def lock_wait(session: Session) -> float:
+    """Seconds the write transaction ``session`` waited for the ledger's write lock
+    (0 outside ``transaction``). A long wait means every other writer, a worker's
+    heartbeat among them, was held up as long: the controller judges no heartbeat
+    against that time (``controller.daemon``)."""
+    return float(session.info.get(LOCK_WAIT, 0.0))
+
+
 _LOCK_THEN_NOW = (
     "SELECT timezone('UTC', clock_timestamp()) "
     f"FROM (SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})) AS locked"
@@ -368,7 +414,14 @@ def _write_lock(engine: Engine | None) -> Iterator[None]:
     key = (os.getpid(), path)  # flock belongs to an open file: never share one across fork
     fd = _lock_fds.get(key)
     if fd is None:
-        fd = _lock_fds[key] = os.open(path, os.O_RDWR | os.O_CREAT, durable.modes()[0])
+        try:
+            fd = _lock_fds[key] = os.open(path, os.O_RDWR | os.O_CREAT, durable.modes()[0])
+        except OSError as exc:
+            raise UsageError(
+                f"{path}: cannot open the ledger's write lock ({exc.strerror or exc}); "
+                "a command that writes needs a runtime dir it can write (read-only "
+                "commands such as status and sql do not)"
+            ) from None
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         yield
@@ -506,6 +559,14 @@ def ledger_contents(url: str) -> str:
         finally:
             connection.close()
     except sqlite3.Error as exc:
+        if isinstance(exc, sqlite3.OperationalError) and "unable to open" in str(exc):
+            # A WAL ledger needs its -shm index, created beside it on first open.
+            writable = os.access(os.path.dirname(path) or ".", os.W_OK)
+            raise UsageError(
+                f"{path}: cannot open it ({_first_line(exc)})"
+                + ("" if writable else "; its directory is not writable (read-only?)")
+                + ": laneway needs a runtime dir it can write"
+            ) from None
         raise LedgerRevisionError(
             f"{path} is not a laneway ledger ({_first_line(exc)}); nothing was changed"
         ) from None

@@ -14,6 +14,8 @@ runs, in the read-only transaction ``ReadOnlyLedger.snapshot`` opens:
   prepare several statements at once), and described before it runs: a statement that
   returns no rows (``COPY``, ``SET``, ``DO``, transaction control, DDL) is refused
   without running, so ``COPY ... TO 'file'`` and ``COPY ... TO PROGRAM`` never start;
+- for every role, the advisory-lock functions (``_LOCK_FUNCTIONS``): no role or
+  read-only transaction stops them, and laneway's writers queue on one;
 - for a privileged role, the functions in ``_SERVER_FUNCTIONS`` (server files,
   programs, SQL run from a string, signals to other sessions) are refused by name. That
   check reads the query's text, so it is a seat belt, not a sandbox: the read-only
@@ -38,6 +40,10 @@ _SERVER_FUNCTIONS = re.compile(
     r"|pg_promote|pg_switch_wal|pg_create_restore_point)\b",
     re.IGNORECASE,
 )
+_LOCK_FUNCTIONS = re.compile(r"\b(pg_(try_)?advisory\w*)\b", re.IGNORECASE)
+"""Advisory locks are not refused by a read-only transaction or a read-only role, and
+laneway's writers all take one (``db.WRITE_LOCK_KEY``): a query holding it would queue
+every write, heartbeats included, behind it. Refused for every role."""
 _QUERY_CANCELED = "57014"
 
 
@@ -48,6 +54,14 @@ def run_query(
     ``READ ONLY`` transaction the caller rolls back): headers and rows, or UsageError."""
     import psycopg
 
+    # Quoted names ("pg_advisory_lock") are the same function; U&"..." spells one in
+    # escapes, which is refused whole.
+    found = _LOCK_FUNCTIONS.search(query.replace('"', "")) or re.search(r'\bu&"', query, re.I)
+    if found is not None:
+        raise UsageError(
+            f"query refused: {found.group(0)} is not allowed: advisory locks would hold up "
+            "laneway's own writes (its write lock is one); nothing was run"
+        )
     try:
         with connection.cursor() as cursor:
             cursor.execute(f"SET LOCAL statement_timeout = {max(1, round(timeout_s * 1000))}")

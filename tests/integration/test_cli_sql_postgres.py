@@ -20,6 +20,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
+from tests import backends
 from tests.integration.test_cli import assert_clean_error, good_config, invoke
 
 __all__ = ["good_config"]  # the fixture, shared with test_cli
@@ -308,3 +309,33 @@ def test_a_password_in_the_url_is_never_shown(runtime, readonly_role):
     assert_refused(as_superuser)
     for result in (refused, failed, as_superuser):
         assert secret not in result.output
+
+
+LOCKS = {
+    "xact_lock": "SELECT pg_advisory_xact_lock(1818324581), pg_sleep(1)",
+    "session_lock": "SELECT pg_advisory_lock(1818324581)",
+    "try_lock": "SELECT pg_try_advisory_xact_lock(1818324581)",
+    "shared": "SELECT pg_advisory_lock_shared(1)",
+    "quoted": 'SELECT "pg_advisory_xact_lock"(1)',
+    "upper": "SELECT PG_ADVISORY_XACT_LOCK(1)",
+    "unicode_escape": 'SELECT U&"pg_advisory_xact_lock"(1)',
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOCKS))
+@pytest.mark.parametrize("role", ["readonly", "superuser"])
+def test_advisory_lock_functions_are_refused_for_every_role(runtime, readonly_role, name, role):
+    """laneway's write lock is an advisory lock, and neither a read-only transaction nor
+    a read-only role stops a query taking it: it would hold up every write (heartbeats
+    too) for as long as it ran."""
+    extra = (
+        ["--readonly-url", readonly_role] if role == "readonly" else ["--i-know-this-is-superuser"]
+    )
+    result = sql(LOCKS[name], runtime, *extra)
+    assert_refused(result)
+    assert "advisory" in result.stderr.lower() or "u&" in result.stderr.lower(), result.stderr
+    with backends.admin() as admin:
+        held = admin.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+        ).fetchone()[0]
+    assert held == 0
