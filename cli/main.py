@@ -61,11 +61,22 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+def _runtime_dir(value: Path) -> Path:
+    """``--runtime-dir``: a path that resolves (a symlink loop is refused here, in one
+    line, rather than deep inside every command)."""
+    try:
+        value.resolve()
+    except (RuntimeError, OSError) as exc:
+        raise typer.BadParameter(f"{value} does not resolve ({exc}); pass a directory") from None
+    return value
+
+
 RuntimeDir = Annotated[
     Path,
     typer.Option(
         "--runtime-dir",
         envvar="LANEWAY_RUNTIME_DIR",
+        callback=_runtime_dir,
         help="Where the ledger and runs/ live (env LANEWAY_RUNTIME_DIR).",
     ),
 ]
@@ -75,6 +86,9 @@ def _use_database_url(value: str | None) -> str | None:
     """``--database-url`` wins over the environment: it is put where every part of
     laneway (and every service ``laneway run`` starts) reads the URL from."""
     if value:
+        problem = db.url_problem(value)
+        if problem:
+            raise typer.BadParameter(problem)
         os.environ["LANEWAY_DATABASE_URL"] = value
     return value
 
