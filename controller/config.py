@@ -198,6 +198,13 @@ class StageConfig(_Strict):
         "run's artifact store; one missing makes the attempt failed. Stages that need "
         "this one get them under inputs/<stage>/ ({inputs.<stage>}).",
     )
+    output_max_mib: int = Field(
+        1024,
+        ge=1,
+        le=1 << 30,
+        description="Most bytes one declared output may have, MiB; a larger one is not "
+        "stored and the attempt settles harness_failure saying so.",
+    )
     nodes: list[Name] | None = Field(
         None,
         description="The nodes that may run this stage (default: its lane's node); its "

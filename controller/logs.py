@@ -7,6 +7,10 @@ is read through a ``Rows`` source (``db.ReadOnlyLedger``, as ``laneway status`` 
 it); the files are read where this process runs. On PostgreSQL with workers on several
 machines the directory may be on another machine: ``LogsElsewhere`` names the node and
 host that hold it.
+
+The job can write its attempt directory, so these files are read through
+``durable.AttemptDir``: a ``stdout.log`` replaced by a symlink (to ``/etc/shadow``, say),
+a FIFO or a device is refused (``LogRefused``), never followed or printed.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controller.durable import AttemptDir, PathRefused
 from controller.errors import LanewayError, NotFound, UsageError
 from controller.ids import parse_id
 from controller.states import AttemptState
@@ -25,6 +30,8 @@ from workers import identity
 
 STREAMS = ("stdout", "stderr")
 TAIL_BLOCK = 64 * 1024
+TAIL_MAX_BYTES = 4 * 1024 * 1024
+"""A tail is at most this many bytes: a last line longer than that comes as its end."""
 FOLLOW_CHUNK = 256 * 1024
 """At most this much is read from a log per look while following."""
 IN_FLIGHT = (AttemptState.INTENT.value, AttemptState.RUNNING.value)
@@ -32,6 +39,27 @@ IN_FLIGHT = (AttemptState.INTENT.value, AttemptState.RUNNING.value)
 
 class LogsElsewhere(LanewayError):
     """The attempt's directory is not on this machine."""
+
+
+class LogRefused(LanewayError):
+    """The log's name holds a symlink or something else than a regular file."""
+
+
+def _refusal(path: Path, exc: OSError) -> LogRefused:
+    return LogRefused(
+        f"{path}: {exc.strerror or exc}; laneway reads only a regular file there (the job "
+        "can write its attempt directory: a link it plants is not followed)"
+    )
+
+
+def _open_log(path: Path) -> Any:
+    """``path`` opened for reading without following a link (FileNotFoundError when it
+    or its directory is missing; ``LogRefused`` for a link or a non-regular file)."""
+    try:
+        with AttemptDir(path.parent) as directory:
+            return directory.read(path.name)
+    except PathRefused as exc:
+        raise _refusal(path, exc) from exc
 
 
 @dataclass(frozen=True)
@@ -137,8 +165,11 @@ def check_here(attempt: AttemptRef, stream: str) -> Path:
     ``LogsElsewhere`` naming the node and host that hold it, or NotFound when no file
     was ever written (an attempt that never started)."""
     path = attempt.path(stream)
-    if path.exists():
-        return path
+    try:
+        with _open_log(path):
+            return path
+    except FileNotFoundError:
+        pass
     if Path(attempt.attempt_dir).is_dir() or (
         attempt.host in (None, this_host()) and attempt.state in IN_FLIGHT
     ):
@@ -157,37 +188,52 @@ def check_here(attempt: AttemptRef, stream: str) -> Path:
     )
 
 
-def tail_bytes(path: Path, lines: int | None) -> tuple[bytes, int]:
-    """The last ``lines`` lines of ``path`` (all of it when None) and the offset where
-    the file ended when read (to follow from). A missing file is empty."""
+def tail_bytes(
+    path: Path, lines: int | None, *, max_bytes: int = TAIL_MAX_BYTES
+) -> tuple[bytes, int]:
+    """The last ``lines`` lines of ``path`` (all of it when None), at most ``max_bytes``
+    of them, and the offset where the file ended when read (to follow from). A missing
+    file is empty; a link or a non-regular file is ``LogRefused``.
+
+    Linear in what it returns: blocks are read backwards (``os.pread``), each counted
+    for newlines once, until enough lines or ``max_bytes`` are in hand, then joined
+    once; a 32 MiB file without a newline costs one ``max_bytes`` read, not a rescan
+    per block."""
     try:
-        with path.open("rb") as log:
-            size = log.seek(0, os.SEEK_END)
+        with _open_log(path) as log:
+            fd = log.fileno()
+            size = os.fstat(fd).st_size
             if lines is None:
-                log.seek(0)
                 return log.read(size), size
             if lines <= 0:
                 return b"", size
-            start, data = size, b""
-            # Read blocks backwards until enough newlines are in hand (one more than
-            # asked: the file's final newline ends the last line, it does not start one).
-            while start > 0 and data.count(b"\n") <= lines:
-                step = min(TAIL_BLOCK, start)
+            blocks: list[bytes] = []
+            start, newlines, limit = size, 0, max(1, max_bytes)
+            # One newline more than asked: the file's final newline ends the last line,
+            # it does not start one.
+            while start > 0 and newlines <= lines and size - start < limit:
+                step = min(TAIL_BLOCK, start, limit - (size - start))
                 start -= step
-                log.seek(start)
-                data = log.read(step) + data
+                block = os.pread(fd, step, start)
+                blocks.append(block)
+                newlines += block.count(b"\n")
     except FileNotFoundError:
         return b"", 0
-    kept = data.splitlines(keepends=True)[-lines:]
-    return b"".join(kept), size
+    data = b"".join(reversed(blocks))
+    end = len(data) - 1 if data.endswith(b"\n") else len(data)
+    cut = end
+    for _ in range(lines):
+        cut = data.rfind(b"\n", 0, cut)
+        if cut < 0:
+            break
+    return (data if cut < 0 else data[cut + 1 :]), size
 
 
 def read_from(path: Path, offset: int) -> tuple[bytes, int]:
     """What was appended to ``path`` after ``offset`` (at most ``FOLLOW_CHUNK``)."""
     try:
-        with path.open("rb") as log:
-            log.seek(offset)
-            data = log.read(FOLLOW_CHUNK)
+        with _open_log(path) as log:
+            data = os.pread(log.fileno(), FOLLOW_CHUNK, offset)
     except FileNotFoundError:
         return b"", offset
     return data, offset + len(data)

@@ -43,11 +43,11 @@ import psutil
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from controller import db, ledger, oom, pipeline
+from controller import db, durable, ledger, oom, pipeline
 from controller.clock import Clock, SystemClock, iso
 from controller.config import CaptureConfig
 from controller.crashpoints import crash_point
-from controller.durable import make_private_dir, open_private, write_json
+from controller.durable import write_json
 from controller.errors import CommitOutcomeUnknown, IllegalTransition, StaleLease
 from controller.ledger import snapshot as ledger_snapshot
 from controller.models import Job
@@ -355,6 +355,7 @@ class WorkerService:
         self._exit_codes: dict[int, dict[str, dict[int, Outcome]]] = {}
         self._captures: dict[tuple[int, str], CaptureConfig | None] = {}
         self._results: dict[tuple[int, str], Literal["optional", "required"]] = {}
+        self._output_caps: dict[tuple[int, str], int] = {}
         self.recovered: list[str] = []
         self.heartbeat_failures = 0
         self.last_sample_error: str | None = None
@@ -465,6 +466,7 @@ class WorkerService:
             store_url = ledger.artifact_store_url(
                 config.artifact_store, self.runtime_dir or run.runtime_dir
             )
+            self._output_caps[(attempt.run_id, job.stage)] = stage.output_max_mib
             if found is not None and attempt.state == "intent":
                 ledger.record_spawn(
                     session,
@@ -849,6 +851,7 @@ class WorkerService:
             by_stage[claim.stage] = dict(stage.exit_codes)
             self._captures[(claim.run_id, claim.stage)] = stage.capture
             self._results[(claim.run_id, claim.stage)] = stage.result
+            self._output_caps[(claim.run_id, claim.stage)] = stage.output_max_mib
 
     def _spawn_all(self, claims: list[ledger.Claim]) -> None:
         """Start every claimed attempt's supervisor. Each reports its child's identity
@@ -859,7 +862,7 @@ class WorkerService:
             if claim.render_error is not None:
                 self._settle_without_spawn(claim, claim.render_error)
                 continue
-            refused = self._give_inputs(claim)
+            refused = self._make_attempt_dir(claim) or self._give_inputs(claim)
             if refused is not None:
                 self._settle_without_spawn(claim, refused, pause_run=True)
                 continue
@@ -946,7 +949,8 @@ class WorkerService:
         """Start the attempt's supervisor; returns it and the secret values it redacts."""
         directory = Path(claim.attempt_dir)
         workspace = directory / "workspace"
-        make_private_dir(workspace)
+        with durable.AttemptDir(directory) as attempt:  # made by _make_attempt_dir
+            attempt.make_dir("workspace", exclusive=True)
         env, secret_names, strip = job_environment(dict(os.environ), claim.env, claim.pass_env)
         env.update(
             {
@@ -978,7 +982,10 @@ class WorkerService:
             "strip_env": strip,
         }
         secrets = secret_values(env, secret_names)
-        with open_private(directory / "supervisor.log", "ab") as supervisor_log:
+        with (
+            durable.AttemptDir(directory) as attempt,
+            attempt.append("supervisor.log") as supervisor_log,
+        ):
             if self.launcher is not None:
                 read_end, write_end = os.pipe2(os.O_CLOEXEC)
                 try:
@@ -1058,6 +1065,18 @@ class WorkerService:
                 )
             self.in_flight[claim.attempt_id].marked_unknown = True
 
+    def _make_attempt_dir(self, claim: ledger.Claim) -> str | None:
+        """Create the attempt's directory, which must not exist yet: the job of another
+        attempt can write the runtime dir, and one it planted (a link, or a directory
+        holding links) is refused, never used. The directories from the run's down
+        are entered without following a link. Returns why it cannot start, else None."""
+        run_dir = Path(claim.attempt_dir).parents[2]  # <runtime>/runs/<run> (launch.attempt_dir)
+        try:
+            durable.AttemptDir.make(claim.attempt_dir, base=run_dir).close()
+        except OSError as exc:
+            return f"attempt directory {claim.attempt_dir}: {exc.strerror or exc}"
+        return None
+
     def _give_inputs(self, claim: ledger.Claim) -> str | None:
         """Fetch the attempt's inputs into ``inputs/<stage>/<name>``, each verified
         against the sha256 its producer recorded. Returns why it cannot start (an input
@@ -1075,6 +1094,7 @@ class WorkerService:
                     f"{given['stage']}/{given['name']}",
                     root / given["stage"] / given["name"],
                     between=self._heartbeat_if_due,  # within one large file too
+                    root=Path(claim.attempt_dir),  # no link below it is followed
                 )
             except (artifacts.InputMismatch, artifacts.StoreError) as exc:
                 return str(exc)
@@ -1092,7 +1112,11 @@ class WorkerService:
             claim.attempt_dir,
             claim.outputs,
             claim.artifact_store,
-            between=self._heartbeat_if_due,  # a long upload must not let leases lapse
+            between=self._heartbeat_if_due,  # a long upload or walk must not let leases lapse
+            max_bytes=self._output_caps.get(
+                (claim.run_id, claim.stage), artifacts.DEFAULT_OUTPUT_MAX_MIB
+            )
+            * artifacts.MIB,
         )
         if stored:
             crash_point("worker_after_store_before_settle")
