@@ -157,6 +157,12 @@ def find_outputs(
         for pattern in patterns:
             matched = seen.matches(pattern)
             for name, size in matched:
+                if not name.isprintable() or _not_utf8(name):
+                    raise OutputBound(
+                        f"declared output {name.encode('utf-8', 'backslashreplace')!r} has a "
+                        "name that is not printable UTF-8, which the ledger cannot record: "
+                        "not stored (have the job write plain names)"
+                    )
                 if size > max_bytes:
                     raise OutputBound(
                         f"declared output {name} is {size} bytes, over the stage's "
@@ -182,6 +188,15 @@ def find_outputs(
                 )
             outputs.append(Output(name, workspace / name, sha256, size))
     return outputs, missing
+
+
+def _not_utf8(name: str) -> bool:
+    """Bytes of a file name that are not UTF-8 reach Python as lone surrogates."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 class _Walk:

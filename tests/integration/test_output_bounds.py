@@ -117,3 +117,20 @@ def test_an_output_over_its_cap_is_a_harness_failure_and_not_stored(tmp_path: Pa
     assert "output_max_mib (1 MiB)" in big.state_reason
     store = runtime / "artifacts"
     assert not store.exists() or not [p for p in store.rglob("*") if p.is_file()]
+
+
+BAD_NAME = """
+import os
+os.makedirs("out", exist_ok=True)
+with open(os.path.join(b"out", b"\\xff.txt"), "wb") as f:   # not UTF-8
+    f.write(b"x")
+"""
+
+
+def test_an_output_whose_name_is_not_utf8_settles_with_a_reason(tmp_path: Path, runtime: Path):
+    """Before, the name reached the settle as a lone surrogate and the ledger's encode
+    raised inside the transaction: the worker died, and so did every restarted one."""
+    run_pipeline(tmp_path, runtime, [stage("named", BAD_NAME, ["out/*.txt"])])
+    attempt = settled(runtime)["named"]
+    assert attempt.state == "settled" and attempt.outcome == "harness_failure"
+    assert "not printable UTF-8" in attempt.state_reason and attempt.stored == []
