@@ -42,6 +42,7 @@ from pydantic import (
     model_validator,
 )
 
+from controller import limits
 from controller.errors import ConfigError
 from controller.states import RETRYABLE_OUTCOMES, Outcome
 
@@ -70,6 +71,37 @@ PATTERN_HELP = {
     ENV_NAME_PATTERN: "use letters, digits and '_', not starting with a digit",
 }
 
+
+def _ledger_int(value: int) -> int:
+    problem = limits.int_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _mebibytes(value: float) -> float:
+    if value >= limits.MAX_MIB:
+        raise ValueError(f"{value:g} MiB is too large: a size is below 2**43 MiB (2**63 bytes)")
+    return value
+
+
+def _text(value: str) -> str:
+    problem = limits.text_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+LedgerInt = Annotated[int, AfterValidator(_ledger_int)]
+"""Every integer a config gives: what every ledger column stores (controller/limits.py).
+A validator, not ``Field(ge=..., le=...)``: a field's own ``Field(ge=0)`` would replace
+a bound of the same kind given here."""
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+"""Every float a config gives: nan and inf are refused (they pass any range check)."""
+Mebibytes = Annotated[float, Field(allow_inf_nan=False), AfterValidator(_mebibytes)]
+"""A size in MiB whose byte count fits the ledger (``log_cap_mib``, ``capture.max_mib``)."""
+Text = Annotated[str, AfterValidator(_text)]
+"""Free text that reaches an argv, a path or an environment: no NUL, no lone surrogate."""
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 NAME_RE = re.compile(NAME_PATTERN)
 Key = Annotated[str, Field(pattern=KEY_PATTERN)]
@@ -93,7 +125,9 @@ PATTERN_HELP[USAGE_KEY_PATTERN] = (
     "a usage key uses letters, digits, '_', '.', '-' (at most 64), starting with a letter"
 )
 UsageKey = Annotated[str, Field(pattern=USAGE_KEY_PATTERN)]
-Amount = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+AMOUNT_MAX = 1e15
+"""The largest budget or expected usage, so that sums over many attempts stay finite."""
+Amount = Annotated[float, Field(ge=0, le=AMOUNT_MAX, allow_inf_nan=False)]
 Budget = dict[UsageKey, Amount]
 """Usage key -> most the run (or stage) may spend, e.g. ``budget = { cost_usd = 50 }``."""
 
@@ -105,22 +139,24 @@ class _Strict(BaseModel):
 class GpuCapacity(_Strict):
     """A node's GPU budget for the concurrency rule of invariant 9."""
 
-    total_mib: int = Field(gt=0, description="GPU memory of the node's device, MiB.")
-    fraction: float = Field(0.9, gt=0, le=1, description="Usable share of total_mib.")
-    baseline_mib: int = Field(0, ge=0, description="Memory used by processes not ours, MiB.")
+    total_mib: LedgerInt = Field(gt=0, description="GPU memory of the node's device, MiB.")
+    fraction: Finite = Field(0.9, gt=0, le=1, description="Usable share of total_mib.")
+    baseline_mib: LedgerInt = Field(0, ge=0, description="Memory used by processes not ours, MiB.")
 
 
 class NodeConfig(_Strict):
     name: Name
-    memory_floor_mib: int = Field(ge=0, description="Free memory never to go below, MiB.")
-    max_jobs: int = Field(ge=1, description="Most attempts running at once on the node.")
+    memory_floor_mib: LedgerInt = Field(ge=0, description="Free memory never to go below, MiB.")
+    max_jobs: LedgerInt = Field(
+        ge=1, le=limits.MAX_SLOTS, description="Most attempts running at once on the node."
+    )
     gpu: GpuCapacity | None = None
 
 
 class LaneConfig(_Strict):
     name: Name
     node: Name
-    caps: dict[str, Annotated[int, Field(ge=0)]] = Field(
+    caps: dict[Name, Annotated[LedgerInt, Field(ge=0)]] = Field(
         default_factory=dict, description="stage name -> most running at once in this lane"
     )
 
@@ -128,26 +164,26 @@ class LaneConfig(_Strict):
 class CaptureConfig(_Strict):
     """Bounded capture of a failed attempt's workspace (archive + sha256 manifest)."""
 
-    max_mib: float = Field(256, gt=0, description="Most input bytes archived, MiB.")
-    max_seconds: float = Field(60, gt=0, description="Stop adding files after this long.")
+    max_mib: Mebibytes = Field(256, gt=0, description="Most input bytes archived, MiB.")
+    max_seconds: Finite = Field(60, gt=0, description="Stop adding files after this long.")
 
 
 class RetryPolicy(_Strict):
     """Automatic retry; the default is never (invariant 2)."""
 
-    max_attempts: int = Field(1, ge=1, le=20)
+    max_attempts: LedgerInt = Field(1, ge=1, le=20)
     on: list[Literal["failed", "infra_failure", "timed_out"]] = Field(default_factory=list)
-    backoff_seconds: float = Field(
+    backoff_seconds: Finite = Field(
         0,
         ge=0,
         le=604800,
         description="Wait this long before the first automatic retry, so a failure of "
         "the infrastructure is not retried straight into the same outage (0: at once).",
     )
-    backoff_multiplier: float = Field(
+    backoff_multiplier: Finite = Field(
         2.0, ge=1, le=100, description="Each further retry waits this many times longer."
     )
-    backoff_max_seconds: float = Field(
+    backoff_max_seconds: Finite = Field(
         3600, gt=0, le=604800, description="The longest wait between two attempts."
     )
 
@@ -158,29 +194,29 @@ def _default_exit_codes() -> dict[int, Outcome]:
 
 class StageConfig(_Strict):
     name: Name
-    argv: list[str] = Field(
+    argv: list[Text] = Field(
         min_length=1,
         description="{item}, {lane}, {<item field>} expand; inside a shell's -c script "
         "each value is shell-quoted, {name:raw} inserts it unquoted.",
     )
-    cwd: str | None = Field(None, description="Defaults to the attempt's workspace/.")
-    env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str] = Field(default_factory=dict)
+    cwd: Text | None = Field(None, description="Defaults to the attempt's workspace/.")
+    env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], Text] = Field(default_factory=dict)
     pass_env: list[Annotated[str, Field(pattern=ENV_NAME_PATTERN)]] = Field(
         default_factory=list,
         description="Variables of the worker's environment the job gets as they are "
         "(a job starts from a clean environment; see docs/security.md). Their values are "
         "redacted like referenced secrets; one that is not set is a harness failure.",
     )
-    timeout_seconds: int = Field(3600, ge=1, le=172800)
-    grace_seconds: float = Field(10.0, ge=0, le=3600)
-    memory_mib: int = Field(0, ge=0, description="Memory reserved while an attempt runs.")
+    timeout_seconds: LedgerInt = Field(3600, ge=1, le=172800)
+    grace_seconds: Finite = Field(10.0, ge=0, le=3600)
+    memory_mib: LedgerInt = Field(0, ge=0, description="Memory reserved while an attempt runs.")
     capture: CaptureConfig | None = Field(
         None, description="Archive the workspace of attempts that do not succeed."
     )
-    ports: int = Field(
+    ports: LedgerInt = Field(
         0, ge=0, le=64, description="Free TCP ports to allocate per attempt (LANEWAY_PORTS)."
     )
-    log_cap_mib: float = Field(
+    log_cap_mib: Mebibytes = Field(
         1024, gt=0, description="Most bytes kept per stream per attempt, MiB; then a marker."
     )
     learn_memory: bool = Field(
@@ -188,8 +224,8 @@ class StageConfig(_Strict):
         description="Reserve max(memory_mib, measured peak x memory_margin) once attempts "
         "of this stage have settled with a measured peak.",
     )
-    memory_margin: float = Field(1.25, ge=1, le=10)
-    gpu_mib: int = Field(0, ge=0, description="GPU memory reserved while an attempt runs.")
+    memory_margin: Finite = Field(1.25, ge=1, le=10)
+    gpu_mib: LedgerInt = Field(0, ge=0, description="GPU memory reserved while an attempt runs.")
     needs: list[Name] = Field(default_factory=list)
     outputs: list[OutputName] = Field(
         default_factory=list,
@@ -210,8 +246,8 @@ class StageConfig(_Strict):
         description="The nodes that may run this stage (default: its lane's node); its "
         "lane's caps still count it.",
     )
-    cap: int | None = Field(None, ge=0, description="Most running at once across all lanes.")
-    exit_codes: dict[int, Outcome] = Field(default_factory=_default_exit_codes)
+    cap: LedgerInt | None = Field(None, ge=0, description="Most running at once across all lanes.")
+    exit_codes: dict[LedgerInt, Outcome] = Field(default_factory=_default_exit_codes)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     budget: Budget | None = Field(
         None,
@@ -228,7 +264,7 @@ class StageConfig(_Strict):
         description="A new run may take over the result of this stage's job from an "
         "earlier run when nothing it depends on changed; false: always run it.",
     )
-    sources: list[str] | None = Field(
+    sources: list[Text] | None = Field(
         None,
         description="The pipeline sources this stage's result depends on (for reuse); "
         "default: all of them.",
@@ -285,6 +321,17 @@ class ItemConfig(BaseModel):
     def fields(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
 
+    @model_validator(mode="after")
+    def _check_fields(self) -> ItemConfig:
+        """An item's fields reach argv, env, paths and the ledger: refused here, naming
+        the item and the field, rather than when an attempt starts (a NUL made the
+        supervisor fail to spawn) or is recorded (a lone surrogate, a TOML date)."""
+        for name, value in (self.model_extra or {}).items():
+            problem = limits.text_problem(name) or limits.value_problem(value)
+            if problem:
+                raise ValueError(f"field {name!a} of item {self.key!r} {problem}")
+        return self
+
 
 class CloseoutStep(_Strict):
     """A command run once when the run finishes or is stopped (e.g. aggregate, report).
@@ -296,9 +343,9 @@ class CloseoutStep(_Strict):
     default cwd is ``runs/<run>/``. Templates are checked when the config is loaded."""
 
     name: Name
-    argv: list[str] = Field(min_length=1)
-    cwd: str | None = None
-    timeout_seconds: int = Field(600, ge=1, le=86400)
+    argv: list[Text] = Field(min_length=1)
+    cwd: Text | None = None
+    timeout_seconds: LedgerInt = Field(600, ge=1, le=86400)
 
 
 class PipelineConfig(_Strict):
@@ -307,9 +354,9 @@ class PipelineConfig(_Strict):
     lanes: list[LaneConfig] = Field(min_length=1)
     stages: list[StageConfig] = Field(min_length=1)
     items: list[ItemConfig] = Field(default_factory=list)
-    items_file: str | None = Field(None, description="JSONL file of items, one per line.")
-    batch_cap: int | None = Field(None, ge=1, description="Most items a run takes on.")
-    infra_breaker: int = Field(
+    items_file: Text | None = Field(None, description="JSONL file of items, one per line.")
+    batch_cap: LedgerInt | None = Field(None, ge=1, description="Most items a run takes on.")
+    infra_breaker: LedgerInt = Field(
         3,
         ge=1,
         description="Pause the run after infrastructure failures of this many distinct "
@@ -325,8 +372,8 @@ class PipelineConfig(_Strict):
         description="Usage key -> most the run may spend (e.g. { cost_usd = 50 }); "
         "admission refuses (reason budget) an attempt whose expected cost would pass it.",
     )
-    sources: list[str] = Field(default_factory=list, description="Files hashed and frozen.")
-    artifact_store: str | None = Field(
+    sources: list[Text] = Field(default_factory=list, description="Files hashed and frozen.")
+    artifact_store: Text | None = Field(
         None,
         description="Where stage outputs are stored, as an fsspec URL: file:///a/shared/mount "
         "or s3://bucket/prefix (S3 or any S3-compatible server; credentials and endpoint "
@@ -1030,12 +1077,18 @@ def _format_validation_error(exc: ValidationError) -> list[str]:
 
 
 def _read_items_file(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The items of a JSONL file. A device or FIFO is refused, not read (``/dev/zero``
+    would fill memory, a FIFO hang), and so is a file past ``ITEMS_FILE_MAX_BYTES``."""
     items: list[dict[str, Any]] = []
     problems: list[str] = []
     try:
-        text = path.read_text(encoding="utf-8")
+        data = limits.read_regular_file(path, limits.ITEMS_FILE_MAX_BYTES)
     except OSError as exc:
         return [], [f"items_file: cannot read {path}: {exc.strerror or exc}"]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return [], [f"items_file: {path} is not UTF-8 text (byte {exc.start})"]
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -1043,6 +1096,10 @@ def _read_items_file(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             problems.append(f"items_file line {number}: not JSON ({exc.msg}); one object per line")
+            continue
+        except (ValueError, RecursionError) as exc:
+            # An integer past Python's 4300 digits, or nesting past the recursion limit.
+            problems.append(f"items_file line {number}: not usable JSON ({_short(exc)})")
             continue
         if not isinstance(row, dict):
             problems.append(f"items_file line {number}: must be a JSON object with key and lane")
@@ -1058,16 +1115,15 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> PipelineConfig:
     """
     raw = dict(raw)
     problems: list[str] = []
-    if isinstance(raw.get("items_file"), str):
+    if isinstance(raw.get("items_file"), str) and not limits.text_problem(raw["items_file"]):
         items_path = (base_dir / raw["items_file"]).resolve()
         extra, problems = _read_items_file(items_path)
         inline = raw.get("items") or []
         raw["items"] = [*inline, *extra] if isinstance(inline, list) else inline
         raw["items_file"] = str(items_path)
     if isinstance(raw.get("sources"), list):
-        raw["sources"] = [
-            str((base_dir / s).resolve()) if isinstance(s, str) else s for s in raw["sources"]
-        ]
+        raw["sources"] = [_resolved(base_dir, s) for s in raw["sources"]]
+    relative_cwds = _relative_cwd_templates(raw)
     if isinstance(raw.get("stages"), list):
         raw["stages"] = [
             _absolute_sources(_absolute_cwd(stage, base_dir), base_dir) for stage in raw["stages"]
@@ -1080,10 +1136,71 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> PipelineConfig:
     try:
         config = PipelineConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(problems + _format_validation_error(exc)) from None
+        raise ConfigError(_printable(problems + _format_validation_error(exc))) from None
+    except RecursionError:
+        raise ConfigError([*problems, "CONFIG: nested too deeply to check"]) from None
+    problems += _joined_cwd_problems(config, relative_cwds)
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(_printable(problems))
     return config
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc).split(";")[0][:120] or type(exc).__name__
+
+
+def _printable(lines: list[str]) -> list[str]:
+    """Problem lines as one printable line each: a lone surrogate or a control character
+    from the config is escaped (printing it raw would fail, or break the line)."""
+    out = []
+    for line in lines:
+        line = line.encode("utf-8", "backslashreplace").decode("utf-8")
+        out.append(_CONTROL.sub(lambda match: ascii(match.group())[1:-1], line))
+    return out
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""What breaks a line or a terminal: C0 and C1 controls and the Unicode line separators."""
+
+
+def _relative_cwd_templates(raw: dict[str, Any]) -> dict[int, str]:
+    """Each stage's ``cwd`` that is relative in the config and starts with a
+    placeholder: joined under the config's directory, it must not render to an absolute
+    path (``_joined_cwd_problems``). (A closeout step's cwd can start only with
+    ``{runtime_dir}``, left as it is, or ``{run}``, never absolute.)"""
+    stages = raw.get("stages")
+    found = {}
+    for i, stage in enumerate(stages if isinstance(stages, list) else []):
+        cwd = stage.get("cwd") if isinstance(stage, dict) else None
+        if isinstance(cwd, str) and cwd.startswith("{") and not cwd.startswith("{{"):
+            found[i] = cwd
+    return found
+
+
+def _joined_cwd_problems(config: PipelineConfig, templates: dict[int, str]) -> list[str]:
+    """A relative cwd is joined under the config's directory; one whose placeholder
+    brings an absolute path would silently run under the config's directory instead
+    (``/cfg//srv/x``): refused, naming the field and the items."""
+    problems = []
+    for i, template in templates.items():
+        rendered = [(item.key, _try_render(template, _item_values(item))) for item in config.items]
+        absolute = [(key, value) for key, value in rendered if value and os.path.isabs(value)]
+        if not absolute:
+            continue
+        keys = ", ".join(key for key, _ in absolute[:5]) + (" …" if len(absolute) > 5 else "")
+        problems.append(
+            f"stages.{i}.cwd: {template!r} is relative to the config file, but renders to an "
+            f"absolute path for item(s) {keys} ({absolute[0][1]!r}); write an absolute cwd, "
+            "or make the value a path relative to the config file's directory"
+        )
+    return problems
+
+
+def _try_render(template: str, values: dict[str, Any]) -> str | None:
+    try:
+        return render_values(template, values)
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None  # reported by the template checks
 
 
 def _absolute_cwd(stage: Any, base_dir: Path, *, absolute_prefix: str | None = None) -> Any:
@@ -1108,11 +1225,15 @@ def _absolute_sources(stage: Any, base_dir: Path) -> Any:
     """A stage's ``sources`` resolve like the pipeline's, so they compare equal."""
     if not isinstance(stage, dict) or not isinstance(stage.get("sources"), list):
         return stage
-    resolved = [
-        str((base_dir / path).resolve()) if isinstance(path, str) else path
-        for path in stage["sources"]
-    ]
-    return {**stage, "sources": resolved}
+    return {**stage, "sources": [_resolved(base_dir, path) for path in stage["sources"]]}
+
+
+def _resolved(base_dir: Path, path: Any) -> Any:
+    """A source path resolved against the config's directory; a value that is not a
+    usable path is left as it is, for validation to name."""
+    if not isinstance(path, str) or limits.text_problem(path):
+        return path
+    return str((base_dir / path).resolve())
 
 
 def load_config(path: str | Path) -> PipelineConfig:
@@ -1120,17 +1241,26 @@ def load_config(path: str | Path) -> PipelineConfig:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".toml", ".json"):
-        raise ConfigError([f"CONFIG: {path} must end in .toml or .json"])
+        raise ConfigError(_printable([f"CONFIG: {path} must end in .toml or .json"]))
     try:
-        data = path.read_bytes()
+        data = limits.read_regular_file(path, limits.CONFIG_MAX_BYTES)
     except OSError as exc:
-        raise ConfigError([f"CONFIG: cannot read {path}: {exc.strerror or exc}"]) from None
+        raise ConfigError(
+            _printable([f"CONFIG: cannot read {path}: {exc.strerror or exc}"])
+        ) from None
     try:
         raw = tomllib.loads(data.decode()) if suffix == ".toml" else json.loads(data)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError([f"CONFIG: {path} is not valid {suffix[1:].upper()}: {exc}"]) from None
+        raise ConfigError(
+            _printable([f"CONFIG: {path} is not valid {suffix[1:].upper()}: {exc}"])
+        ) from None
+    except (ValueError, RecursionError) as exc:
+        # An integer past Python's 4300 digits, or nesting past the recursion limit.
+        raise ConfigError(
+            _printable([f"CONFIG: {path} is not usable {suffix[1:].upper()}: {_short(exc)}"])
+        ) from None
     if not isinstance(raw, dict):
-        raise ConfigError([f"CONFIG: {path} must hold a table/object at the top level"])
+        raise ConfigError(_printable([f"CONFIG: {path} must hold a table/object at the top level"]))
     return parse_config(raw, path.parent.resolve())
 
 

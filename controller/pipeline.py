@@ -9,25 +9,38 @@ nothing at all if preflight refuses.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import shutil
+import stat
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from sqlalchemy import Engine
 
-from controller import admission, db, ledger
+from controller import admission, db, ledger, limits
 from controller.clock import Clock, SystemClock
-from controller.config import ENV_REF, PipelineConfig, placeholders, render, render_values
+from controller.config import (
+    ENV_REF,
+    PipelineConfig,
+    placeholders,
+    render,
+    render_argv,
+    render_values,
+)
 from controller.durable import make_private_dir
 from controller.errors import PreflightError, UnfinishedRun, UsageError
 
 
 def hash_file(path: str | Path) -> str:
+    """The sha256 of a regular file. Raises OSError for anything else (a device such
+    as /dev/zero would be read forever, a FIFO without a writer would block the open:
+    it is opened non-blocking and refused)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open(limits.open_regular(path), "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -79,7 +92,7 @@ def preflight(
             if (executable, cwd) in checked:
                 continue
             checked.add((executable, cwd))
-            if cwd is not None and not Path(cwd).is_dir():
+            if cwd is not None and not _is_kind(cwd, stat.S_ISDIR):
                 reasons.append(f"stages.{stage.name}.cwd: {cwd} is not a directory")
             problem = _executable_problem(executable, cwd)
             if problem:
@@ -91,7 +104,9 @@ def preflight(
                         f"stages.{stage.name}.env.{name}: ${{{reference}}} is not set; export "
                         "it in the environment of laneway and its workers"
                     )
+    reasons += _argv_size_preflight(config, items)
     reasons += _closeout_preflight(config)
+    reasons += artifact_store_preflight(config.artifact_store)
     hashes: dict[str, str] = {}
     for source in config.sources:
         try:
@@ -101,6 +116,69 @@ def preflight(
     return reasons, hashes
 
 
+def _argv_size_preflight(config: PipelineConfig, items: list[Any]) -> list[str]:
+    """An argv too long to start: the worker hands it to the supervisor inside one
+    argument, and Linux passes at most 128 KiB in one (``limits.MAX_ARGV_JSON_BYTES``).
+    Said now, naming the stage and the items, rather than as each attempt's spawn
+    failure."""
+    reasons = []
+    for stage in config.stages:
+        long: list[tuple[str, int]] = []
+        for item in items:
+            size = len(json.dumps(render_argv(stage, item, _LONG_INPUTS_ROOT)))
+            if size > limits.MAX_ARGV_JSON_BYTES:
+                long.append((item.key, size))
+        if long:
+            shown = ", ".join(key for key, _ in long[:5]) + (" …" if len(long) > 5 else "")
+            reasons.append(
+                f"stages.{stage.name}.argv: {max(size for _, size in long) >> 10} KiB for "
+                f"item(s) {shown}; an attempt's argv must stay under "
+                f"{limits.MAX_ARGV_JSON_BYTES >> 10} KiB (Linux passes at most 128 KiB in one "
+                "argument): pass large values in a file the job reads instead"
+            )
+    return reasons
+
+
+_LONG_INPUTS_ROOT = "/" + "x" * 200 + "/inputs"
+"""A stand-in for an attempt's ``inputs/`` directory, at least as long as a real one."""
+
+
+LEDGER_FILES = {db.LEDGER_FILENAME + suffix for suffix in ("", "-wal", "-shm", "-journal")}
+
+
+def artifact_store_preflight(url: str | None) -> list[str]:
+    """A ``file://`` store must be, or become, a directory of its own: not the ledger's
+    file or one inside it (the default ledger's files are refused by name, since a new
+    runtime dir has none yet), not under an existing file."""
+    if url is None:
+        return []
+    parts = urlsplit(url)
+    if parts.scheme != "file":
+        return []
+    path = Path(unquote(parts.path))
+    ledger_parts = [part for part in path.parts if part in LEDGER_FILES]
+    if ledger_parts:
+        return [
+            f"artifact_store: {url} is inside laneway's ledger file {ledger_parts[0]}; "
+            "give the store a directory of its own (file:///srv/laneway-artifacts)"
+        ]
+    for place in (path, *path.parents):
+        try:
+            mode = place.stat().st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # not there yet: the worker creates it, under what exists
+        except OSError as exc:
+            return [f"artifact_store: cannot reach {place}: {exc.strerror or exc}"]
+        if stat.S_ISDIR(mode):
+            return []
+        what = "is" if place == path else f"is under {place}, which is"
+        return [
+            f"artifact_store: {url} {what} a file, not a directory; give the store a "
+            "directory of its own (file:///srv/laneway-artifacts)"
+        ]
+    return []
+
+
 def _closeout_preflight(config: PipelineConfig) -> list[str]:
     """Closeout steps checked like stages: argv[0] exists and is executable, cwd is a
     directory. A part naming ``{run}`` or ``{runtime_dir}`` is known only once the run
@@ -108,7 +186,7 @@ def _closeout_preflight(config: PipelineConfig) -> list[str]:
     reasons = []
     for i, step in enumerate(config.closeout):
         cwd = step.cwd if step.cwd and not placeholders(step.cwd) else None
-        if cwd is not None and not Path(cwd).is_dir():
+        if cwd is not None and not _is_kind(cwd, stat.S_ISDIR):
             reasons.append(f"closeout.{i}.cwd: {cwd} is not a directory (step {step.name})")
         if placeholders(step.argv[0]):
             continue
@@ -119,10 +197,19 @@ def _closeout_preflight(config: PipelineConfig) -> list[str]:
     return reasons
 
 
+def _is_kind(path: str | Path, kind: Any) -> bool:
+    """Whether ``path`` is there and of ``kind`` (``stat.S_ISDIR``, ...); False for a
+    path the system refuses (too long, a loop), where ``Path.is_dir`` raises."""
+    try:
+        return bool(kind(os.stat(path).st_mode))
+    except (OSError, ValueError):
+        return False
+
+
 def _executable_problem(executable: str, cwd: str | None) -> str | None:
     if "/" in executable:
         path = Path(cwd or ".") / executable
-        if not path.is_file():
+        if not _is_kind(path, stat.S_ISREG):
             return f"{executable} does not exist"
         if not os.access(path, os.X_OK):
             return f"{executable} is not executable (chmod +x)"
