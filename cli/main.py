@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli import complete, render
-from controller import db
+from controller import db, limits
 from controller.clock import SystemClock, iso
 from controller.errors import (
     ConfigError,
@@ -688,6 +688,7 @@ def worker(
         typer.Option(
             "--slots",
             min=1,
+            max=limits.MAX_SLOTS,
             help="Attempts at once (default: the node's max_jobs from the ledger).",
             show_default=False,
         ),
@@ -699,6 +700,7 @@ def worker(
         typer.Option(
             "--lease-seconds",
             min=1.0,
+            max=limits.MAX_SECONDS,
             help="How long a claim stays this worker's without a heartbeat renewing it; "
             "past it the controller settles the attempt from its exit record or marks it "
             "unknown.",
@@ -782,8 +784,10 @@ def controller(
     interval: Annotated[
         float,
         typer.Option(
+            min=0.001,
+            max=3600.0,
             help="Seconds between looks at the ledger files; a tick runs only when something "
-            "changed or a periodic step (lease expiry, lost workers) is due."
+            "changed or a periodic step (lease expiry, lost workers) is due.",
         ),
     ] = 0.05,
     lost_after: Annotated[
@@ -791,6 +795,7 @@ def controller(
         typer.Option(
             "--lost-after",
             min=1.0,
+            max=limits.MAX_SECONDS,
             help="Seconds without a heartbeat after which a worker is declared lost.",
         ),
     ] = 30.0,
@@ -1408,7 +1413,7 @@ def reconcile(
     outcome their exit record establishes, after one confirmation (--yes for scripts).
     """
     from controller import evidence, ledger
-    from controller.reconcile import outputs_for_success
+    from controller.reconcile import outputs_for_success, read_result_file
 
     if from_evidence:
         _reconcile_from_evidence(run, attempt, as_, result, reason, yes, runtime_dir, as_json)
@@ -1420,7 +1425,7 @@ def reconcile(
             )
         if run is not None or yes:
             raise UsageError("--run and --yes go with --from-evidence")
-        recorded = _read_result_file(result) if result else None
+        recorded = read_result_file(result) if result else None
         engine = _writer(runtime_dir)
         with db.session_factory(engine)() as session:
             found = ledger.get_attempt(session, attempt)
@@ -1630,19 +1635,11 @@ def _reason(reason: str) -> str:
     return reason.strip()
 
 
-def _read_result_file(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"--result: cannot read {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise UsageError(f"--result: {path} is not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"--result: {path} must hold a JSON object")
-    return data
-
-
-@app.command()
+@app.command(
+    # A query may start with "--" (an SQL comment): an argument that is no option of
+    # sql's is the query, not an error (``laneway sql -- QUERY`` works too).
+    context_settings={"ignore_unknown_options": True},
+)
 def sql(
     query: Annotated[str, typer.Argument(help="A read-only SQL query.")],
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
@@ -1672,7 +1669,12 @@ def sql(
     ] = False,
     timeout: Annotated[
         float,
-        typer.Option("--timeout", min=0.001, help="Stop the query after this many seconds."),
+        typer.Option(
+            "--timeout",
+            min=0.001,
+            max=limits.MAX_SECONDS,
+            help="Stop the query after this many seconds.",
+        ),
     ] = db.QUERY_TIMEOUT_S,
     as_json: JsonFlag = False,
 ) -> None:
@@ -1685,7 +1687,8 @@ def sql(
     that returns rows (COPY, SET, DO and several statements are refused unrun), and as a
     role that is not a superuser (--readonly-url; --i-know-this-is-superuser overrides).
     A refused, invalid or timed-out query exits 2 with one line. Tables and views are
-    documented in docs/ledger.md.
+    documented in docs/ledger.md. A query starting with -- (a comment) is taken as it
+    is; `laneway sql [OPTIONS] -- QUERY` also works.
     """
     try:
         if readonly_url and not readonly_url.startswith("postgresql"):

@@ -19,14 +19,16 @@ stages that need it without their inputs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller import db, evidence, ledger
+from controller import db, evidence, ledger, limits
 from controller.clock import Clock, SystemClock
 from controller.config import StageConfig
-from controller.errors import IllegalTransition
+from controller.errors import IllegalTransition, UsageError
 from controller.evidence import Evidence
 from controller.models import Job, Worker
 from controller.outcome import Verdict
@@ -74,6 +76,34 @@ class Settled:
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.evidence.as_dict(), "job_state": self.job_state.value}
+
+
+def read_result_file(path: Path) -> dict[str, Any]:
+    """The JSON object of a result file an operator records with a reconcile
+    (``reconcile ATTEMPT --result FILE``). Raises UsageError, naming the file and what
+    is wrong, for one that is not a regular file (``/dev/zero`` would fill memory, a FIFO
+    hang), is past ``limits.RESULT_MAX_BYTES``, is not JSON, or holds what the ledger
+    cannot store (NaN, an integer past 64 bits, NUL, a lone surrogate, deep nesting)."""
+    try:
+        data = limits.read_regular_file(path, limits.RESULT_MAX_BYTES)
+    except OSError as exc:
+        raise UsageError(f"--result: cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        parsed = json.loads(data, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise UsageError(f"--result: {path} nests too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, 4300-digit integers
+        raise UsageError(f"--result: {path} is not JSON ({str(exc)[:200]})") from None
+    if not isinstance(parsed, dict):
+        raise UsageError(f"--result: {path} must hold a JSON object")
+    problem = limits.value_problem(parsed)
+    if problem:
+        raise UsageError(f"--result: {path}: the value at {problem}")
+    return parsed
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def review_evidence(engine: Engine, run_id: int) -> Review:

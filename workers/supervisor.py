@@ -217,7 +217,10 @@ class Supervision:
                 process_group=0,
                 close_fds=True,
             )
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
+            # ValueError: an argv, cwd or environment value holding a NUL (the config
+            # refuses one in item fields; this keeps any other one a recorded harness
+            # failure rather than a dead supervisor and an unknown attempt).
             self.record["spawn_error"] = f"{type(exc).__name__}: {exc}"
             self._report({"error": self.record["spawn_error"]})
             return self._finish(logs)
