@@ -7,8 +7,8 @@ controller rides out a database that goes away.
 - The PostgreSQL server stops for longer than the lease and starts again: `laneway
   controller` (a real process) waits, logs ``ledger_unreachable`` and ``ledger_back``,
   and does not exit; the live worker is not judged lost; the worker killed during the
-  outage is, its attempt (lease expired, no exit record) becomes unknown, and the
-  operator reconciles it. Nothing runs twice.
+  outage is; the attempts whose leases expired meanwhile (no exit record yet) become
+  unknown, and the operator reconciles them. Nothing runs twice.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _postgres(ledger_backend: str) -> None:
         pytest.skip("PostgreSQL only: the write lock is an advisory lock a session can hold")
 
 
-def _make_run(engine, runtime: Path, tmp_path: Path, items: int = 1) -> int:
+def _make_run(engine, runtime: Path, tmp_path: Path, items: int = 1, max_jobs: int = 1) -> int:
     config = make_config(
         [
             {
@@ -61,7 +61,7 @@ def _make_run(engine, runtime: Path, tmp_path: Path, items: int = 1) -> int:
             }
         ],
         items=items,
-        max_jobs=1,
+        max_jobs=max_jobs,
     )
     with db.transaction(db.session_factory(engine)) as session:
         return ledger.create_run(
@@ -167,7 +167,7 @@ def test_a_server_stopped_longer_than_the_lease_is_waited_out_and_recovery_runs(
     if commands is None:
         pytest.skip("needs the local Debian cluster and the rights to stop it (pg_ctlcluster)")
     stop, start = commands
-    run_id = _make_run(engine, runtime, tmp_path, items=2)
+    run_id = _make_run(engine, runtime, tmp_path, items=2, max_jobs=2)
     env = dict(os.environ)
     logs = {name: tmp_path / f"{name}.err" for name in ("controller", "live", "killed")}
     processes: dict[str, subprocess.Popen[str]] = {}
@@ -200,7 +200,9 @@ def test_a_server_stopped_longer_than_the_lease_is_waited_out_and_recovery_runs(
         wait_until(lambda: "ledger_unreachable" in _events(logs["controller"]), BOUND)
         wait_until(lambda: time.monotonic() - outage > 8)  # longer than the 3 s lease
         assert processes["controller"].poll() is None, logs["controller"].read_text()
-        subprocess.run(start, check=True, capture_output=True, timeout=120)
+        # pg_ctlcluster's start may report failure on a cluster that did start: the
+        # server answering is what counts.
+        subprocess.run(start, capture_output=True, timeout=120)
         assert wait_until(_server_started, BOUND) != started
         wait_until(lambda: "ledger_back" in _events(logs["controller"]), BOUND)
 
@@ -212,37 +214,38 @@ def test_a_server_stopped_longer_than_the_lease_is_waited_out_and_recovery_runs(
             with db.session_factory(engine)() as session:
                 return {w.pid: w.state for w in session.scalars(select(Worker))}
 
-        # The documented path: the worker that died is judged lost, its attempt (lease
-        # expired, still running under its supervisor, no exit record) becomes unknown.
+        # The documented path: the worker that died is judged lost; every attempt whose
+        # lease expired in the outage (both: 8 s > the 3 s lease) becomes unknown, its
+        # supervisor still running it; the live worker is not judged lost.
         killed_pid = processes["killed"].pid
         wait_until(lambda: workers().get(killed_pid) == "lost", BOUND)
-        wait_until(lambda: any(a.state == "unknown" for a in attempts()), BOUND)
+        wait_until(lambda: [a.state for a in attempts()] == ["unknown", "unknown"], BOUND)
         assert processes["controller"].poll() is None, logs["controller"].read_text()
+        assert processes["live"].poll() is None, logs["live"].read_text()
         assert workers()[processes["live"].pid] == "active"  # the outage did not count
-        (unknown,) = [a for a in attempts() if a.state == "unknown"]
-        assert unknown.worker_id != next(a.worker_id for a in attempts() if a.id != unknown.id)
 
         (tmp_path / "release").touch()
-        reconciled = subprocess.run(
-            [
-                *LANEWAY,
-                "reconcile",
-                str(unknown.id),
-                "--as",
-                "succeeded",
-                "--reason",
-                "its supervisor finished it after the outage",
-                "--runtime-dir",
-                str(runtime),
-            ],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=BOUND,
-        )
-        assert reconciled.returncode == 0, reconciled.stderr
-        wait_until(lambda: all(a.state in ("settled", "reconciled") for a in attempts()), BOUND)
+        for attempt in attempts():
+            reconciled = subprocess.run(
+                [
+                    *LANEWAY,
+                    "reconcile",
+                    str(attempt.id),
+                    "--as",
+                    "succeeded",
+                    "--reason",
+                    "its supervisor finished it after the outage",
+                    "--runtime-dir",
+                    str(runtime),
+                ],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=BOUND,
+            )
+            assert reconciled.returncode == 0, reconciled.stderr
+        assert [(a.state, a.outcome) for a in attempts()] == [("settled", "succeeded")] * 2
         with db.session_factory(engine)() as session:
             assert ledger.get_run(session, run_id) is not None
         assert len(side.read_text().split()) == 2  # nothing ran twice
