@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 EXIT_BLOCKED = 3
 RETRY_SECONDS = 15.0
 """How long an operator's write retries a ledger that is unreachable or locked."""
-MAX_ID = 2**63 - 1
+MAX_ID = 2**31 - 1  # controller/ids.py: INTEGER id columns on PostgreSQL
 BLOCKING_REASONS = {"halted", "unknown_outcome", "paused", "stopped"}
 
 app = typer.Typer(
@@ -60,6 +60,7 @@ app = typer.Typer(
     # takes to run.
     rich_markup_mode=None,
 )
+
 
 def _runtime_dir(value: Path) -> Path:
     """``--runtime-dir``: a path that resolves (a symlink loop is refused here, in one
@@ -837,13 +838,17 @@ def controller(
         return
     log = _Log(as_json)
     runtime = runtime_dir.resolve()
-    if not daemon_module.hold_controller_lock(runtime, engine):
+    try:
+        held = daemon_module.hold_controller_lock(runtime, engine)
+    except LanewayError as error:  # the server cannot be reached, or the dir written
+        _fail(error)
+    if not held:
         if not db.is_sqlite(engine):
             _fail(
                 UsageError(
                     f"another controller already serves the ledger at "
                     f"{db.shown_url(db.ledger_url(runtime_dir))} (one per ledger; "
-                    "`laneway status` lists its workers), or the database cannot be reached"
+                    "`laneway status` lists its workers)"
                 )
             )
         other = daemon_module.running_controller(runtime)
@@ -968,7 +973,10 @@ def run_pipeline(
     daemon = daemon_module.Controller(engine)
     # One controller per runtime dir: if another holds the lock, it closes the run and
     # runs its closeout; this loop only watches the ledger (and takes over if it can).
-    own = daemon_module.hold_controller_lock(runtime, engine)
+    try:
+        own = daemon_module.hold_controller_lock(runtime, engine)
+    except LedgerUnavailable:
+        own = False  # looked at again in the loop, once the server answers
     from cli import live
 
     stopper = _Stopper()
@@ -1021,6 +1029,7 @@ def run_pipeline(
             )
             if pause is None:
                 raise
+            daemon.ledger_away()  # no heartbeat is judged against the time it was away
             time.sleep(pause)
             continue
         outage.back(lambda tries: progress.note(f"the ledger answers again (after {tries} tries)"))

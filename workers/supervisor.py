@@ -189,16 +189,16 @@ class Supervision:
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
 
+        # O_NOFOLLOW: a log name a job planted as a link is refused (the supervisor stops
+        # before the child starts, and the attempt is judged from that), never written
+        # through (docs/security.md, "What a job controls").
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
         logs = {
             "stdout": os.open(
-                os.path.join(self.directory, "stdout.log"),
-                os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                durable.modes()[0],
+                os.path.join(self.directory, "stdout.log"), flags, durable.modes()[0]
             ),
             "stderr": os.open(
-                os.path.join(self.directory, "stderr.log"),
-                os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                durable.modes()[0],
+                os.path.join(self.directory, "stderr.log"), flags, durable.modes()[0]
             ),
         }
         secrets = [os.environ.get(name, "") for name in self.spec.get("secret_env", [])]

@@ -242,3 +242,30 @@ def test_output_that_meets_the_cap_exactly_then_goes_on_is_marked_truncated(tmp_
     assert log == b"x" * 1000 + (
         b"\n[laneway: stdout truncated at 1000 bytes; further output discarded]\n"
     )
+
+
+def test_a_log_planted_as_a_link_is_never_written_through(tmp_path):
+    """A log name planted as a link (by a sibling job that knows the layout) makes the
+    supervisor stop before the child starts; the file the link points at is untouched."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious\n")
+    attempt = tmp_path / "attempt"
+    attempt.mkdir()
+    (attempt / "stdout.log").symlink_to(outside)
+    marker = tmp_path / "ran"
+    spec = {
+        "attempt_id": 1,
+        "attempt_dir": str(attempt),
+        "argv": [sys.executable, "-c", f"open({str(marker)!r}, 'w'); print('x' * 100)"],
+        "cwd": str(tmp_path),
+        "timeout_seconds": 30,
+        "grace_seconds": 5,
+        "secret_env": [],
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.supervisor", json.dumps(spec)],
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert outside.read_text() == "precious\n" and not marker.exists()

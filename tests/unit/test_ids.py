@@ -1,4 +1,4 @@
-"""controller/ids.py: an id is ASCII digits, 0 < id < 2**63, at every place that takes
+"""controller/ids.py: an id is ASCII digits, 0 < id < 2**31, at every place that takes
 one (issue 18, item 14: U+0661 was read as id 1, U+00B2 raised a traceback)."""
 
 from __future__ import annotations
