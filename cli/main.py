@@ -287,9 +287,10 @@ def start_pipeline(
 
     try:
         parsed = config_module.load_config(config)
-        run_id = pipeline.start(
+        run_id, engine = pipeline.start_run(
             parsed, runtime_dir=runtime_dir, actor=_actor(), new=new, rerun=rerun
         )
+        engine.dispose()
     except LanewayError as error:
         _fail(error, as_json)
         return

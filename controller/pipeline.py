@@ -376,32 +376,6 @@ def plan(config: PipelineConfig, *, mem_available_mib: float | None) -> dict[str
     }
 
 
-def start(
-    config: PipelineConfig,
-    *,
-    runtime_dir: str | Path,
-    actor: str,
-    clock: Clock | None = None,
-    engine: Engine | None = None,
-    new: bool = False,
-    rerun: list[str] | None = None,
-) -> int:
-    """``start_run``, for a caller that does not go on using the ledger: the new run's
-    id (an engine opened here is disposed)."""
-    run_id, used = start_run(
-        config,
-        runtime_dir=runtime_dir,
-        actor=actor,
-        clock=clock,
-        engine=engine,
-        new=new,
-        rerun=rerun,
-    )
-    if engine is None:
-        used.dispose()
-    return run_id
-
-
 def start_run(
     config: PipelineConfig,
     *,

@@ -183,7 +183,7 @@ def test_closeout_logs_and_run_dirs_are_owner_only(engine, runtime, make_run, cl
 
     from controller import pipeline
 
-    run_id = pipeline.start(
+    run_id, _ = pipeline.start_run(
         make_config(closeout=[{"name": "agg", "argv": ["sh", "-c", "echo hi"]}]),
         runtime_dir=runtime,
         actor="test",
