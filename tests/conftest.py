@@ -146,3 +146,16 @@ def force_job_state(session: Session, job_id: int, state: str) -> None:
     terminal = state in ("succeeded", "failed", "skipped", "cancelled")
     finished = FixedClock().now() if terminal else None
     session.execute(update(Job).where(Job.id == job_id).values(state=state, finished_at=finished))
+
+
+@pytest.fixture(autouse=True)
+def _dev_null_stays_a_device() -> Iterator[None]:
+    """A test that plants links for laneway to refuse must never leave the machine's own
+    files changed: once, during a run against code without the link rules, /dev/null was
+    left a symlink (and tmux, among others, stopped working). Name the test that does it."""
+    import os
+    import stat
+
+    yield
+    mode = os.lstat(os.devnull).st_mode
+    assert stat.S_ISCHR(mode), f"{os.devnull} is no longer a character device after this test"
