@@ -96,13 +96,6 @@ class NvmlGpu:
         return GpuReading(devices=devices, process_mib=per_process, note=note)
 
 
-class NoGpu:
-    """For nodes configured without a GPU: nothing to read, and says so."""
-
-    def read(self) -> GpuReading:
-        return GpuReading(note="no GPU configured for this node")
-
-
 class FakeGpu:
     """A scripted probe for tests: set ``devices`` and ``processes`` (pid -> MiB)."""
 

@@ -180,18 +180,11 @@ ATTEMPT_MOVE_RETURNING = (
     attempts.c.peak_gpu_mib,
 )
 
-# release_lease / release_reservation: an attempt's lease and reservation end.
+# release_lease: an attempt's lease ends (its reservation ends with
+# usage.RELEASE_RESERVATION_USAGE, which returns the expected cost it held).
 RELEASE_LEASE = (
     update(leases)
     .where(leases.c.attempt_id == bindparam("b_attempt_id"), leases.c.released_at.is_(None))
-    .values(released_at=bindparam("b_now"))
-)
-RELEASE_RESERVATION = (
-    update(reservations)
-    .where(
-        reservations.c.attempt_id == bindparam("b_attempt_id"),
-        reservations.c.released_at.is_(None),
-    )
     .values(released_at=bindparam("b_now"))
 )
 

@@ -109,18 +109,15 @@ def move_job(
     reason: str | None = None,
     bump_fence: bool = False,
     attempt_count: int | None = None,
-    run_id: int | None = None,
 ) -> Row[Any]:
     """Compare-and-set a job from ``expected`` to ``new`` and log its event.
 
     Returns the job's (run_id, item_id, stage, fence, attempt_count) after the move.
-    In-session Job objects are not refreshed. ``run_id`` is accepted for callers that
-    know it; the statement returns it anyway.
+    In-session Job objects are not refreshed.
 
     Raises IllegalTransition if the move is not in JOB_TRANSITIONS or the row is not in
     ``expected``; StaleLease if ``fence`` is given and is no longer the job's fence.
     """
-    del run_id  # returned by the UPDATE itself
     if new not in JOB_TRANSITIONS[expected]:
         raise IllegalTransition(f"job {job_id}: {expected.value} -> {new.value} is not allowed")
     finish = (

@@ -29,7 +29,6 @@ from controller.ledger.transitions import rowcount
 _RUN = bindparam("b_run_id", type_=Integer)
 _STAGE = bindparam("b_stage", type_=String)
 _KEY = bindparam("b_key", type_=String)
-_TOTAL = (usage_totals.c.run_id == _RUN, usage_totals.c.stage == _STAGE, usage_totals.c.key == _KEY)
 
 # add_spent / add_reserved: one (run, stage, key) total moves by what a settle reported
 # or what a claim reserved (a release reserves a negative amount).
