@@ -161,7 +161,7 @@ def moto_server(root: Path) -> Iterator[str | None]:
 def store_round(store_url: str, source: Path, work: Path, rep: int) -> tuple[float, float, float]:
     """(put seconds, put-again seconds (object already there: read back only), fetch
     seconds) for one fresh object."""
-    from workers import artifacts
+    from controller.attempt import artifacts
 
     started = time.perf_counter()
     sha256, size = artifacts.hash_file(source)

@@ -32,17 +32,16 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from controller import closeout, db, ledger, pipeline
+from controller import closeout, db, identity, ledger, pipeline
+from controller.attempt import Delivery, ExitRules, Judged, judge_attempt
 from controller.clock import Clock, SystemClock
 from controller.crashpoints import crash_point
 from controller.durable import make_private_dir, modes, read_json, write_json
 from controller.errors import CommitOutcomeUnknown, LedgerUnavailable, UsageError
 from controller.models import Attempt, Job
-from controller.outcome import Verdict as OutcomeVerdict
 from controller.states import EventKind
 from controller.status import LOST_AFTER_SECONDS, build_status
 from controller.watch import ChangeWatch
-from workers import artifacts, identity, jobenv
 
 ACTOR = "controller"
 LOCK_CHECK_SECONDS = 5.0
@@ -424,14 +423,8 @@ class Controller:
             self.watch.wait(interval)
 
 
-Classified = tuple[
-    OutcomeVerdict, dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]]
-]
-"""Verdict, exit record, result, and the outputs stored for it (``artifacts.deliver``)."""
-
-
-def _read_exit_record(reader: Callable[[], Session], attempt_id: int) -> Classified | None:
-    """Classify an expired attempt's exit record (file reads, no write lock)."""
+def _read_exit_record(reader: Callable[[], Session], attempt_id: int) -> Judged | None:
+    """Judge an expired attempt's exit record (file reads, no write lock)."""
     with reader() as session:
         attempt = session.get(Attempt, attempt_id)
         if attempt is None:
@@ -443,45 +436,37 @@ def _read_exit_record(reader: Callable[[], Session], attempt_id: int) -> Classif
         stage = config.stage(job.stage)
         store_url = ledger.artifact_store_url(config.artifact_store, run.runtime_dir)
     # Redacted with the secrets as this process resolves them (on one machine the
-    # controller shares the workers' environment; elsewhere it may not know them).
-    verdict, exit_record, result = jobenv.classify(
-        attempt.attempt_dir,
-        job_id=attempt.job_id,
-        exit_codes=dict(stage.exit_codes),
-        result_requirement=stage.result,
-        secrets=jobenv.stage_secrets(stage, dict(os.environ)),
-        missing_exit="no exit.json",
-    )
-    # A succeeded attempt's outputs are stored as its worker would have (content-
+    # controller shares the workers' environment; elsewhere it may not know them). A
+    # succeeded attempt's outputs are stored as its worker would have (content-
     # addressed: one its worker stored already is found and verified, not rewritten).
-    verdict, stored = artifacts.deliver(verdict, attempt.attempt_dir, stage.outputs, store_url)
-    return verdict, exit_record, result, stored
+    return judge_attempt(
+        attempt.attempt_dir,
+        ExitRules.of_stage(stage, job_id=attempt.job_id, missing_exit="no exit.json"),
+        Delivery(stage.outputs, store_url),
+    )
 
 
 def _settle_from_exit_record(
-    session: Session, attempt: Attempt, now: datetime, classified: Classified | None
+    session: Session, attempt: Attempt, now: datetime, judged: Judged | None
 ) -> bool:
-    """For an attempt whose lease expired: settle it if its exit record (classified
-    before the transaction) establishes the outcome (the process finished; only the
-    settle was lost). True if settled."""
-    if classified is None:
-        return False
-    verdict, exit_record, result, stored = classified
-    if verdict.outcome is None:
+    """For an attempt whose lease expired: settle it if its exit record (judged before
+    the transaction) establishes the outcome (the process finished; only the settle was
+    lost). True if settled."""
+    if judged is None or judged.verdict.outcome is None:
         return False
     ledger.settle_from_verdict(
         session,
         attempt.id,
         fence=attempt.fence,
-        verdict=verdict,
-        exit_record=exit_record,
-        result=result,
+        verdict=judged.verdict,
+        exit_record=judged.exit_record,
+        result=judged.result,
         actor=ACTOR,
         now=now,
         revoke=True,
         reason_suffix=" (settled by the controller after its lease expired)",
     )
-    ledger.record_artifacts(session, attempt.id, stored, node=attempt.node, now=now)
+    ledger.record_artifacts(session, attempt.id, judged.stored, node=attempt.node, now=now)
     return True
 
 

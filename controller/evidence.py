@@ -19,17 +19,17 @@ and the dashboard (``controller/web.py``) show, with the command that settles th
 
 from __future__ import annotations
 
-import os
 import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from controller import identity
+from controller.attempt import Delivery, ExitRules, judge_attempt
 from controller.config import StageConfig, config_from_frozen
 from controller.durable import read_json
 from controller.outcome import Verdict
 from controller.states import Outcome
-from workers import artifacts, identity, jobenv
 
 if TYPE_CHECKING:
     from controller.status import Rows
@@ -84,19 +84,16 @@ def judge(attempt: Any, stage: StageConfig, *, worker_host: str | None) -> Evide
         return Evidence(aid, False, f"no whole exit record ({path}: {exc})")
     if not isinstance(record, dict) or record.get("attempt_id") != aid:
         return Evidence(aid, False, f"{path} does not name attempt {aid}")
-    verdict, exit_record, result = jobenv.classify(
+    judged = judge_attempt(  # judged only: the read side stores nothing
         attempt.attempt_dir,
-        job_id=attempt.job_id,
-        exit_codes=dict(stage.exit_codes),
-        result_requirement=stage.result,
-        secrets=jobenv.stage_secrets(stage, dict(os.environ)),
-        missing_exit="no exit.json",
+        ExitRules.of_stage(stage, job_id=attempt.job_id, missing_exit="no exit.json"),
     )
+    verdict, result = judged.verdict, judged.result
     if verdict.outcome is None:
         return Evidence(
             aid, False, f"the exit record does not establish an outcome: {verdict.reason}"
         )
-    record = exit_record or {}
+    record = judged.exit_record or {}
     code, signum = record.get("exit_code"), record.get("signal")
     return Evidence(
         aid,
@@ -206,15 +203,17 @@ def with_outputs(
     found: Evidence, attempt_dir: str, outputs: list[str], store_url: str
 ) -> tuple[Evidence, list[dict[str, Any]]]:
     """Conclusive evidence of a success, for a stage that declares outputs: the outputs
-    stored as a worker's settle would (``artifacts.deliver``), and what to record; or
+    stored as a worker's settle would (``judge_attempt`` given the success), and what
+    to record; or
     the evidence of the outcome that says why they could not be (missing: ``failed``; a
     store failure: ``harness_failure``). Anything else passes through. Writes to the
     artifact store, never to the ledger."""
     if not found.conclusive or found.outcome is not Outcome.SUCCEEDED or not outputs:
         return found, []
-    verdict, stored = artifacts.deliver(
-        Verdict(Outcome.SUCCEEDED, found.words), attempt_dir, outputs, store_url
+    judged = judge_attempt(
+        attempt_dir, Verdict(Outcome.SUCCEEDED, found.words), Delivery(outputs, store_url)
     )
+    verdict = judged.verdict
     if verdict.outcome is Outcome.SUCCEEDED:
-        return found, stored
+        return found, judged.stored
     return replace(found, outcome=verdict.outcome, words=f"{found.words}; {verdict.reason}"), []

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controller import identity
 from controller.durable import AttemptDir, PathRefused
 from controller.errors import LanewayError, NotFound, UsageError
 from controller.ids import parse_id
 from controller.states import AttemptState
 from controller.status import Rows, find_run
-from workers import identity
 
 STREAMS = ("stdout", "stderr")
 TAIL_BLOCK = 64 * 1024
@@ -156,7 +156,7 @@ def resolve(
 
 
 def this_host() -> str:
-    """This machine's name as a worker records it (``workers.identity.host``)."""
+    """This machine's name as a worker records it (``controller.identity.host``)."""
     return identity.host()
 
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller import db, evidence, ledger, limits
+from controller import db, evidence, identity, ledger, limits
+from controller.attempt import Delivery, judge_attempt
 from controller.clock import Clock, SystemClock
 from controller.config import StageConfig
 from controller.errors import IllegalTransition, UsageError
@@ -33,7 +34,6 @@ from controller.evidence import Evidence
 from controller.models import Job, Worker
 from controller.outcome import Verdict
 from controller.states import AttemptState, JobState, Outcome
-from workers import artifacts, identity
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -171,9 +171,10 @@ def settle_from_evidence(
 def outputs_for_success(engine: Engine, attempt_id: int) -> list[dict[str, Any]]:
     """What an operator's ``reconcile ATTEMPT --as succeeded`` records: the declared
     outputs of the attempt's stage, found in its workspace, hashed and put in the run's
-    artifact store (``artifacts.deliver``; call it outside any transaction, then record
-    the result with the settle: ``ledger.record_artifacts``). Nothing for a stage without
-    outputs, or an attempt that is not unknown (the reconcile refuses it itself).
+    artifact store (``judge_attempt`` given the success; call it outside any
+    transaction, then record the result with the settle: ``ledger.record_artifacts``).
+    Nothing for a stage without outputs, or an attempt that is not unknown (the
+    reconcile refuses it itself).
 
     Raises IllegalTransition (nothing stored, nothing recorded) when the attempt ran on
     another host (its workspace is there), or when an output is missing or cannot be
@@ -197,16 +198,16 @@ def outputs_for_success(engine: Engine, attempt_id: int) -> list[dict[str, Any]]
             "its workspace there; reconcile it as succeeded on that machine, or --as failed "
             "or --as not-run"
         )
-    verdict, stored = artifacts.deliver(
-        Verdict(Outcome.SUCCEEDED, "reconciled by an operator"),
+    judged = judge_attempt(
         attempt.attempt_dir,
-        list(stage.outputs),
-        store_url,
+        Verdict(Outcome.SUCCEEDED, "reconciled by an operator"),
+        Delivery(stage.outputs, store_url),
     )
+    verdict = judged.verdict
     if verdict.outcome is not Outcome.SUCCEEDED:
         raise IllegalTransition(
             f"attempt {attempt_id} cannot be reconciled as succeeded: {verdict.reason}; the "
             f"stages that need {job.stage} would have no inputs: reconcile it --as failed or "
             "--as not-run"
         )
-    return stored
+    return judged.stored

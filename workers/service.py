@@ -43,7 +43,8 @@ import psutil
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from controller import db, durable, ledger, oom, pipeline
+from controller import db, durable, identity, ledger, oom, pipeline
+from controller.attempt import Amend, Delivery, ExitRules, Judged, artifacts, judge_attempt
 from controller.clock import Clock, SystemClock, iso
 from controller.config import CaptureConfig
 from controller.crashpoints import crash_point
@@ -51,21 +52,15 @@ from controller.durable import write_json
 from controller.errors import CommitOutcomeUnknown, IllegalTransition, StaleLease
 from controller.ledger import snapshot as ledger_snapshot
 from controller.models import Job
+from controller.outcome import Verdict
 from controller.states import Outcome
 from controller.watch import ChangeWatch
-from workers import artifacts, identity
 from workers import launcher as launcher_module
 from workers import oom as oom_watch
 from workers import supervisor as supervisor_module
 from workers.capture import capture_workspace
 from workers.gpu import GpuProbe, GpuReading, NvmlGpu
-from workers.jobenv import (
-    SecretMissing,
-    classify,
-    job_environment,
-    secret_values,
-    stage_secrets,
-)
+from workers.jobenv import SecretMissing, job_environment, secret_values, stage_secrets
 from workers.ports import free_ports
 from workers.sampler import Peaks, Sampler
 
@@ -519,21 +514,20 @@ class WorkerService:
                 ),
             )
             return f"{label}: adopted live supervisor pid {found[0]}"
-        secrets = stage_secrets(stage, dict(os.environ))
-        classified = classify(
-            attempt.attempt_dir,
-            job_id=attempt.job_id,
-            exit_codes=dict(stage.exit_codes),
-            result_requirement=stage.result,
-            secrets=secrets,
-            missing_exit=(
-                "intent committed, but no supervisor is running and no exit.json exists: "
-                "the command may have started and died, or never started"
-                if attempt.state == "intent"
-                else "its worker and supervisor are gone and left no exit.json"
+        judged = self._deliver(
+            claim,
+            ExitRules.of_stage(
+                stage,
+                job_id=attempt.job_id,
+                missing_exit=(
+                    "intent committed, but no supervisor is running and no exit.json exists: "
+                    "the command may have started and died, or never started"
+                    if attempt.state == "intent"
+                    else "its worker and supervisor are gone and left no exit.json"
+                ),
             ),
         )
-        verdict, exit_record, result, stored = self._deliver(claim, *classified)
+        verdict = judged.verdict
         with db.transaction(self.factory) as session:
             now = db.ledger_now(session, self.clock)
             if verdict.outcome is None:
@@ -544,7 +538,7 @@ class WorkerService:
                     actor=self.worker_id,
                     now=now,
                     fence=fence,
-                    result=result,
+                    result=judged.result,
                 )
                 return f"{label}: unknown ({verdict.reason})"
             ledger.settle_from_verdict(
@@ -552,12 +546,14 @@ class WorkerService:
                 attempt.id,
                 fence=fence,
                 verdict=verdict,
-                exit_record=exit_record,
-                result=result,
+                exit_record=judged.exit_record,
+                result=judged.result,
                 actor=self.worker_id,
                 now=now,
             )
-            ledger.record_artifacts(session, claim.attempt_id, stored, node=self.node, now=now)
+            ledger.record_artifacts(
+                session, claim.attempt_id, judged.stored, node=self.node, now=now
+            )
         return f"{label}: settled {verdict.outcome.value} from its exit record"
 
     def stop(self) -> None:
@@ -762,7 +758,7 @@ class WorkerService:
         outcomes: list[str] = []
         settled_failures: list[InFlight] = []
         classified = [
-            (attempt_id, flight, self._deliver(flight.claim, *self._read_outcome(flight)))
+            (attempt_id, flight, self._judge_finished(flight))
             for attempt_id, flight in finished
             if not flight.marked_unknown
         ]
@@ -775,7 +771,8 @@ class WorkerService:
         claims: list[ledger.Claim] = []
         with db.transaction(self.factory) as session:
             now = db.ledger_now(session, self.clock)
-            for attempt_id, flight, (verdict, exit_record, result, stored) in classified:
+            for attempt_id, flight, judged in classified:
+                verdict = judged.verdict
                 try:
                     with session.begin_nested():
                         if verdict.outcome is None:
@@ -786,7 +783,7 @@ class WorkerService:
                                 actor=self.worker_id,
                                 now=now,
                                 fence=flight.claim.fence,
-                                result=result,
+                                result=judged.result,
                             )
                         else:
                             ledger.settle_from_verdict(
@@ -794,14 +791,14 @@ class WorkerService:
                                 attempt_id,
                                 fence=flight.claim.fence,
                                 verdict=verdict,
-                                exit_record=exit_record,
-                                result=result,
+                                exit_record=judged.exit_record,
+                                result=judged.result,
                                 actor=self.worker_id,
                                 now=now,
                                 measured=measurements(flight.peaks),
                             )
                             ledger.record_artifacts(
-                                session, attempt_id, stored, node=self.node, now=now
+                                session, attempt_id, judged.stored, node=self.node, now=now
                             )
                     outcomes.append(verdict.outcome.value if verdict.outcome else "unknown")
                     if verdict.outcome not in (None, Outcome.SUCCEEDED):
@@ -831,7 +828,7 @@ class WorkerService:
                 for claim in claims:
                     self._remember_stage(session, claim)
                 self._seen_event = ledger.latest_event_id(session)
-        if any(stored for _, _, (_, _, _, stored) in classified):
+        if any(judged.stored for _, _, judged in classified):
             crash_point("worker_after_outputs_recorded")
         for attempt_id, _ in finished:
             self._forget(attempt_id)
@@ -1103,24 +1100,29 @@ class WorkerService:
         return None
 
     def _deliver(
-        self, claim: ledger.Claim, verdict: Any, exit_record: dict[str, Any] | None, result: Any
-    ) -> tuple[Any, dict[str, Any] | None, Any, list[dict[str, Any]]]:
-        """``artifacts.deliver`` for a finished attempt: its declared outputs stored
-        (outside any transaction), or the verdict that says why they were not."""
-        verdict, stored = artifacts.deliver(
-            verdict,
+        self,
+        claim: ledger.Claim,
+        rules: ExitRules,
+        amend: Amend | None = None,
+    ) -> Judged:
+        """``judge_attempt`` for a finished attempt (outside any transaction): its exit
+        record classified, and a success's declared outputs stored, or the verdict that
+        says why they were not."""
+        cap = self._output_caps.get((claim.run_id, claim.stage), artifacts.DEFAULT_OUTPUT_MAX_MIB)
+        judged = judge_attempt(
             claim.attempt_dir,
-            claim.outputs,
-            claim.artifact_store,
-            between=self._heartbeat_if_due,  # a long upload or walk must not let leases lapse
-            max_bytes=self._output_caps.get(
-                (claim.run_id, claim.stage), artifacts.DEFAULT_OUTPUT_MAX_MIB
-            )
-            * artifacts.MIB,
+            rules,
+            Delivery(
+                claim.outputs,
+                claim.artifact_store,
+                max_bytes=cap * artifacts.MIB,
+                between=self._heartbeat_if_due,  # a long upload or walk must not let leases lapse
+            ),
+            amend=amend,
         )
-        if stored:
+        if judged.stored:
             crash_point("worker_after_store_before_settle")
-        return verdict, exit_record, result, stored
+        return judged
 
     def _settle_without_spawn(
         self, claim: ledger.Claim, reason: str, *, pause_run: bool = False
@@ -1225,10 +1227,10 @@ class WorkerService:
                 now=db.ledger_now(session, self.clock),
             )
 
-    def _read_outcome(self, flight: InFlight) -> tuple[Any, dict[str, Any] | None, Any]:
+    def _judge_finished(self, flight: InFlight) -> Judged:
+        """The verdict on an attempt whose supervisor exited, an OOM kill named."""
         returncode = flight.supervisor.returncode
-        verdict, exit_record, result = classify(
-            flight.claim.attempt_dir,
+        rules = ExitRules(
             job_id=flight.claim.job_id,
             exit_codes=flight.exit_codes,
             result_requirement=flight.result_requirement,
@@ -1239,15 +1241,21 @@ class WorkerService:
                 + " and left no exit.json"
             ),
         )
-        if verdict.outcome is not None and oom_watch.unexplained_sigkill(exit_record):
-            verdict = self._name_oom(flight, verdict, exit_record)
-        return verdict, exit_record, result
+        return self._deliver(
+            flight.claim,
+            rules,
+            lambda verdict, exit_record: self._name_oom(flight, verdict, exit_record),
+        )
 
-    def _name_oom(self, flight: InFlight, verdict: Any, exit_record: dict[str, Any] | None) -> Any:
+    def _name_oom(
+        self, flight: InFlight, verdict: Verdict, exit_record: dict[str, Any] | None
+    ) -> Verdict:
         """The verdict of an attempt killed by a SIGKILL laneway did not send, with the
         ``oom_killed`` evidence when the OOM killer did it (``workers.oom``). The outcome
         is kept: this is evidence; the settle folds the attempt's peak into its stage's
-        learned reservation like any other."""
+        learned reservation like any other. Anything else passes through."""
+        if verdict.outcome is None or not oom_watch.unexplained_sigkill(exit_record):
+            return verdict
         with db.reader(self.engine)() as session:
             floor = ledger_snapshot.memory_floor(session, node=self.node)
         found = oom_watch.name_oom(

@@ -17,12 +17,12 @@ import pytest
 from sqlalchemy import select, text
 
 from controller import db, ledger
+from controller.attempt import artifacts
 from controller.clock import SystemClock
 from controller.models import Artifact, AttemptInput, Control, Run
 from controller.states import ControlKind, ControlScope
 from tests.integration.test_worker import attempts, drive, start_worker
 from tests.support import escape, make_config, py_stage, wait_until
-from workers import artifacts
 
 PREPARE = """
 import json, os, sys

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from controller.attempt import artifacts
 from controller.outcome import Verdict
 from controller.states import Outcome
-from workers import artifacts
 
 pytestmark = pytest.mark.no_ledger
 

@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from controller import db, ledger, usage
+from controller.attempt import classify
 from controller.models import Attempt, AttemptUsage, Job
 from controller.outcome import RESULT_MAX_BYTES, read_outcome
 from controller.states import Outcome
 from tests.support import claim_on_n1, make_config
-from workers.jobenv import classify
 
 JOB_ID = 42
 CODES = {0: Outcome.SUCCEEDED, 75: Outcome.INFRA_FAILURE, 3: Outcome.FATAL}

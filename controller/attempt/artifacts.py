@@ -1,6 +1,8 @@
-"""Stage artifacts on the worker's side: declared outputs found and hashed, put in the
+"""Stage artifacts in an attempt's files: declared outputs found and hashed, put in the
 run's artifact store, and fetched back as inputs, re-verified, for the stages that
-need them (docs/architecture.md, "Artifacts").
+need them (docs/architecture.md, "Artifacts"). The worker's settle, the controller's
+lease expiry and the operator's reconcile all deliver through ``deliver``, called by
+``controller.attempt.judge_attempt``; the worker fetches inputs with ``fetch``.
 
 The store is any fsspec URL (``file://`` on a shared mount, ``s3://bucket/prefix``;
 credentials and endpoint come only from the worker's environment). Objects are
