@@ -72,6 +72,12 @@ class Progress:
             self._seen["note"] = line
             self._write(f"run {self.run_id}: {line}")
 
+    def closeout_running(self) -> None:
+        """``laneway run`` waits for the run's closeout: said in words, once (a --json
+        stream gets no line for it)."""
+        if not self.as_json:
+            self.note("closeout running ...")
+
     def close(self) -> None:
         if self._display is not None:
             self._display.stop()

@@ -1,0 +1,464 @@
+"""The operator's writes: `pause`, `stop`, `resume`, `halt`, `clear-halt`, `cancel`,
+`reconcile`, `retry`.
+
+Each parses, makes one recorded change through the ledger (who, when, why; retried
+while the ledger is briefly away) and renders it. Registered in order by cli/main.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cli import common, complete, render
+from cli.common import (
+    DEFAULT_RUNTIME,
+    MAX_ID,
+    RETRY_SECONDS,
+    DatabaseUrl,
+    JsonFlag,
+    RuntimeDir,
+)
+from controller import db
+from controller.clock import SystemClock
+from controller.errors import UsageError
+from controller.states import ControlKind, ControlScope
+
+RunArg = Annotated[
+    int | None,
+    typer.Argument(
+        help="Run id (omit with --all).",
+        min=1,
+        max=MAX_ID,
+        show_default=False,
+        autocompletion=complete.runs,
+    ),
+]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded with who and when).")]
+AllOpt = Annotated[bool, typer.Option("--all", help="Every run (a global control).")]
+LaneOpt = Annotated[str | None, typer.Option("--lane", help="Only this lane of the run.")]
+
+
+def _control(
+    kind: ControlKind,
+    run: int | None,
+    everything: bool,
+    reason: str,
+    runtime_dir: Path,
+    as_json: bool,
+    *,
+    lane: str | None = None,
+    clear: tuple[ControlKind, ...] = (),
+) -> None:
+    from controller import ledger
+
+    with common.refusals(as_json):
+        if (run is None) == (not everything):
+            raise UsageError("name a RUN, or pass --all for every run (not both)")
+        if lane is not None and run is None:
+            raise UsageError("--lane needs a RUN")
+        engine = common.writer(runtime_dir)
+        now = SystemClock().now()
+        for trying in db.retrying(patience=RETRY_SECONDS):
+            with trying, db.transaction(db.session_factory(engine)) as session:
+                if run is not None:
+                    run_row = ledger.get_run(session, run)
+                    if lane is not None and lane not in {
+                        lane_config.name for lane_config in ledger.run_config(run_row).lanes
+                    }:
+                        raise UsageError(f"run {run} has no lane {lane!r}")
+                if clear:
+                    count = ledger.clear_controls(
+                        session,
+                        clear,
+                        reason=common.reason_given(reason),
+                        actor=common.actor(),
+                        now=now,
+                        run_id=run,
+                    )
+                    body = {"ok": True, "cleared": count, "kinds": [k.value for k in clear]}
+                else:
+                    scope = (
+                        ControlScope.GLOBAL
+                        if run is None
+                        else ControlScope.LANE
+                        if lane
+                        else ControlScope.RUN
+                    )
+                    control_id = ledger.set_control(
+                        session,
+                        kind,
+                        scope=scope,
+                        run_id=run,
+                        lane=lane,
+                        reason=common.reason_given(reason),
+                        actor=common.actor(),
+                        now=now,
+                    )
+                    body = {
+                        "ok": True,
+                        "control_id": control_id,
+                        "kind": kind.value,
+                        "scope": scope.value,
+                    }
+    target = "every run" if run is None else f"run {run}" + (f" lane {lane}" if lane else "")
+    if clear:
+        common.emit(body, as_json, lambda b: f"cleared {b['cleared']} control(s) on {target}")
+    else:
+        common.emit(
+            body, as_json, lambda b: f"{kind.value} set on {target} (control {b['control_id']})"
+        )
+
+
+def pause(
+    reason: ReasonOpt,
+    run: RunArg = None,
+    lane: LaneOpt = None,
+    everything: AllOpt = False,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Pause dispatch (resumable): running attempts go on; nothing new starts."""
+    _control(ControlKind.PAUSE, run, everything, reason, runtime_dir, as_json, lane=lane)
+
+
+def _control_command(
+    kind: ControlKind, doc: str, *, clear: tuple[ControlKind, ...] = ()
+) -> Callable[..., None]:
+    """A control command on a run or on every run (``pause`` alone also takes --lane)."""
+
+    def command(
+        reason: ReasonOpt,
+        run: RunArg = None,
+        everything: AllOpt = False,
+        runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+        database_url: DatabaseUrl = None,
+        as_json: JsonFlag = False,
+    ) -> None:
+        _control(kind, run, everything, reason, runtime_dir, as_json, clear=clear)
+
+    command.__doc__ = doc
+    return command
+
+
+stop = _control_command(
+    ControlKind.STOP,
+    "Drain: no new dispatch; running attempts finish and settle. `resume` lifts it.",
+)
+resume = _control_command(
+    ControlKind.PAUSE,
+    "Lift pauses and stops (not halts: those need `clear-halt`).",
+    clear=(ControlKind.PAUSE, ControlKind.STOP),
+)
+halt = _control_command(
+    ControlKind.HALT, "Halt dispatch (fatal): only `clear-halt` with a reason lifts it."
+)
+clear_halt = _control_command(
+    ControlKind.HALT, "Lift halts, with a recorded reason.", clear=(ControlKind.HALT,)
+)
+
+
+def cancel(
+    reason: ReasonOpt,
+    attempt: Annotated[
+        int | None,
+        typer.Argument(
+            help="A running attempt's id.",
+            min=1,
+            max=MAX_ID,
+            show_default=False,
+            autocompletion=complete.attempts,
+        ),
+    ] = None,
+    run: Annotated[
+        int | None, typer.Option("--run", help="Cancel a whole run instead.", min=1, max=MAX_ID)
+    ] = None,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Cancel a running attempt, or a whole run (--run): TERM, grace, KILL, verified.
+
+    The attempt's supervisor gets TERM; it forwards it to the job's process group, waits
+    the stage's grace budget, KILLs the group, verifies no process of it is left, and
+    reports; the worker settles the attempt as cancelled. --run also stops the run's
+    dispatch and cancels its waiting and ready jobs. Run it on the attempt's machine.
+    """
+    from workers import stopping
+
+    with common.refusals(as_json):
+        if (attempt is None) == (run is None):
+            raise UsageError("name one ATTEMPT, or pass --run RUN (not both)")
+        engine = common.writer(runtime_dir)
+        now = SystemClock().now()
+        done = stopping.cancel(
+            engine,
+            attempt=attempt,
+            run=run,
+            reason=common.reason_given(reason),
+            actor=common.actor(),
+            now=now,
+            patience=RETRY_SECONDS,
+        )
+    signalled = done.attempts_signalled
+    body = {"ok": True, "jobs_cancelled": done.jobs_cancelled, "attempts_signalled": signalled}
+    common.emit(
+        body,
+        as_json,
+        lambda b: (
+            f"{b['jobs_cancelled']} pending job(s) cancelled; TERM sent to "
+            f"{len(signalled)} supervisor(s): {', '.join(str(p) for p in signalled) or 'none'}"
+        ),
+    )
+
+
+class ReconcileAs(StrEnum):
+    succeeded = "succeeded"
+    failed = "failed"
+    not_run = "not-run"
+
+
+def reconcile(
+    attempt: Annotated[
+        int | None,
+        typer.Argument(
+            help="The unknown attempt's id (see `status`); omit with --run --from-evidence.",
+            min=1,
+            max=MAX_ID,
+            autocompletion=complete.unknown_attempts,
+            show_default=False,
+        ),
+    ] = None,
+    as_: Annotated[
+        ReconcileAs | None,
+        typer.Option("--as", help="What really happened to the attempt.", show_default=False),
+    ] = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why you know (recorded).")] = "",
+    result: Annotated[
+        Path | None, typer.Option("--result", help="A result JSON file to record with it.")
+    ] = None,
+    run: Annotated[
+        int | None,
+        typer.Option("--run", min=1, max=MAX_ID, help="With --from-evidence: the run."),
+    ] = None,
+    from_evidence: Annotated[
+        bool,
+        typer.Option(
+            "--from-evidence",
+            help="Settle every unknown attempt of --run whose evidence has become "
+            "conclusive (a verified exit record, supervisor and child gone) as it says.",
+        ),
+    ] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", help="With --from-evidence: do not ask for confirmation.")
+    ] = False,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Settle an unknown attempt as succeeded, failed or not-run, with a reason.
+
+    Recorded with who and when. not-run makes the job ready for a new attempt (a new
+    idempotency key). When a run has no unknown attempt left, its dispatch resumes;
+    halts set by operators stay.
+
+    `reconcile --run RUN --from-evidence` shows, for each unknown attempt of the run,
+    what its evidence says, and settles those whose evidence is conclusive into the
+    outcome their exit record establishes, after one confirmation (--yes for scripts).
+    """
+    from controller import evidence, ledger
+    from controller.reconcile import outputs_for_success, read_result_file
+
+    if from_evidence:
+        _reconcile_from_evidence(run, attempt, as_, result, reason, yes, runtime_dir, as_json)
+        return
+    with common.refusals(as_json):
+        if attempt is None or as_ is None:
+            raise UsageError(
+                "name the unknown ATTEMPT with --as and --reason, or use --run RUN --from-evidence"
+            )
+        if run is not None or yes:
+            raise UsageError("--run and --yes go with --from-evidence")
+        recorded = read_result_file(result) if result else None
+        engine = common.writer(runtime_dir)
+        with db.session_factory(engine)() as session:
+            found = ledger.get_attempt(session, attempt)
+            exit_code, exit_signal = evidence.verified_exit(found)
+            node = found.node
+        why = common.reason_given(reason)
+        # A success hands its declared outputs on, as a worker's settle would.
+        stored = outputs_for_success(engine, attempt) if as_.value == "succeeded" else []
+        for trying in db.retrying(patience=RETRY_SECONDS):
+            with trying, db.transaction(db.session_factory(engine)) as session:
+                now = SystemClock().now()
+                job_state = ledger.reconcile_attempt(
+                    session,
+                    attempt,
+                    verdict=as_.value,
+                    reason=why,
+                    actor=common.actor(),
+                    now=now,
+                    result=recorded,
+                    exit_code=exit_code,
+                    exit_signal=exit_signal,
+                )
+                ledger.record_artifacts(session, attempt, stored, node=node, now=now)
+    body = {"ok": True, "attempt_id": attempt, "as": as_.value, "job_state": job_state.value}
+    common.emit(
+        body,
+        as_json,
+        lambda b: f"attempt {attempt} reconciled as {b['as']}; job is now {b['job_state']}",
+    )
+
+
+def _reconcile_from_evidence(
+    run: int | None,
+    attempt: int | None,
+    as_: Any,
+    result: Path | None,
+    reason: str,
+    yes: bool,
+    runtime_dir: Path,
+    as_json: bool,
+) -> None:
+    """``reconcile --run RUN --from-evidence``: judge, show, confirm once, settle
+    (``controller.reconcile``)."""
+    from controller import reconcile
+
+    with common.refusals(as_json):
+        if run is None:
+            raise UsageError("--from-evidence needs --run RUN")
+        if attempt is not None or as_ is not None or result is not None:
+            raise UsageError(
+                "--from-evidence settles as the evidence says: no ATTEMPT, --as or --result"
+            )
+        engine = common.writer(runtime_dir)
+        review = reconcile.review_evidence(engine, run)
+    conclusive = review.conclusive
+    if not as_json:
+        for found in review.judged:
+            verdict = f"settle as {found.outcome}" if found.conclusive else "left unknown"
+            typer.echo(f"attempt {found.attempt_id}: {verdict} — {render.clean(found.words)}")
+    if conclusive and not yes:
+        if as_json:
+            common.fail(
+                UsageError("--from-evidence with --json asks no question: pass --yes"), True
+            )
+        if not typer.confirm(f"settle {len(conclusive)} attempt(s) as their evidence says?"):
+            raise typer.Exit(1)
+    with common.refusals(as_json):
+        settled = reconcile.settle_from_evidence(
+            engine, review, actor=common.actor(), reason=reason, patience=RETRY_SECONDS
+        )
+    body = {
+        "ok": True,
+        "run_id": run,
+        "settled": [done.as_dict() for done in settled],
+        "left_unknown": [e.as_dict() for e in review.left_unknown],
+    }
+    common.emit(
+        body,
+        as_json,
+        lambda b: (
+            f"{len(settled)} attempt(s) settled from evidence; "
+            f"{len(b['left_unknown'])} left unknown"
+        ),
+    )
+
+
+class RetryOutcome(StrEnum):
+    failed = "failed"
+    infra_failure = "infra_failure"
+    timed_out = "timed_out"
+
+
+def retry(
+    job: Annotated[
+        str | None,
+        typer.Argument(
+            help="The failed job: its id, or ITEM.STAGE (in --run, default the newest run); "
+            "omit with --run to retry every failed job of the run that matches.",
+            autocompletion=complete.jobs,
+            show_default=False,
+        ),
+    ] = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why it is safe to run again.")] = "",
+    run: Annotated[
+        int | None,
+        typer.Option("--run", min=1, max=MAX_ID, help="The run (bulk: every failed job of it)."),
+    ] = None,
+    stage: Annotated[
+        str | None, typer.Option("--stage", help="Bulk: only this stage's failed jobs.")
+    ] = None,
+    outcome: Annotated[
+        RetryOutcome | None,
+        typer.Option("--outcome", help="Bulk: only jobs whose last attempt settled so."),
+    ] = None,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Make failed jobs ready for a new attempt (new idempotency key), with a reason.
+
+    One job (`retry JOB` or `retry ITEM.STAGE`), or every failed job of a run that
+    matches (`retry --run RUN [--stage S] [--outcome failed|infra_failure|timed_out]`),
+    in one transaction. Jobs of the same item skipped because of them wait again; a
+    finished run reopens.
+    """
+    from controller import ledger
+    from controller.states import Outcome
+
+    with common.refusals(as_json):
+        why = common.reason_given(reason)
+        if job is not None and (stage is not None or outcome is not None):
+            raise UsageError("--stage and --outcome choose jobs for a bulk retry: omit JOB")
+        if job is None and run is None:
+            raise UsageError("name a JOB (id or ITEM.STAGE), or --run RUN for a bulk retry")
+        engine = common.writer(runtime_dir)
+        job_id = None if job is None else common.job_id(engine, job, run)
+        if run is not None and stage is not None:
+            with db.session_factory(engine)() as session:
+                stages = [s.name for s in ledger.run_config(ledger.get_run(session, run)).stages]
+            if stage not in stages:
+                raise UsageError(f"--stage: {stage!r} is not a stage of run {run}")
+        for trying in db.retrying(patience=RETRY_SECONDS):
+            with trying, db.transaction(db.session_factory(engine)) as session:
+                now = SystemClock().now()
+                if job_id is not None:
+                    moved = ledger.retry_job(
+                        session, job_id, reason=why, actor=common.actor(), now=now
+                    )
+                    retried = [job_id]
+                else:
+                    assert run is not None
+                    ledger.get_run(session, run)
+                    retried = ledger.retry_failed(
+                        session,
+                        run,
+                        reason=why,
+                        actor=common.actor(),
+                        now=now,
+                        stage=stage,
+                        outcome=None if outcome is None else Outcome(outcome.value),
+                    )
+                    moved = len(retried)
+    if job_id is not None:
+        common.emit(
+            {"ok": True, "job_id": job_id, "jobs_moved": moved},
+            as_json,
+            lambda b: f"job {job_id} is ready for a new attempt ({moved} job(s) moved)",
+        )
+        return
+    common.emit(
+        {"ok": True, "run_id": run, "retried": retried},
+        as_json,
+        lambda b: (
+            f"{len(retried)} failed job(s) of run {run} are ready for a new attempt"
+            + (f": {', '.join(map(str, retried))}" if retried else " (none matched)")
+        ),
+    )

@@ -1,0 +1,328 @@
+"""Commands that read the ledger: `status`, `explain`, `report`, `artifacts`, `logs`,
+`sql`.
+
+Each parses, calls one read function below the CLI and renders; none writes the ledger.
+`status`, `sql` and `--help` must not import SQLAlchemy, so heavy modules are imported
+inside the commands (tests/integration/test_cli_imports.py). Registered in order by
+cli/main.py.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli import common, complete, render
+from cli.common import DEFAULT_RUNTIME, MAX_ID, DatabaseUrl, JsonFlag, RuntimeDir
+from controller import db, limits
+from controller.clock import SystemClock
+from controller.errors import LanewayError, UsageError
+
+NewestRun = Annotated[
+    int | None,
+    typer.Argument(
+        help="Run id (default: the newest).", min=1, max=MAX_ID, autocompletion=complete.runs
+    ),
+]
+
+SQL_SETTINGS = {
+    # A query may start with "--" (an SQL comment): an argument that is no option of
+    # sql's is the query, not an error (``laneway sql -- QUERY`` works too).
+    "ignore_unknown_options": True,
+}
+"""The context settings cli/main.py registers `sql` with."""
+
+
+def status(
+    run: NewestRun = None,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help="Refresh every 2 s: a live display on a terminal; elsewhere (or with "
+            "--json) one line per change.",
+        ),
+    ] = False,
+) -> None:
+    """Show a run: controls, unknowns, jobs, running attempts, workers, lanes and why they idle.
+
+    A lane whose node no live worker serves says `no_worker`, with the `laneway worker`
+    command that starts one. Reads the ledger only (SQLite opened read-only).
+    """
+    from controller.status import status_report
+
+    progress = None
+    try:
+        with db.ReadOnlyLedger(runtime_dir) as source:
+            if watch:
+                from cli import live
+
+                progress = live.Progress(run, as_json=as_json, stream=sys.stdout)
+            while True:
+                with source.snapshot():
+                    report = status_report(source, run, now=source.now())
+                    if progress is not None:
+                        progress.show(report, source)
+                if progress is None:
+                    if report["unknown"]:
+                        from controller import evidence
+
+                        evidence.mark_conclusive(source, report)
+                    common.emit(report, as_json, render.status_text)
+                    return
+                time.sleep(2)
+    except LanewayError as error:
+        common.fail(error, as_json)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def explain(
+    job: Annotated[
+        str,
+        typer.Argument(
+            help="The job: its id (see `status`/`sql`), or ITEM.STAGE (in --run, default "
+            "the newest run).",
+            autocompletion=complete.jobs,
+        ),
+    ],
+    run: Annotated[
+        int | None,
+        typer.Option("--run", min=1, max=MAX_ID, help="The run an ITEM.STAGE is in."),
+    ] = None,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """List everything that blocks one job now, with the capacity arithmetic.
+
+    First, if no live worker serves the job's node, that, with the command that starts
+    one. For a failed, cancelled or skipped job: its last attempt's outcome, exit code or
+    signal, directory, the last lines of its stderr.log, and the `laneway retry` command.
+    """
+    from controller.status import explain_job
+
+    with common.refusals(as_json):
+        engine = common.reader(runtime_dir)
+        job_id = common.job_id(engine, job, run)
+        with db.session_factory(engine)() as session:
+            report = explain_job(session, job_id, now=db.ledger_now(session, SystemClock()))
+    common.emit(report, as_json, render.explain_text)
+
+
+def report(
+    run: Annotated[
+        int | None, typer.Argument(help="Run id (default: the newest).", min=1, max=MAX_ID)
+    ] = None,
+    html_path: Annotated[
+        Path | None,
+        typer.Option("--html", help="Where to write the HTML (default runs/RUN/report.html)."),
+    ] = None,
+    idle_min_seconds: Annotated[
+        float, typer.Option("--idle-min-seconds", min=0, help="Shortest idle period listed.")
+    ] = 1.0,
+    yield_keys: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--yield",
+            help="A usage key whose output per hour is reported (repeatable; default: all).",
+            show_default=False,
+        ),
+    ] = None,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Where a run's hours went, per lane, with an HTML lane-occupancy timeline.
+
+    Start intervals, share of time with every slot idle, throughput, stage duration
+    percentiles, queue wait, failures by class, idle periods with their recorded reasons.
+    Writes the HTML atomically; reads the ledger only.
+    """
+    from controller import durable, ledger
+    from controller import report as report_module
+
+    with common.refusals(as_json):
+        engine = common.reader(runtime_dir)
+        with db.session_factory(engine)() as session:
+            run_row = ledger.get_run(session, run)
+            body = report_module.build_report(
+                session,
+                run_row,
+                now=db.ledger_now(session, SystemClock()),
+                idle_min_seconds=idle_min_seconds,
+                yield_keys=tuple(yield_keys or ()),
+            )
+        target = html_path or Path(run_row.runtime_dir) / "runs" / str(run_row.id) / "report.html"
+        try:
+            durable.write_bytes(target, report_module.render_html(body).encode())
+        except OSError as exc:
+            raise UsageError(f"--html {target}: cannot write it ({exc.strerror or exc})") from None
+        body["html"] = str(target)
+    common.emit(body, as_json, render.report_text)
+
+
+def artifacts(
+    run: NewestRun = None,
+    item: Annotated[
+        str | None,
+        typer.Option(
+            "--item", metavar="KEY", help="Only the item with this key.", show_default=False
+        ),
+    ] = None,
+    stage: Annotated[
+        str | None,
+        typer.Option("--stage", metavar="NAME", help="Only this stage.", show_default=False),
+    ] = None,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """List a run's artifacts: the outputs its succeeded attempts stored.
+
+    Per artifact: item, stage, attempt, name, size, sha256 (the first 12 hex digits;
+    --json has all 64), the node that stored it and where it is (its URL in the run's
+    artifact store). A job reused from an earlier run lists that run's artifacts, marked
+    as reused. Reads the ledger only.
+    """
+    from cli import artifact_list, artifacts_text
+
+    with common.refusals(as_json):
+        engine = common.reader(runtime_dir)
+        with db.session_factory(engine)() as session:
+            listing = artifact_list.listing(session, run, item=item, stage=stage)
+    common.emit(listing, as_json, artifacts_text.artifacts_text)
+
+
+def logs(
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="An attempt id; or a job: its id with --job, or ITEM.STAGE (newest attempt).",
+            show_default=False,
+            autocompletion=complete.attempts,
+        ),
+    ],
+    job: Annotated[
+        bool, typer.Option("--job", help="TARGET is a job id: show its newest attempt.")
+    ] = False,
+    run: Annotated[
+        int | None,
+        typer.Option(
+            "--run", help="For ITEM.STAGE: the run (default: the newest).", min=1, max=MAX_ID
+        ),
+    ] = None,
+    stderr: Annotated[
+        bool, typer.Option("--stderr", help="stderr.log instead of stdout.log.")
+    ] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing until the attempt settles.")
+    ] = False,
+    tail: Annotated[
+        int | None, typer.Option("--tail", "-n", min=0, help="Only the last N lines first.")
+    ] = None,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="One JSON object (with --follow: one per chunk, a line each)."),
+    ] = False,
+) -> None:
+    """Print an attempt's output (redacted as it was written), or follow it.
+
+    Reads the ledger read-only and the attempt's stdout.log / stderr.log under its
+    directory. When that directory is on another machine (workers on several machines,
+    PostgreSQL), says on which node and host it is. With --follow, prints what the
+    attempt appends until it settles (or becomes unknown).
+    """
+    from cli import logs as logs_cli
+
+    try:
+        logs_cli.show(
+            target,
+            runtime_dir=runtime_dir,
+            job=job,
+            run=run,
+            stream="stderr" if stderr else "stdout",
+            follow=follow,
+            tail=tail,
+            as_json=as_json,
+        )
+    except LanewayError as error:
+        common.fail(error, as_json)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def sql(
+    query: Annotated[str, typer.Argument(help="A read-only SQL query.")],
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    readonly_url: Annotated[
+        str | None,
+        typer.Option(
+            "--readonly-url",
+            envvar="LANEWAY_READONLY_DATABASE_URL",
+            show_default=False,
+            help=(
+                "PostgreSQL: connect as a role that can only read laneway's tables "
+                "(postgresql://ROLE@HOST/DB; docs/deploy.md gives its grants) instead of "
+                "the ledger's own URL (env LANEWAY_READONLY_DATABASE_URL)."
+            ),
+        ),
+    ] = None,
+    superuser_ok: Annotated[
+        bool,
+        typer.Option(
+            "--i-know-this-is-superuser",
+            help=(
+                "PostgreSQL: run even when the role is a superuser (or may read or write "
+                "the server's files). Still read-only, one statement, no COPY."
+            ),
+        ),
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            min=0.001,
+            max=limits.MAX_SECONDS,
+            help="Stop the query after this many seconds.",
+        ),
+    ] = db.QUERY_TIMEOUT_S,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run one read-only SQL query against the ledger.
+
+    SQLite is opened read-only, with PRAGMA query_only and an authorizer that allows
+    reads only: writes, ATTACH/DETACH, VACUUM (INTO), PRAGMAs that write and
+    load_extension are refused before they run, and nothing is created. On PostgreSQL
+    the query runs in a READ ONLY transaction with a statement timeout, as one statement
+    that returns rows (COPY, SET, DO and several statements are refused unrun), and as a
+    role that is not a superuser (--readonly-url; --i-know-this-is-superuser overrides).
+    A refused, invalid or timed-out query exits 2 with one line. Tables and views are
+    documented in docs/ledger.md. A query starting with -- (a comment) is taken as it
+    is; `laneway sql [OPTIONS] -- QUERY` also works.
+    """
+    with common.refusals(as_json):
+        if readonly_url and not readonly_url.startswith("postgresql"):
+            raise UsageError(
+                "--readonly-url must name a PostgreSQL database (postgresql://ROLE@HOST/DB); "
+                "a SQLite ledger is read from --runtime-dir, opened read-only"
+            )
+        with db.ReadOnlyLedger(runtime_dir, url=readonly_url or None) as source:
+            headers, rows = source.query(query, timeout_s=timeout, allow_privileged=superuser_ok)
+    if as_json:
+        typer.echo(render.as_json([dict(zip(headers, row, strict=True)) for row in rows]))
+    else:
+        typer.echo(render.table(headers, [list(row) for row in rows]))

@@ -1,0 +1,257 @@
+"""Commands that start work: `run`, `start-pipeline`, `dry-run`, `migrate`, `schema`.
+
+Each parses, calls one function below the CLI and renders; `run`'s loop is
+controller/foreground.py. Registered in order by cli/main.py.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cli import common, render
+from cli.common import DEFAULT_RUNTIME, ConfigPath, DatabaseUrl, JsonFlag, RuntimeDir
+from controller import db
+from controller.errors import UsageError
+
+RerunOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--rerun",
+        help="Run this stage's jobs even where an earlier run's result could be reused "
+        "(repeatable; `all`: every stage).",
+        show_default=False,
+    ),
+]
+NewOpt = Annotated[
+    bool,
+    typer.Option(
+        "--new",
+        help="Start a new run even though the ledger holds an unfinished run of this "
+        "pipeline (without it, that is refused: continue it with `laneway run --continue`).",
+    ),
+]
+
+
+def schema(
+    as_json: Annotated[bool, typer.Option("--json", help="Accepted; the schema is JSON.")] = True,
+) -> None:
+    """Print the JSON Schema of a pipeline config."""
+    from controller import config as config_module
+
+    typer.echo(render.as_json(config_module.json_schema()))
+
+
+def migrate(
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create the ledger, or upgrade it to this laneway's schema, and print its revision.
+
+    Every command that writes (`start-pipeline`, `run`, `controller`, `worker`) does this
+    too when it starts, in one transaction (two starting at once take turns); run it on
+    its own to upgrade a PostgreSQL ledger before restarting the services of several
+    machines (docs/deploy.md). A ledger newer than this laneway is refused.
+    """
+    with common.refusals(as_json):
+        engine = db.open_ledger(runtime_dir)
+        revision = db.current_revision(engine)
+        shown = db.shown_url(engine.url.render_as_string(hide_password=False))
+        engine.dispose()
+    body = {"ok": True, "ledger": shown, "revision": revision, "head": db.head_revision()}
+    common.emit(
+        body, as_json, lambda b: f"ledger {b['ledger']} is at revision {b['revision']} (head)"
+    )
+
+
+def dry_run(config: ConfigPath, as_json: JsonFlag = False) -> None:
+    """Validate a config and print its plan; writes nothing.
+
+    The plan: items, jobs per stage and lane, capacity arithmetic, and the first
+    admission decisions with their reasons. Exit 1 if preflight refuses, 2 if the
+    config is invalid.
+    """
+    from controller import config as config_module
+    from controller import pipeline, usage
+    from workers.service import psutil_memory
+
+    with common.refusals(as_json):
+        parsed = config_module.load_config(config)
+        reasons, _ = pipeline.preflight(parsed)
+    plan = pipeline.plan(parsed, mem_available_mib=psutil_memory()[0])
+    plan["preflight"] = {"ok": not reasons, "reasons": reasons}
+    # What would run: each stage's argv for the first item, as a worker renders it
+    # (values in a shell's -c script quoted), so a user sees it before anything runs.
+    plan["argv_preview"] = config_module.preview_argv(parsed)
+    plan["budgets"] = usage.budget_plan(
+        parsed,
+        {stage: sum(lanes.values()) for stage, lanes in plan["jobs_per_stage_and_lane"].items()},
+    )
+    if as_json:
+        typer.echo(render.as_json(plan))
+    else:
+        typer.echo(render.plan_text(plan))
+        for line in usage.budget_plan_lines(plan["budgets"]):
+            typer.echo(line)
+        if plan["argv_preview"]:
+            typer.echo("")
+            typer.echo(f"argv of the first item ({parsed.items[0].key}) per stage:")
+            for stage_name, argv in plan["argv_preview"].items():
+                typer.echo(f"  {stage_name}: {shlex.join(argv)}")
+        typer.echo("")
+        typer.echo("preflight: ok" if not reasons else "preflight: REFUSED")
+        for reason in reasons:
+            typer.echo(f"  {reason}")
+    if reasons:
+        raise typer.Exit(1)
+
+
+def start_pipeline(
+    config: ConfigPath,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    controller: Annotated[
+        bool,
+        typer.Option(
+            "--controller/--no-controller",
+            help="Start `laneway controller` in the background if none runs for this "
+            "runtime dir (log: RUNTIME_DIR/controller.log).",
+        ),
+    ] = True,
+    new: NewOpt = False,
+    rerun: RerunOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Preflight a config and freeze it into a new run.
+
+    Checks the config, paths, executables, source files and secret references; on any
+    refusal exits 1 with the reasons and creates nothing. Otherwise creates the run's
+    items and jobs (respecting batch_cap) and makes sure a controller runs. Never clears
+    a pause or halt.
+    """
+    from controller import config as config_module
+    from controller import daemon as daemon_module
+    from controller import pipeline
+
+    with common.refusals(as_json):
+        run_id, engine = pipeline.start_run(
+            config_module.load_config(config),
+            runtime_dir=runtime_dir,
+            actor=common.actor(),
+            new=new,
+            rerun=rerun,
+        )
+        engine.dispose()
+    runtime = runtime_dir.resolve()
+    controller_pid = daemon_module.running_controller(runtime)
+    started = False
+    if controller and controller_pid is None:
+        controller_pid = daemon_module.start_background_controller(runtime)
+        started = True
+    result = {
+        "ok": True,
+        "run_id": run_id,
+        "runtime_dir": str(runtime),
+        "controller_pid": controller_pid,
+        "controller_started": started,
+    }
+    common.emit(result, as_json, _started_text)
+
+
+def _started_text(r: dict[str, Any]) -> str:
+    lines = [f"run {r['run_id']} created in {r['runtime_dir']}"]
+    if r["controller_pid"] is None:
+        lines.append("no controller runs for it: start `laneway controller`")
+    else:
+        verb = "started" if r["controller_started"] else "already running"
+        lines.append(f"controller {verb} (pid {r['controller_pid']})")
+    lines.append(
+        f"next: laneway worker --node NODE --runtime-dir {r['runtime_dir']} (one per node)"
+    )
+    return "\n".join(lines)
+
+
+def run_pipeline(
+    config: Annotated[
+        str | None,
+        typer.Argument(
+            help="Pipeline config, .toml or .json; with --continue: a run id, or a config "
+            "whose unfinished run to continue (omitted: the newest unfinished run).",
+            show_default=False,
+        ),
+    ] = None,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--continue",
+            help="Continue an unfinished run: start the controller and the workers for "
+            "it; nothing is re-created and nothing that succeeded runs again.",
+        ),
+    ] = False,
+    new: NewOpt = False,
+    rerun: RerunOpt = None,
+    as_json: JsonFlag = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet",
+            help="No progress on stderr (with --json: none of its JSON lines either).",
+        ),
+    ] = False,
+) -> None:
+    """Start a pipeline and run it here, in the foreground, until it finishes.
+
+    Starts the run, then the controller and one local worker per node, with live
+    progress. If another controller already serves the runtime dir (`laneway controller`,
+    or another `laneway run`), that one does the controller's work and this command
+    takes over only if it goes away. It ends when the run is finished in the ledger,
+    whoever closed it, and its closeout (if any) is done. A config that preflight refuses
+    creates nothing. Exit 0 when every job is terminal, 3 when the run is blocked and
+    needs an operator (halt, pause, unknown outcome), 130 when interrupted; each of
+    these prints the command that continues the run.
+
+    When the ledger holds an unfinished run of the same pipeline it refuses (exit 1):
+    `--continue` carries that run on, `--new` starts another deliberately.
+    """
+    from cli import live
+    from controller import config as config_module
+    from controller.foreground import ForegroundRun
+    from workers.service import WorkerService
+
+    with common.refusals(as_json):
+        if resume:
+            if new or rerun:
+                raise UsageError("--continue takes neither --new nor --rerun: choose one")
+            foreground = ForegroundRun.resume(runtime_dir, config, make_worker=WorkerService)
+        else:
+            if config is None:
+                raise UsageError("name a pipeline CONFIG (or pass --continue)")
+            parsed = config_module.load_config(Path(config))
+            foreground = ForegroundRun.start(
+                parsed,
+                runtime_dir,
+                make_worker=WorkerService,
+                actor=common.actor(),
+                new=new,
+                rerun=rerun,
+            )
+    stopper = common.Stopper()
+    ended = foreground.run(
+        live.Progress(foreground.run_id, quiet=quiet, as_json=as_json),
+        should_stop=stopper.stop,
+        should_abort=stopper.abort,
+    )
+    common.emit(ended.final, as_json, render.status_text)
+    # How it ended and how to go on: words, or one JSON object per line with --json
+    # (stderr then holds JSON lines only).
+    say = common.Log(as_json)
+    for notice in ended.notices():
+        say(notice.event, notice.words, **notice.fields)
+    if ended.exit_code:
+        raise typer.Exit(ended.exit_code)

@@ -1,0 +1,280 @@
+"""The long-running services: `worker`, `controller`, `web`.
+
+Each parses, builds the service (workers/service.py, controller/daemon.py,
+controller/web.py), logs its lifecycle lines and serves until a signal. Registered in
+order by cli/main.py.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cli import common, complete
+from cli.common import DEFAULT_RUNTIME, DatabaseUrl, RuntimeDir
+from controller import db, limits
+from controller.errors import LanewayError, UsageError
+
+LogJsonFlag = Annotated[bool, typer.Option("--json", help="Log lifecycle lines as JSON on stderr.")]
+
+
+def web(
+    bind: Annotated[
+        str,
+        typer.Option(
+            "--bind",
+            help="HOST:PORT to listen on (port 0: any free port). Beyond loopback, "
+            "--token-file is required.",
+        ),
+    ] = "127.0.0.1:8470",
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="A file holding the token every request must carry (Authorization: Bearer "
+            "TOKEN, or ?token=TOKEN once in the browser).",
+            show_default=False,
+        ),
+    ] = None,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Serve a read-only dashboard of the ledger, and Prometheus metrics at /metrics.
+
+    The page shows the runs; per lane what runs and why it is idle, with the step to
+    take; unknown attempts with their evidence and the exact reconcile command; controls
+    with who and why; a live lane timeline; explain for any job; an attempt's log tails
+    and measured peaks. It polls; nothing on it writes. Stop it with Ctrl-C.
+    """
+    from controller import web as web_module
+
+    with common.refusals():
+        host, port = web_module.parse_bind(bind)
+        token = web_module.read_token(token_file, host)
+        dashboard = web_module.Dashboard(runtime_dir)
+        try:
+            server = web_module.make_server(dashboard, host, port, token=token)
+        except OSError as exc:
+            dashboard.close()
+            raise UsageError(f"--bind {bind}: cannot listen ({exc.strerror or exc})") from None
+    typer.echo(f"laneway web: serving {web_module.url_of(server)} (read-only; Ctrl-C stops it)")
+    sys.stdout.flush()
+    signal.signal(signal.SIGTERM, common.interrupt)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        dashboard.close()
+
+
+def worker(
+    node: Annotated[
+        str,
+        typer.Option("--node", help="The node this machine is.", autocompletion=complete.nodes),
+    ],
+    slots: Annotated[
+        int | None,
+        typer.Option(
+            "--slots",
+            min=1,
+            max=limits.MAX_SLOTS,
+            help="Attempts at once (default: the node's max_jobs from the ledger).",
+            show_default=False,
+        ),
+    ] = None,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    lease_seconds: Annotated[
+        float,
+        typer.Option(
+            "--lease-seconds",
+            min=1.0,
+            max=limits.MAX_SECONDS,
+            help="How long a claim stays this worker's without a heartbeat renewing it; "
+            "past it the controller settles the attempt from its exit record or marks it "
+            "unknown.",
+        ),
+    ] = 60.0,
+    as_json: LogJsonFlag = False,
+) -> None:
+    """Run the worker service of one node: lease, supervise, settle, heartbeat.
+
+    TERM/INT drains: no new dispatch, running attempts finish and settle. A second
+    signal leaves them running under their supervisors. The runtime dir must hold a
+    ledger already (`start-pipeline` or `run` creates it).
+    """
+    from controller.status import SessionRows, node_max_jobs
+    from workers.service import WorkerService
+
+    with common.refusals():
+        engine = db.open_existing_ledger(runtime_dir)
+        if slots is None:
+            with db.session_factory(engine)() as session:
+                slots = node_max_jobs(SessionRows(session), node)
+        service = WorkerService(
+            engine,
+            node=node,
+            slots=slots,
+            runtime_dir=runtime_dir,
+            lease_seconds=lease_seconds,
+            heartbeat_seconds=min(2.0, lease_seconds / 4),
+        )
+        worker_id = service.start()
+    log = common.Log(as_json)
+    log(
+        "worker_started",
+        f"laneway worker {worker_id}: node {node}, {slots} slots",
+        worker_id=worker_id,
+        node=node,
+        slots=slots,
+    )
+    for line in service.recovered:
+        log("recovered", f"laneway worker {worker_id}: recovered {line}", line=line)
+    _log_outages(
+        service,
+        log,
+        f"laneway worker {worker_id}",
+        ", running attempts stay under their supervisors",
+    )
+    stopper = common.Stopper(log)
+    service.serve(stopper.stop)
+    if service.revoked is not None:
+        log(
+            "worker_revoked",
+            f"laneway worker {worker_id}: {service.revoked}; exiting "
+            "without further ledger writes (evidence files stay)",
+            reason=service.revoked,
+        )
+        raise typer.Exit(1)
+    service.drain(should_abort=stopper.abort)
+    if service.in_flight:
+        log(
+            "worker_left",
+            f"left {len(service.in_flight)} attempt(s) running under their supervisors",
+            in_flight=sorted(service.in_flight),
+        )
+    else:
+        service.stop()
+        log("worker_stopped", f"laneway worker {worker_id}: stopped", worker_id=worker_id)
+
+
+def controller(
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    interval: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            max=3600.0,
+            help="Seconds between looks at the ledger files; a tick runs only when something "
+            "changed or a periodic step (lease expiry, lost workers) is due.",
+        ),
+    ] = 0.05,
+    lost_after: Annotated[
+        float,
+        typer.Option(
+            "--lost-after",
+            min=1.0,
+            max=limits.MAX_SECONDS,
+            help="Seconds without a heartbeat after which a worker is declared lost.",
+        ),
+    ] = 30.0,
+    metrics_bind: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-bind",
+            help="Serve Prometheus metrics read from the ledger at http://HOST:PORT/metrics "
+            "(e.g. 127.0.0.1:9470; beyond loopback, --token-file is required).",
+            show_default=False,
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="With --metrics-bind: the bearer token scrapes must carry.",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: LogJsonFlag = False,
+) -> None:
+    """Run the controller daemon: leases, lost workers, promotion, closing, snapshots.
+
+    Each tick marks workers whose heartbeat stopped as lost, settles or marks unknown the
+    attempts whose leases expired, promotes jobs whose needs succeeded (skips those whose
+    needs did not), closes runs whose jobs are all terminal, and writes
+    runs/RUN/status.json and SUMMARY.json. One controller per runtime dir; the runtime
+    dir must hold a ledger already (`start-pipeline` or `run` creates it).
+    """
+    from controller import daemon as daemon_module
+
+    with common.refusals():
+        engine = db.open_existing_ledger(runtime_dir)
+    log = common.Log(as_json)
+    runtime = runtime_dir.resolve()
+    with common.refusals():  # the server cannot be reached, or the dir written
+        held = daemon_module.hold_controller_lock(runtime, engine)
+    if not held:
+        if not db.is_sqlite(engine):
+            common.fail(
+                UsageError(
+                    f"another controller already serves the ledger at "
+                    f"{db.shown_url(db.ledger_url(runtime_dir))} (one per ledger; "
+                    "`laneway status` lists its workers)"
+                )
+            )
+        other = daemon_module.running_controller(runtime)
+        common.fail(UsageError(f"another controller already runs for {runtime} (pid {other})"))
+    metrics_url = None
+    if metrics_bind:
+        from controller import web as web_module
+
+        try:
+            _server, metrics_url = web_module.serve_metrics_in_background(
+                runtime_dir, metrics_bind, token_file
+            )
+        except OSError as exc:
+            common.fail(
+                UsageError(f"--metrics-bind {metrics_bind}: cannot listen ({exc.strerror})")
+            )
+        except LanewayError as error:
+            common.fail(error)
+    daemon_module.claim_pidfile(runtime)
+    log("controller_started", f"laneway controller: {runtime}", runtime_dir=str(runtime))
+    if metrics_url:
+        log("metrics", f"laneway controller: metrics at {metrics_url}metrics", url=metrics_url)
+    stopper = common.Stopper(log, drains=False)
+    try:
+        serving = daemon_module.Controller(engine, lost_after_seconds=lost_after)
+        _log_outages(serving, log, "laneway controller")
+        serving.serve(
+            stopper.stop,
+            interval=interval,
+            keep_lock=lambda: daemon_module.hold_controller_lock(runtime, engine),
+        )
+    finally:
+        daemon_module.release_pidfile(runtime)
+    if serving.lost_lock:
+        log(
+            "controller_lost_lock", "laneway controller: lost the ledger's controller lock; exiting"
+        )
+        raise typer.Exit(1)
+    log("controller_stopped", "laneway controller: stopped")
+
+
+def _log_outages(service: Any, log: common.Log, who: str, meanwhile: str = "") -> None:
+    """Log when ``service``'s ledger stops answering and when it answers again."""
+    service.on_ledger_error = lambda line: log(
+        "ledger_unreachable",
+        f"{who}: the ledger is not answering ({line}); retrying with backoff{meanwhile}",
+        error=line,
+    )
+    service.on_ledger_back = lambda tries: log(
+        "ledger_back", f"{who}: the ledger answers again", tries=tries
+    )

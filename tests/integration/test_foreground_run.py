@@ -1,0 +1,243 @@
+"""`laneway run`'s loop below the CLI (controller/foreground.py): with a real worker
+service in this process (its supervisors are real processes) and the controller's work
+done here, a run ends finished (exit 0, nothing to say), blocked by a halt (exit 3, the
+reason and the command that continues it once unblocked) or interrupted (exit 130, the
+command that continues it); the observer sees the statuses and is closed before the
+final status is read. The exit-code table and the blocked decision are also checked on
+hand-made statuses."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from controller import db, ledger
+from controller.clock import SystemClock
+from controller.foreground import (
+    Ending,
+    ForegroundResult,
+    ForegroundRun,
+    RunView,
+    read_view,
+)
+from controller.states import ControlKind, ControlScope
+from tests.integration.test_worker import PLENTY
+from tests.support import make_config, py_stage
+from workers.service import WorkerService
+
+pytestmark = pytest.mark.slow
+
+WAIT_FOR = """
+import pathlib, sys, time
+started, release = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+started.touch()
+deadline = time.monotonic() + 60
+while not release.exists() and time.monotonic() < deadline:
+    time.sleep(0.01)
+"""
+
+
+class Recorder:
+    """An observer that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.shown: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+        self.closeouts = 0
+        self.closed = False
+
+    def show(self, status: dict[str, Any], source: Any = None) -> None:
+        assert not self.closed
+        self.shown.append(status)
+
+    def note(self, line: str) -> None:
+        self.notes.append(line)
+
+    def closeout_running(self) -> None:
+        self.closeouts += 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def foreground(engine, runtime, make_run):
+    """A run of a config with one started worker service for node n1."""
+
+    def _make(config, *, slots: int = 4) -> ForegroundRun:
+        run_id = make_run(config)
+        worker = WorkerService(
+            engine, node="n1", slots=slots, memory_probe=lambda: PLENTY, runtime_dir=runtime
+        )
+        worker.start()
+        return ForegroundRun(engine, run_id, runtime, [worker])
+
+    return _make
+
+
+def never() -> bool:
+    return False
+
+
+def test_a_run_whose_jobs_succeed_ends_finished(foreground, engine):
+    config = make_config(
+        [py_stage("first", "pass"), py_stage("second", "pass", needs=["first"])], 3
+    )
+    run = foreground(config)
+    seen = Recorder()
+
+    ended = run.run(seen, should_stop=never, should_abort=never)
+
+    assert ended.ending is Ending.FINISHED
+    assert (ended.exit_code, ended.blocked, ended.notices()) == (0, None, [])
+    assert ended.final["run"]["state"] == "finished"
+    assert ended.final["totals"] == {"succeeded": 6}
+    assert seen.closed and seen.shown and seen.notes == []
+    assert ended.continue_command.startswith(f"laneway run --continue {run.run_id} ")
+    assert run.workers[0].in_flight == {}
+
+
+def test_a_halted_run_ends_blocked_with_the_reason_and_how_to_go_on(foreground, engine):
+    run = foreground(make_config(items=2))
+    with db.transaction(db.session_factory(engine)) as session:
+        ledger.set_control(
+            session,
+            ControlKind.HALT,
+            scope=ControlScope.RUN,
+            run_id=run.run_id,
+            reason="disk full",
+            actor="ops",
+            now=SystemClock().now(),
+        )
+    seen = Recorder()
+
+    ended = run.run(seen, should_stop=never, should_abort=never)
+
+    assert ended.ending is Ending.BLOCKED
+    assert ended.exit_code == 3
+    assert ended.blocked is not None and "disk full" in ended.blocked
+    assert ended.final["totals"] == {"ready": 2}  # nothing was claimed
+    events = [(n.event, n.fields["run_id"]) for n in ended.notices()]
+    assert events == [("run_blocked", run.run_id), ("run_not_finished", run.run_id)]
+    going_on = ended.notices()[1]
+    assert going_on.fields["command"] == ended.continue_command
+    assert "once it is unblocked, continue it with: laneway run --continue" in going_on.words
+    assert all(n.fields["message"] == n.words for n in ended.notices())
+    assert seen.closed
+
+
+def test_a_signal_interrupts_the_run_after_draining_what_runs(foreground, tmp_path):
+    started, release = tmp_path / "started", tmp_path / "release"
+    stage = py_stage("wait", WAIT_FOR)
+    stage["argv"] += [str(started), str(release)]
+    run = foreground(make_config([stage], 3), slots=1)
+    signalled = threading.Event()
+
+    def should_stop() -> bool:
+        # The first attempt runs: the "signal" comes, and the job may end (drained).
+        if started.exists() and not signalled.is_set():
+            signalled.set()
+            release.touch()
+        return signalled.is_set()
+
+    ended = run.run(Recorder(), should_stop=should_stop, should_abort=never)
+
+    assert ended.ending is Ending.INTERRUPTED
+    assert ended.exit_code == 130
+    assert ended.blocked is None
+    # The attempt that ran was drained and settled; nothing new was claimed after.
+    assert ended.final["totals"] == {"succeeded": 1, "ready": 2}
+    assert run.workers[0].in_flight == {}
+    [notice] = ended.notices()
+    assert notice.event == "run_not_finished"
+    assert notice.words == (
+        f"laneway: run {run.run_id} is not finished; continue it with: {ended.continue_command}"
+    )
+
+
+def status(
+    state: str = "active",
+    *,
+    unknown: int = 0,
+    lanes: list[dict[str, Any]] | None = None,
+    closeout: str = "none",
+) -> dict[str, Any]:
+    """The keys of a status that the loop reads (controller/status.py's shape)."""
+    return {
+        "run": {"state": state},
+        "unknown": [{}] * unknown,
+        "lanes": lanes or [],
+        "closeout": {"state": closeout},
+        "controls": [],
+    }
+
+
+def lane(code: str | None, words: str = "", ready: int = 1) -> dict[str, Any]:
+    reason = None if code is None else {"code": code, "words": words}
+    return {"ready": ready, "waiting": 0, "reason": reason}
+
+
+@pytest.mark.no_ledger
+def test_blocked_only_when_every_lane_with_work_waits_for_an_operator():
+    assert read_view(status(unknown=2)).blocked_reason() == (
+        "2 unknown attempt(s) await `laneway reconcile`"
+    )
+    held = status(lanes=[lane("halted", "halted: x"), lane("paused", "paused: y")])
+    assert read_view(held).blocked_reason() == "halted: x; paused: y"
+    # One lane could still move (no capacity now, a worker may come): not blocked.
+    assert (
+        read_view(status(lanes=[lane("halted", "h"), lane("no_capacity")])).blocked_reason() is None
+    )
+    assert read_view(status(lanes=[lane(None)])).blocked_reason() is None
+    # A lane with nothing left to start does not count.
+    assert (
+        read_view(status(lanes=[lane("halted", "h"), lane(None, ready=0)])).blocked_reason() == "h"
+    )
+    assert read_view(status()).blocked_reason() is None
+
+
+@pytest.mark.no_ledger
+def test_closeout_underway_and_finished_are_read_from_the_status():
+    assert read_view(status(closeout="running")).closeout_underway
+    assert not read_view(status(closeout="pending")).closeout_underway
+    assert read_view(status("finished", closeout="pending")).closeout_underway
+    assert not read_view(status("finished", closeout="finished")).closeout_underway
+    view = read_view(status("finished"))
+    assert view == RunView(
+        finished=True, unknown=0, holds=(), closeout_underway=False, budget_spent=False
+    )
+
+
+@pytest.mark.no_ledger
+@pytest.mark.parametrize(
+    ("ending", "state", "code", "said"),
+    [
+        (Ending.FINISHED, "finished", 0, []),
+        (Ending.BLOCKED, "active", 3, ["run_blocked", "run_not_finished"]),
+        (Ending.BLOCKED, "finished", 3, []),  # finished meanwhile: nothing to say
+        (Ending.INTERRUPTED, "active", 130, ["run_not_finished"]),
+        (Ending.INTERRUPTED, "finished", 0, []),  # it finished while draining
+        (Ending.UNFINISHED, "active", 1, ["run_not_finished"]),
+    ],
+)
+def test_exit_code_and_notices_follow_the_ending_and_the_final_state(ending, state, code, said):
+    ended = ForegroundResult(
+        run_id=7,
+        ending=ending,
+        blocked="halted: x" if ending is Ending.BLOCKED else None,
+        continue_command="laneway run --continue 7 --runtime-dir /rt",
+        final=status(state),
+    )
+    assert ended.exit_code == code
+    assert [n.event for n in ended.notices()] == said
+
+
+@pytest.mark.no_ledger
+def test_a_spent_budget_says_to_raise_it_not_to_continue():
+    final = status()
+    final["controls"] = [{"reason": "nothing more fits the budget: usd 10 of 10"}]
+    ended = ForegroundResult(7, Ending.BLOCKED, "paused", "laneway run --continue 7", final)
+    assert [n.event for n in ended.notices()] == ["run_blocked", "run_budget_spent"]
+    assert "laneway run CONFIG --new" in ended.notices()[1].words
