@@ -38,7 +38,7 @@ def _runtime_dir(value: Path) -> Path:
     try:
         value.resolve()
     except (RuntimeError, OSError) as exc:
-        raise typer.BadParameter(f"{value} does not resolve ({exc}); pass a directory") from None
+        fail(UsageError(f"--runtime-dir {value}: does not resolve ({exc}); pass a directory"))
     return value
 
 
@@ -59,7 +59,7 @@ def _use_database_url(value: str | None) -> str | None:
     if value:
         problem = db.url_problem(value)
         if problem:
-            raise typer.BadParameter(problem)
+            fail(UsageError(f"--database-url / LANEWAY_DATABASE_URL: {problem}"))
         os.environ["LANEWAY_DATABASE_URL"] = value
     return value
 

@@ -38,6 +38,7 @@ def test_a_runtime_dir_that_is_a_symlink_loop_is_refused_in_one_line(tmp_path, a
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     assert "--runtime-dir" in result.output and "does not resolve" in result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 @pytest.mark.parametrize("url", ["postgresql://[::1", "postgresql://h:port/db", "mysql://h/db"])
@@ -51,6 +52,7 @@ def test_a_database_url_that_does_not_parse_is_refused_in_one_line(
     assert "Traceback" not in result.output
     assert "LANEWAY_DATABASE_URL" in result.output
     assert "postgresql://USER@HOST" in result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not list(tmp_path.iterdir())  # nothing was created
 
 
