@@ -442,7 +442,7 @@ def _read_exit_record(reader: Callable[[], Session], attempt_id: int) -> Judged 
     return judge_attempt(
         attempt.attempt_dir,
         ExitRules.of_stage(stage, job_id=attempt.job_id, missing_exit="no exit.json"),
-        Delivery(stage.outputs, store_url),
+        Delivery.of_stage(stage, store_url),
     )
 
 

@@ -200,7 +200,7 @@ def _alive(attempt: Any) -> str | None:
 
 
 def with_outputs(
-    found: Evidence, attempt_dir: str, outputs: list[str], store_url: str
+    found: Evidence, attempt_dir: str, stage: StageConfig, store_url: str
 ) -> tuple[Evidence, list[dict[str, Any]]]:
     """Conclusive evidence of a success, for a stage that declares outputs: the outputs
     stored as a worker's settle would (``judge_attempt`` given the success), and what
@@ -208,10 +208,10 @@ def with_outputs(
     the evidence of the outcome that says why they could not be (missing: ``failed``; a
     store failure: ``harness_failure``). Anything else passes through. Writes to the
     artifact store, never to the ledger."""
-    if not found.conclusive or found.outcome is not Outcome.SUCCEEDED or not outputs:
+    if not found.conclusive or found.outcome is not Outcome.SUCCEEDED or not stage.outputs:
         return found, []
     judged = judge_attempt(
-        attempt_dir, Verdict(Outcome.SUCCEEDED, found.words), Delivery(outputs, store_url)
+        attempt_dir, Verdict(Outcome.SUCCEEDED, found.words), Delivery.of_stage(stage, store_url)
     )
     verdict = judged.verdict
     if verdict.outcome is Outcome.SUCCEEDED:

@@ -146,9 +146,7 @@ def settle_from_evidence(
     settled: list[Settled] = []
     for found in review.conclusive:
         row, stage = review.attempts[found.attempt_id]
-        found, stored = evidence.with_outputs(
-            found, row.attempt_dir, stage.outputs, review.store_url
-        )
+        found, stored = evidence.with_outputs(found, row.attempt_dir, stage, review.store_url)
         for trying in db.retrying(patience=patience):
             with trying, db.transaction(db.session_factory(engine)) as session:
                 job_state = ledger.reconcile_attempt(
@@ -201,7 +199,7 @@ def outputs_for_success(engine: Engine, attempt_id: int) -> list[dict[str, Any]]
     judged = judge_attempt(
         attempt.attempt_dir,
         Verdict(Outcome.SUCCEEDED, "reconciled by an operator"),
-        Delivery(stage.outputs, store_url),
+        Delivery.of_stage(stage, store_url),
     )
     verdict = judged.verdict
     if verdict.outcome is not Outcome.SUCCEEDED:

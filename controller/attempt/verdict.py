@@ -82,6 +82,12 @@ class Delivery:
     between: artifacts.Between = None
     """Run between chunks and files (the worker renews its leases there)."""
 
+    @classmethod
+    def of_stage(cls, stage: StageConfig, store_url: str) -> Delivery:
+        """A stage's declared outputs into ``store_url``, each bounded by the stage's
+        ``output_max_mib``: what every actor that stores a success's outputs uses."""
+        return cls(stage.outputs, store_url, max_bytes=stage.output_max_mib * artifacts.MIB)
+
 
 @dataclass(frozen=True)
 class Judged:
