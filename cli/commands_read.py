@@ -71,7 +71,7 @@ def status(
                     if progress is not None:
                         progress.show(report, source)
                 if progress is None:
-                    if report["unknown"]:
+                    if report.unknown:
                         from controller import evidence
 
                         evidence.mark_conclusive(source, report)

@@ -20,6 +20,7 @@ from cli import render
 from controller import advice
 from controller import progress as progress_module
 from controller.status import Rows
+from controller.status_model import Lane, StatusReport
 
 RATE_WINDOW = 60.0
 """Seconds of history the per-stage rate is measured over."""
@@ -48,12 +49,12 @@ class Progress:
 
     # -- feeding ---------------------------------------------------------------
 
-    def show(self, status: dict[str, Any], source: Rows | None = None) -> None:
+    def show(self, status: StatusReport, source: Rows | None = None) -> None:
         """One refresh. ``source`` (inside the same read transaction) is read for the
         ETA's measured durations; without it there is no ETA."""
         if self.quiet:
             return
-        durations = progress_module.recent_durations(source, status["run"]["id"]) if source else {}
+        durations = progress_module.recent_durations(source, status.run.id) if source else {}
         eta = progress_module.eta_seconds(status, durations)
         rates = self._rates(status)
         if self.live:
@@ -85,10 +86,10 @@ class Progress:
 
     # -- rates -----------------------------------------------------------------
 
-    def _rates(self, status: dict[str, Any]) -> dict[str, float | None]:
+    def _rates(self, status: StatusReport) -> dict[str, float | None]:
         """Jobs per minute per stage, over what this display saw in ``RATE_WINDOW``."""
         now = time.monotonic()
-        done = {row["stage"]: row["done"] for row in progress_module.stage_progress(status)}
+        done = {row.stage: row.done for row in progress_module.stage_progress(status)}
         self._history.append((now, done))
         while len(self._history) > 2 and now - self._history[1][0] >= RATE_WINDOW:
             self._history.popleft()
@@ -104,41 +105,42 @@ class Progress:
         self.stream.write(line + "\n")
         self.stream.flush()
 
-    def _plain_lines(self, status: dict[str, Any], eta: float | None) -> None:
+    def _plain_lines(self, status: StatusReport, eta: float | None) -> None:
         """One line per change: the run's totals, each lane's state and reason, each
         unknown attempt (once)."""
-        run = status["run"]["id"]
-        totals = status["totals"]
+        run = status.run.id
+        totals = status.totals
         total = sum(totals.values())
         done = sum(totals.get(s, 0) for s in progress_module.TERMINAL)
         parts = [f"{k} {v}" for k, v in sorted(totals.items()) if v]
         self._once("totals", f"run {run}: {done}/{total} jobs terminal · " + " · ".join(parts))
-        for unknown in status["unknown"]:
+        for unknown in status.unknown:
             self._once(
-                f"unknown {unknown['attempt_id']}",
+                f"unknown {unknown.attempt_id}",
                 render.clean(
-                    f"run {run}: UNKNOWN attempt {unknown['attempt_id']} {unknown['item']}."
-                    f"{unknown['stage']}: {unknown['reason']}; resolve: {unknown['reconcile']}"
+                    f"run {run}: UNKNOWN attempt {unknown.attempt_id} {unknown.item}."
+                    f"{unknown.stage}: {unknown.reason}; resolve: {unknown.reconcile}"
                 ),
             )
-        for lane in status["lanes"]:
-            self._once(f"lane {lane['lane']}", render.clean(f"run {run}: {_lane_words(lane)}"))
+        for lane in status.lanes:
+            self._once(f"lane {lane.lane}", render.clean(f"run {run}: {_lane_words(lane)}"))
 
     def _once(self, key: str, line: str) -> None:
         if self._seen.get(key) != line:
             self._seen[key] = line
             self._write(line)
 
-    def _json_line(self, status: dict[str, Any], eta: float | None) -> None:
+    def _json_line(self, status: StatusReport, eta: float | None) -> None:
         """The whole status as one JSON line, when anything but the clock changed."""
-        key = json.dumps(_without_clock(status), sort_keys=True, default=str)
+        body = status.as_dict()
+        key = json.dumps(_without_clock(body), sort_keys=True, default=str)
         if self._seen.get("json") != key:
             self._seen["json"] = key
-            self._write(json.dumps({**status, "eta_seconds": eta}, default=str))
+            self._write(json.dumps({**body, "eta_seconds": eta}, default=str))
 
     # -- rich ------------------------------------------------------------------
 
-    def _draw(self, status: dict[str, Any], eta: float | None, rates: dict[str, Any]) -> None:
+    def _draw(self, status: StatusReport, eta: float | None, rates: dict[str, Any]) -> None:
         from rich.console import Console
         from rich.live import Live
 
@@ -150,14 +152,14 @@ class Progress:
         self._display.update(body, refresh=True)
 
 
-def _lane_words(lane: dict[str, Any]) -> str:
-    if lane["running"]:
-        return f"lane {lane['lane']}: {lane['running']} running"
-    if lane["reason"]:
-        return f"lane {lane['lane']}: idle: {lane['reason']['words']}"
-    if lane["ready"] or lane["waiting"]:
-        return f"lane {lane['lane']}: idle"
-    return f"lane {lane['lane']}: done"
+def _lane_words(lane: Lane) -> str:
+    if lane.running:
+        return f"lane {lane.lane}: {lane.running} running"
+    if lane.reason:
+        return f"lane {lane.lane}: idle: {lane.reason.words}"
+    if lane.pending:
+        return f"lane {lane.lane}: idle"
+    return f"lane {lane.lane}: done"
 
 
 _CLOCK_KEYS = {
@@ -179,7 +181,7 @@ def _without_clock(value: Any) -> Any:
     return value
 
 
-def renderable(status: dict[str, Any], eta: float | None, rates: dict[str, Any]) -> Any:
+def renderable(status: StatusReport, eta: float | None, rates: dict[str, Any]) -> Any:
     """The rich renderable of one refresh (a function of its arguments: tests render it
     to text)."""
     from rich.console import Group
@@ -187,39 +189,37 @@ def renderable(status: dict[str, Any], eta: float | None, rates: dict[str, Any])
     from rich.table import Table
     from rich.text import Text
 
-    run = status["run"]
+    run = status.run
     parts: list[Any] = []
     header = Text()
-    header.append(f"run {run['id']} ({run['name']})", style="bold")
-    header.append(f" — {run['state']}")
-    if run["state"] != "finished":  # a finished run has nothing left to estimate
+    header.append(f"run {run.id} ({run.name})", style="bold")
+    header.append(f" — {run.state}")
+    if not run.finished:  # a finished run has nothing left to estimate
         header.append(f" · ETA {render.duration(eta) if eta is not None else 'not measured yet'}")
     parts.append(header)
-    if status["unknown"]:
+    if status.unknown:
         box = Table.grid(padding=(0, 1))
         box.add_row(
             Text(
-                f"UNKNOWN OUTCOMES — dispatch halted until reconciled ({len(status['unknown'])})",
+                f"UNKNOWN OUTCOMES — dispatch halted until reconciled ({len(status.unknown)})",
                 style="bold red",
             )
         )
-        for u in status["unknown"]:
+        for u in status.unknown:
             box.add_row(
                 Text(
-                    render.clean(
-                        f"  attempt {u['attempt_id']} {u['item']}.{u['stage']}: {u['reason']}"
-                    ),
+                    render.clean(f"  attempt {u.attempt_id} {u.item}.{u.stage}: {u.reason}"),
                     style="red",
                 )
             )
-            box.add_row(Text(f"    evidence: {u['evidence']}", style="red"))
-            box.add_row(Text(f"    resolve:  {u['reconcile']}", style="bold red"))
+            box.add_row(Text(f"    evidence: {u.evidence}", style="red"))
+            box.add_row(Text(f"    resolve:  {u.reconcile}", style="bold red"))
         parts.append(box)
-    for c in status["controls"]:
-        where = c["scope"] + (f" {c['lane']}" if c["lane"] else "")
+    for c in status.controls:
+        where = c.scope + (f" {c.lane}" if c.lane else "")
         parts.append(
             Text(
-                render.clean(f"{c['kind']} ({where}) by {c['set_by']}: {c['reason']}"),
+                render.clean(f"{c.kind} ({where}) by {c.set_by}: {c.reason}"),
                 style="yellow",
             )
         )
@@ -227,15 +227,15 @@ def renderable(status: dict[str, Any], eta: float | None, rates: dict[str, Any])
     for column in ("stage", "progress", "done", "running", "ready", "waiting", "failed", "rate"):
         stages.add_column(column, justify="left" if column in ("stage", "progress") else "right")
     for row in progress_module.stage_progress(status):
-        rate = rates.get(row["stage"])
+        rate = rates.get(row.stage)
         stages.add_row(
-            row["stage"],
-            ProgressBar(total=max(1, row["total"]), completed=row["done"], width=30),
-            f"{row['done']}/{row['total']}",
-            str(row["running"]),
-            str(row["ready"]),
-            str(row["waiting"]),
-            Text(str(row["failed"]), style="red" if row["failed"] else ""),
+            row.stage,
+            ProgressBar(total=max(1, row.total), completed=row.done, width=30),
+            f"{row.done}/{row.total}",
+            str(row.running),
+            str(row.ready),
+            str(row.waiting),
+            Text(str(row.failed), style="red" if row.failed else ""),
             "-" if rate is None else f"{rate:.1f}/min",
         )
     parts.append(stages)
@@ -243,26 +243,24 @@ def renderable(status: dict[str, Any], eta: float | None, rates: dict[str, Any])
     for column in ("lane", "node", "now", "what to do"):
         lanes.add_column(column, overflow="fold")
     running_by_lane: dict[str, list[str]] = {}
-    for attempt in status["running"]:
-        running_by_lane.setdefault(attempt["lane"], []).append(
-            f"{attempt['item']}.{attempt['stage']} ({render.duration(attempt['elapsed_seconds'])})"
+    for attempt in status.running:
+        running_by_lane.setdefault(attempt.lane, []).append(
+            f"{attempt.item}.{attempt.stage} ({render.duration(attempt.elapsed_seconds)})"
         )
-    for lane in status["lanes"]:
-        if lane["running"]:
-            now = Text(", ".join(running_by_lane.get(lane["lane"], [])) or "running", style="green")
-        elif lane["reason"]:
+    for lane in status.lanes:
+        if lane.running:
+            now = Text(", ".join(running_by_lane.get(lane.lane, [])) or "running", style="green")
+        elif lane.reason:
             now = Text(
-                render.clean(
-                    f"idle {render.duration(lane['idle_seconds'])}: {lane['reason']['words']}"
-                ),
+                render.clean(f"idle {render.duration(lane.idle_seconds)}: {lane.reason.words}"),
                 style="yellow",
             )
-        elif lane["ready"] or lane["waiting"]:
-            now = Text(f"idle {render.duration(lane['idle_seconds'])}", style="yellow")
+        elif lane.pending:
+            now = Text(f"idle {render.duration(lane.idle_seconds)}", style="yellow")
         else:
             now = Text("done", style="dim")
         lanes.add_row(
-            lane["lane"], lane["node"], now, render.clean(advice.lane_action(lane, status) or "")
+            lane.lane, lane.node, now, render.clean(advice.lane_action(lane, status) or "")
         )
     parts.append(lanes)
     return Group(*parts)

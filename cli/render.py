@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from cli import artifacts_text, oom_text, spend_text
+from controller.status_model import Closeout, StatusReport
 
 _CONTROL_CHARS = re.compile(
     r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|[\x00-\x08\x0b-\x1f\x7f]"
@@ -21,6 +22,8 @@ def clean(text: Any) -> str:
 
 
 def as_json(data: Any) -> str:
+    if isinstance(data, StatusReport):
+        data = data.as_dict()
     return json.dumps(data, indent=2, sort_keys=False, default=str)
 
 
@@ -50,23 +53,19 @@ def duration(seconds: float | None) -> str:
     return f"{secs} s"
 
 
-def status_text(status: dict[str, Any]) -> str:
-    run = status["run"]
+def status_text(status: StatusReport) -> str:
+    run = status.run
     out = [
-        f"run {run['id']} ({run['name']}) — {run['state']}; started {run['created_at']}"
-        + (f", finished {run['finished_at']}" if run["finished_at"] else "")
+        f"run {run.id} ({run.name}) — {run.state}; started {run.created_at}"
+        + (f", finished {run.finished_at}" if run.finished_at else "")
     ]
-    if status["unknown"]:
+    if status.unknown:
         out.append("")
-        out.append(
-            f"UNKNOWN OUTCOMES — dispatch halted until reconciled ({len(status['unknown'])}):"
-        )
-        for u in status["unknown"]:
-            out.append(
-                f"  attempt {u['attempt_id']} {u['item']}.{u['stage']}: {clean(u['reason'])}"
-            )
-            out.append(f"    evidence: {u['evidence']}")
-            conclusive = u.get("conclusive")
+        out.append(f"UNKNOWN OUTCOMES — dispatch halted until reconciled ({len(status.unknown)}):")
+        for u in status.unknown:
+            out.append(f"  attempt {u.attempt_id} {u.item}.{u.stage}: {clean(u.reason)}")
+            out.append(f"    evidence: {u.evidence}")
+            conclusive = u.conclusive
             if conclusive:
                 out.append(
                     f"    CONCLUSIVE: settles as {conclusive['outcome']} — "
@@ -74,15 +73,13 @@ def status_text(status: dict[str, Any]) -> str:
                 )
                 out.append(f"    settle:   {conclusive['settle']}")
             else:
-                out.append(f"    resolve:  {u['reconcile']}")
-    if status["controls"]:
+                out.append(f"    resolve:  {u.reconcile}")
+    if status.controls:
         out.append("")
         out.append("controls:")
-        for c in status["controls"]:
-            where = c["scope"] + (f" {c['lane']}" if c["lane"] else "")
-            out.append(
-                f"  {c['kind']} ({where}) by {c['set_by']} at {c['set_at']}: {clean(c['reason'])}"
-            )
+        for c in status.controls:
+            where = c.scope + (f" {c.lane}" if c.lane else "")
+            out.append(f"  {c.kind} ({where}) by {c.set_by} at {c.set_at}: {clean(c.reason)}")
     states = [
         "waiting",
         "ready",
@@ -94,31 +91,31 @@ def status_text(status: dict[str, Any]) -> str:
         "cancelled",
     ]
     out.append("")
-    rows = [[stage, *(by.get(s, 0) or "" for s in states)] for stage, by in status["jobs"].items()]
-    rows.append(["total", *(status["totals"].get(s, 0) or "" for s in states)])
+    rows = [[stage, *(by.get(s, 0) or "" for s in states)] for stage, by in status.jobs.items()]
+    rows.append(["total", *(status.totals.get(s, 0) or "" for s in states)])
     out.append(table(["stage", *states], rows))
-    if status.get("reused"):
-        taken = ", ".join(f"{stage} {count}" for stage, count in status["reused"].items())
+    if status.reused:
+        taken = ", ".join(f"{stage} {count}" for stage, count in status.reused.items())
         out.append(
             f"reused from earlier runs (succeeded, not run again): {taken} "
             "(see the v_reused_jobs view)"
         )
-    for waiting in status.get("retry_backoff") or []:
+    for waiting in status.retry_backoff:
         out.append(
-            f"retry backoff: job {waiting['job_id']} ({waiting['item']}.{waiting['stage']}) "
-            f"retry_after {waiting['retry_after']}"
+            f"retry backoff: job {waiting.job_id} ({waiting.item}.{waiting.stage}) "
+            f"retry_after {waiting.retry_after}"
         )
-    classes = sorted({o for by in status["outcomes"].values() for o in by})
+    classes = sorted({o for by in status.outcomes.values() for o in by})
     if classes:
         out.append("")
         out.append("attempt outcomes:")
         out.append(
             table(
                 ["stage", *classes],
-                [[s, *(by.get(c, "") for c in classes)] for s, by in status["outcomes"].items()],
+                [[s, *(by.get(c, "") for c in classes)] for s, by in status.outcomes.items()],
             )
         )
-    if status["running"]:
+    if status.running:
         out.append("")
         out.append("running:")
         out.append(
@@ -126,16 +123,16 @@ def status_text(status: dict[str, Any]) -> str:
                 ["attempt", "item", "stage", "lane", "node", "pid", "elapsed", "timeout"],
                 [
                     [
-                        r["attempt_id"],
-                        r["item"],
-                        r["stage"],
-                        r["lane"],
-                        r["node"],
-                        r["pid"],
-                        duration(r["elapsed_seconds"]),
-                        duration(r["timeout_seconds"]),
+                        r.attempt_id,
+                        r.item,
+                        r.stage,
+                        r.lane,
+                        r.node,
+                        r.pid,
+                        duration(r.elapsed_seconds),
+                        duration(r.timeout_seconds),
                     ]
-                    for r in status["running"]
+                    for r in status.running
                 ],
             )
         )
@@ -143,123 +140,120 @@ def status_text(status: dict[str, Any]) -> str:
     out.append("")
     out.append("lanes:")
     lane_rows = []
-    unserved = {entry["node"] for entry in status.get("no_worker", [])}
-    for lane in status["lanes"]:
-        if lane["running"]:
-            state = f"{lane['running']} running"
-            if lane["node"] in unserved:
+    unserved = {entry.node for entry in status.no_worker}
+    for lane in status.lanes:
+        if lane.running:
+            state = f"{lane.running} running"
+            if lane.node in unserved:
                 state += " (no live worker on its node)"
-        elif lane["reason"]:
-            state = f"idle {duration(lane['idle_seconds'])}: {clean(lane['reason']['words'])}"
-        elif lane["ready"] or lane["waiting"]:
-            state = f"idle {duration(lane['idle_seconds'])}"
+        elif lane.reason:
+            state = f"idle {duration(lane.idle_seconds)}: {clean(lane.reason.words)}"
+        elif lane.ready or lane.waiting:
+            state = f"idle {duration(lane.idle_seconds)}"
         else:
             state = "done"
         lane_rows.append(
             [
-                lane["lane"],
-                lane["node"],
-                lane["ready"],
-                lane["waiting"],
-                lane["done"],
-                lane["last_start"] or "-",
+                lane.lane,
+                lane.node,
+                lane.ready,
+                lane.waiting,
+                lane.done,
+                lane.last_start or "-",
                 state,
             ]
         )
     out.append(table(["lane", "node", "ready", "waiting", "done", "last start", "now"], lane_rows))
-    out += placement_lines(status.get("placement") or [], "stage")
-    t = status["throughput"]
+    out += placement_lines(
+        [(p.stage, p.nodes, p.words, p.runs_on, p.no_live_worker) for p in status.placement]
+    )
+    t = status.throughput
     out.append("")
-    out.append(f"throughput: {t['settled_attempts']} settled attempts, {t['per_hour']}/hour")
-    if status.get("closeout"):
-        out.append(f"closeout: {closeout_words(status['closeout'])}")
-    if status["recent_events"]:
+    out.append(f"throughput: {t.settled_attempts} settled attempts, {t.per_hour}/hour")
+    out.append(f"closeout: {closeout_words(status.closeout)}")
+    if status.recent_events:
         out.append("")
         out.append("recent events:")
-        for e in status["recent_events"]:
-            target = f"job {e['job_id']}" if e["job_id"] else ""
-            target += f" attempt {e['attempt_id']}" if e["attempt_id"] else ""
-            detail = ", ".join(f"{k}={v}" for k, v in e["detail"].items() if v is not None)
-            out.append(clean(f"  #{e['id']} {e['at']} {e['kind']} {target} {detail}".rstrip()))
+        for e in status.recent_events:
+            target = f"job {e.job_id}" if e.job_id else ""
+            target += f" attempt {e.attempt_id}" if e.attempt_id else ""
+            detail = ", ".join(f"{k}={v}" for k, v in e.detail.items() if v is not None)
+            out.append(clean(f"  #{e.id} {e.at} {e.kind} {target} {detail}".rstrip()))
     return "\n".join(out)
 
 
-def workers_text(status: dict[str, Any]) -> list[str]:
+def workers_text(status: StatusReport) -> list[str]:
     """The workers section: each worker of the run's nodes (active ones, the last few
     stopped or lost), then every node no live worker serves, with the command that
     starts one."""
-    workers = status.get("workers") or []
     out = ["", "workers:"]
-    if workers:
+    if status.workers:
         out.append(
             table(
                 ["node", "worker", "pid", "host", "heartbeat", "slots", "state"],
                 [
                     [
-                        w["node"],
-                        w["worker_id"],
-                        w["pid"],
-                        w["host"],
-                        f"{duration(max(0.0, w['heartbeat_age_seconds']))} ago",
-                        w["slots"],
-                        w["state"]
-                        if w["live"] or w["state"] != "active"
-                        else "active, heartbeat stale",
+                        w.node,
+                        w.worker_id,
+                        w.pid,
+                        w.host,
+                        f"{duration(max(0.0, w.heartbeat_age_seconds))} ago",
+                        w.slots,
+                        w.state if w.live or w.state != "active" else "active, heartbeat stale",
                     ]
-                    for w in workers
+                    for w in status.workers
                 ],
             )
         )
-    nodes = status.get("nodes") or []
-    if nodes:
+    if status.nodes:
         out += ["", "nodes:"]
         out.append(
             table(
                 ["node", "live workers", "last heartbeat", "free memory", "floor", "running"],
                 [
                     [
-                        n["node"],
-                        n["live_workers"],
+                        n.node,
+                        n.live_workers,
                         "never"
-                        if n["heartbeat_age_seconds"] is None
-                        else f"{duration(max(0.0, n['heartbeat_age_seconds']))} ago",
-                        "-"
-                        if n["mem_available_mib"] is None
-                        else f"{n['mem_available_mib']:.0f} MiB",
-                        f"{n['memory_floor_mib']} MiB"
-                        if n["memory_floor_mib"] is not None
-                        else "-",
-                        f"{n['running']}/{n['max_jobs']}",
+                        if n.heartbeat_age_seconds is None
+                        else f"{duration(max(0.0, n.heartbeat_age_seconds))} ago",
+                        "-" if n.mem_available_mib is None else f"{n.mem_available_mib:.0f} MiB",
+                        f"{n.memory_floor_mib} MiB" if n.memory_floor_mib is not None else "-",
+                        f"{n.running}/{n.max_jobs}",
                     ]
-                    for n in nodes
+                    for n in status.nodes
                 ],
             )
         )
-    for entry in status.get("no_worker") or []:
-        out.append(clean(f"  node {entry['node']}: no live worker — start one: {entry['start']}"))
+    for entry in status.no_worker:
+        out.append(clean(f"  node {entry.node}: no live worker — start one: {entry.start}"))
     return out if len(out) > 2 else []
 
 
-def placement_lines(stages: list[dict[str, Any]], key: str) -> list[str]:
-    """Where each stage runs, when any stage names its ``nodes`` (else every stage runs
-    on its lane's node and nothing is said); a node no live worker serves is named."""
-    if not any(stage.get("nodes") for stage in stages):
+def placement_lines(
+    stages: list[tuple[str, list[str] | None, str, list[str], list[str]]],
+) -> list[str]:
+    """Where each stage runs (its name, its ``nodes``, their words, the nodes it runs on
+    and those no live worker serves), when any stage names its ``nodes`` (else every
+    stage runs on its lane's node and nothing is said); a node no live worker serves is
+    named."""
+    if not any(nodes for _name, nodes, _words, _runs_on, _unserved in stages):
         return []
     out = ["", "stages run on:"]
-    for stage in stages:
-        words = f"  {stage[key]}: {stage['placement' if 'placement' in stage else 'words']}"
-        if not stage.get("nodes"):
-            words += f" ({', '.join(stage['runs_on'])})"
-        for node in stage.get("no_live_worker") or []:
+    for name, nodes, placed, runs_on, unserved in stages:
+        words = f"  {name}: {placed}"
+        if not nodes:
+            words += f" ({', '.join(runs_on)})"
+        for node in unserved:
             words += f"; no live worker on node {node}"
         out.append(clean(words))
     return out
 
 
-def closeout_words(closeout: dict[str, Any]) -> str:
+def closeout_words(closeout: Closeout) -> str:
     """``none``, ``pending (N steps)``, ``running step K of N (NAME)``, ``finished (N
     steps)`` or ``failed: NAME (STATE, exit C), ...``."""
-    state, count = closeout["state"], closeout["step_count"]
+    state, count = closeout.state, closeout.step_count
     steps = f"{count} step{'s' if count != 1 else ''}"
     if state == "none":
         return "none"
@@ -268,12 +262,12 @@ def closeout_words(closeout: dict[str, Any]) -> str:
     if state == "finished":
         return f"finished ({steps} succeeded)"
     failed = []
-    for step in closeout["steps"]:
-        if step["name"] in closeout["failed_steps"]:
-            code = "" if step.get("exit_code") is None else f", exit {step['exit_code']}"
-            failed.append(f"{step['name']} ({step['state']}{code})")
+    for step in closeout.steps:
+        if step.name in closeout.failed_steps:
+            code = "" if step.exit_code is None else f", exit {step.exit_code}"
+            failed.append(f"{step.name} ({step.state}{code})")
     if state == "running":
-        words = f"running step {closeout['step']} of {count} ({closeout['current']})"
+        words = f"running step {closeout.step} of {count} ({closeout.current})"
         return words + (f"; failed so far: {', '.join(failed)}" if failed else "")
     return clean(f"failed: {', '.join(failed)} (of {steps})")
 
@@ -324,7 +318,18 @@ def plan_text(plan: dict[str, Any]) -> str:
             rows,
         )
     )
-    out += placement_lines(plan["stages"], "name")
+    out += placement_lines(
+        [
+            (
+                stage["name"],
+                stage.get("nodes"),
+                stage["placement" if "placement" in stage else "words"],
+                stage["runs_on"],
+                stage.get("no_live_worker") or [],
+            )
+            for stage in plan["stages"]
+        ]
+    )
     out += artifact_plan_lines(plan.get("artifacts"))
     out.append("")
     out.append("capacity:")

@@ -338,9 +338,9 @@ class Controller:
         directory = Path(run.runtime_dir) / "runs" / str(run_id)
         try:
             make_private_dir(directory)
-            write_json(directory / "status.json", status)
+            write_json(directory / "status.json", status.as_dict())
             if final:
-                write_json(directory / "SUMMARY.json", _summary(status))
+                write_json(directory / "SUMMARY.json", status.summary())
         except OSError as exc:
             # A derived snapshot failing is its own diagnostic: it never stops the tick
             # and never touches an outcome. Recorded once per distinct error.
@@ -611,8 +611,3 @@ def start_background_controller(runtime_dir: Path) -> int:
         ],
         setsid=True,
     )
-
-
-def _summary(status: dict[str, object]) -> dict[str, object]:
-    keys = ("run", "totals", "jobs", "outcomes", "throughput", "unknown", "controls")
-    return {key: status[key] for key in keys}

@@ -33,6 +33,7 @@ from controller.states import Outcome
 
 if TYPE_CHECKING:
     from controller.status import Rows
+    from controller.status_model import StatusReport
 
 _UNKNOWN_COLUMNS = (
     "id",
@@ -149,21 +150,21 @@ def settle_command(run_id: int, runtime_dir: str) -> str:
     )
 
 
-def mark_conclusive(source: Rows, report: dict[str, Any]) -> None:
+def mark_conclusive(source: Rows, report: StatusReport) -> None:
     """Mark, in a ``status_report``, each unknown attempt whose evidence has become
-    conclusive (read here: its exit record, /proc): ``unknown["conclusive"]`` is the
+    conclusive (read here: its exit record, /proc): ``unknown.conclusive`` is the
     evidence (``Evidence.as_dict``) with ``settle``, the command that settles it
     (``settle_command``). Attempts not conclusive are left as they are. ``laneway
     status`` and the dashboard's state both show this."""
-    if not report["unknown"]:
+    if not report.unknown:
         return
-    run_id = report["run"]["id"]
+    run_id = report.run.id
     judged = judge_unknowns(source, run_id)
-    command = settle_command(run_id, report["run"]["runtime_dir"])
-    for unknown in report["unknown"]:
-        found = judged.get(unknown["attempt_id"])
+    command = settle_command(run_id, report.run.runtime_dir)
+    for unknown in report.unknown:
+        found = judged.get(unknown.attempt_id)
         if found is not None and found.conclusive:
-            unknown["conclusive"] = {**found.as_dict(), "settle": command}
+            unknown.conclusive = {**found.as_dict(), "settle": command}
 
 
 def verified_exit(attempt: Any) -> tuple[int | None, int | None]:

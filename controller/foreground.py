@@ -29,6 +29,7 @@ from controller import db, ledger, pipeline, usage
 from controller.errors import LedgerUnavailable, UsageError
 from controller.states import RunState
 from controller.status import Rows, SessionRows, build_status
+from controller.status_model import StatusReport
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -85,7 +86,7 @@ MakeWorker = Callable[..., LocalWorker]
 class Observer(Protocol):
     """What the loop reports to while it runs (``cli.live.Progress``)."""
 
-    def show(self, status: dict[str, Any], source: Rows | None = None) -> None:
+    def show(self, status: StatusReport, source: Rows | None = None) -> None:
         """The run's status, read inside the transaction ``source`` reads in."""
 
     def note(self, line: str) -> None:
@@ -142,21 +143,21 @@ class RunView:
         return None
 
 
-def read_view(status: dict[str, Any]) -> RunView:
-    """The loop's decisions from ``status``, ``status_report``'s dict: the one place this
-    module reads its keys, until the status is typed (issue 19, item 4)."""
-    finished = status["run"]["state"] == RunState.FINISHED
-    closeout = status["closeout"]["state"]
+def read_view(status: StatusReport) -> RunView:
+    """The loop's decisions from ``status``: whether the run finished, what holds its
+    lanes, its closeout and its budget."""
+    finished = status.run.state == RunState.FINISHED
+    closeout = status.closeout.state
     return RunView(
         finished=finished,
-        unknown=len(status["unknown"]),
+        unknown=len(status.unknown),
         holds=tuple(
-            None if lane["reason"] is None else (lane["reason"]["code"], lane["reason"]["words"])
-            for lane in status["lanes"]
-            if lane["ready"] or lane["waiting"]
+            None if lane.reason is None else (lane.reason.code, lane.reason.words)
+            for lane in status.lanes
+            if lane.pending
         ),
         closeout_underway=closeout == "running" or (closeout == "pending" and finished),
-        budget_spent=any(c["reason"].startswith(usage.BUDGET_SPENT) for c in status["controls"]),
+        budget_spent=any(c.reason.startswith(usage.BUDGET_SPENT) for c in status.controls),
     )
 
 
@@ -170,7 +171,7 @@ class ForegroundResult:
     """Why it is blocked (``Ending.BLOCKED``)."""
     continue_command: str
     """The command that continues the run."""
-    final: dict[str, Any]
+    final: StatusReport
     """The run's status at the end, as ``laneway status`` shows it."""
 
     @property
@@ -384,7 +385,7 @@ class ForegroundRun:
                 noted = True
             time.sleep(0.05)
 
-    def _status(self, sessions: Callable[[], Session]) -> dict[str, Any]:
+    def _status(self, sessions: Callable[[], Session]) -> StatusReport:
         with sessions() as session:
             run = ledger.get_run(session, self.run_id)
             return build_status(session, run, now=self.daemon.clock.now())

@@ -40,7 +40,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any
 
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -48,6 +47,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from controller.states import AttemptState, RunState, Verdict
 from controller.status import Rows, _moment, node_workers, status_report
+from controller.status_model import StatusReport
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_RUNS = 20
@@ -100,33 +100,33 @@ def collect(source: Rows, *, now: datetime) -> list[Metric]:
     for run_id in covered_runs(source):
         status = status_report(source, run_id, now=now)
         run = str(run_id)
-        info = status["run"]
+        info = status.run
         f.gauge("run_info", "The runs covered (1 each).", ["run", "name", "state"]).add_metric(
-            [run, info["name"], info["state"]], 1
+            [run, info.name, info.state], 1
         )
         _run_metrics(f, source, run_id, status)
-        nodes |= {lane["node"] for lane in status["lanes"]}
-        nodes |= {node["node"] for node in status["nodes"]}  # stages' nodes too
+        nodes |= {lane.node for lane in status.lanes}
+        nodes |= {node.node for node in status.nodes}  # stages' nodes too
     _node_metrics(f, source, sorted(nodes), now=now)
     _expired_leases(f, source, now=now)
     return f.all()
 
 
-def _run_metrics(f: _Families, source: Rows, run_id: int, status: dict[str, Any]) -> None:
+def _run_metrics(f: _Families, source: Rows, run_id: int, status: StatusReport) -> None:
     run = str(run_id)
     jobs = f.gauge("jobs", "Jobs by stage and state.", ["run", "stage", "state"])
-    for stage, by_state in status["jobs"].items():
+    for stage, by_state in status.jobs.items():
         for state, count in by_state.items():
             jobs.add_metric([run, stage, state], count)
     settled = f.counter(
         "attempts_settled", "Settled attempts by outcome.", ["run", "stage", "outcome"]
     )
-    for stage, by_outcome in status["outcomes"].items():
+    for stage, by_outcome in status.outcomes.items():
         for outcome, count in by_outcome.items():
             settled.add_metric([run, stage, outcome], count)
     in_flight: dict[tuple[str, str], int] = {}
-    for attempt in status["running"]:
-        key = (attempt["stage"], attempt["state"])
+    for attempt in status.running:
+        key = (attempt.stage, attempt.state)
         in_flight[key] = in_flight.get(key, 0) + 1
     flying = f.gauge(
         "attempts_in_flight", "Attempts in intent or running.", ["run", "stage", "state"]
@@ -135,7 +135,7 @@ def _run_metrics(f: _Families, source: Rows, run_id: int, status: dict[str, Any]
         flying.add_metric([run, stage, state], count)
     f.gauge(
         "unknown_attempts", "Attempts whose outcome is unknown (dispatch halted).", ["run"]
-    ).add_metric([run], len(status["unknown"]))
+    ).add_metric([run], len(status.unknown))
     refusals = f.counter(
         "refusals",
         "Recorded admission refusals by reason (one per change of reason).",
@@ -154,21 +154,21 @@ def _run_metrics(f: _Families, source: Rows, run_id: int, status: dict[str, Any]
     )
     pending = f.gauge("lane_pending_jobs", "A lane's ready and waiting jobs.", ["run", "lane"])
     running = f.gauge("lane_running_jobs", "A lane's running jobs.", ["run", "lane"])
-    for lane in status["lanes"]:
-        left = lane["ready"] + lane["waiting"]
-        if lane["running"]:
+    for lane in status.lanes:
+        left = lane.ready + lane.waiting
+        if lane.running:
             reason, seconds = "busy", 0.0
         elif not left:
             reason, seconds = "done", 0.0
         else:
-            reason = lane["reason"]["code"] if lane["reason"] else "unrecorded"
-            seconds = lane["idle_seconds"] or 0.0
-        idle.add_metric([run, lane["lane"], lane["node"], reason], seconds)
-        pending.add_metric([run, lane["lane"]], left)
-        running.add_metric([run, lane["lane"]], lane["running"])
+            reason = lane.reason.code if lane.reason else "unrecorded"
+            seconds = lane.idle_seconds or 0.0
+        idle.add_metric([run, lane.lane, lane.node, reason], seconds)
+        pending.add_metric([run, lane.lane], left)
+        running.add_metric([run, lane.lane], lane.running)
     controls: dict[tuple[str, str], int] = {}
-    for control in status["controls"]:
-        key = (control["kind"], control["scope"])
+    for control in status.controls:
+        key = (control.kind, control.scope)
         controls[key] = controls.get(key, 0) + 1
     active = f.gauge(
         "controls_active", "Pauses, stops and halts in force.", ["run", "kind", "scope"]
@@ -223,7 +223,7 @@ def _node_metrics(f: _Families, source: Rows, nodes: list[str], *, now: datetime
             age.add_metric([name], max(0.0, (now - sampled).total_seconds()))
     counts: dict[str, int] = dict.fromkeys(nodes, 0)
     for worker in node_workers(source, nodes, now=now):
-        counts[worker["node"]] += int(worker["live"])
+        counts[worker.node] += int(worker.live)
     for name, count in counts.items():
         live.add_metric([name], count)
 

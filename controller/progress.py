@@ -9,10 +9,11 @@ a thousand jobs and at a million; ``stage_progress`` and ``eta_seconds`` only re
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from controller.states import AttemptState, JobState
 from controller.status import Rows, _moment
+from controller.status_model import StatusReport
 
 RECENT_ATTEMPTS = 200
 TERMINAL = (
@@ -41,40 +42,52 @@ def recent_durations(source: Rows, run_id: int) -> dict[str, float]:
     return {stage: sum(values) / len(values) for stage, values in totals.items()}
 
 
-def stage_progress(status: dict[str, Any]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class StageProgress:
+    """One stage's jobs: total, done (terminal), running, ready, waiting, failed, unknown."""
+
+    stage: str
+    total: int
+    done: int
+    running: int
+    ready: int
+    waiting: int
+    failed: int
+    unknown: int
+
+
+def stage_progress(status: StatusReport) -> list[StageProgress]:
     """Per stage: total, done (terminal), running, ready, waiting, failed, unknown."""
-    rows = []
-    for stage, by_state in status["jobs"].items():
-        rows.append(
-            {
-                "stage": stage,
-                "total": sum(by_state.values()),
-                "done": sum(by_state.get(state, 0) for state in TERMINAL),
-                "running": by_state.get(JobState.RUNNING.value, 0),
-                "ready": by_state.get(JobState.READY.value, 0),
-                "waiting": by_state.get(JobState.WAITING.value, 0),
-                "failed": by_state.get(JobState.FAILED.value, 0),
-                "unknown": by_state.get(JobState.UNKNOWN.value, 0),
-            }
+    return [
+        StageProgress(
+            stage=stage,
+            total=sum(by_state.values()),
+            done=sum(by_state.get(state, 0) for state in TERMINAL),
+            running=by_state.get(JobState.RUNNING.value, 0),
+            ready=by_state.get(JobState.READY.value, 0),
+            waiting=by_state.get(JobState.WAITING.value, 0),
+            failed=by_state.get(JobState.FAILED.value, 0),
+            unknown=by_state.get(JobState.UNKNOWN.value, 0),
         )
-    return rows
+        for stage, by_state in status.jobs.items()
+    ]
 
 
-def eta_seconds(status: dict[str, Any], durations: dict[str, float]) -> float | None:
+def eta_seconds(status: StatusReport, durations: dict[str, float]) -> float | None:
     """Seconds until every job is terminal, if the work left runs at the measured mean
     durations on the live workers' slots (at least one). None until every stage with
     work left has a measured duration, or when nothing is left."""
     work = 0.0
     left = False
     for row in stage_progress(status):
-        remaining = row["total"] - row["done"] - row["unknown"]
+        remaining = row.total - row.done - row.unknown
         if remaining <= 0:
             continue
         left = True
-        if row["stage"] not in durations:
+        if row.stage not in durations:
             return None
-        work += remaining * durations[row["stage"]]
+        work += remaining * durations[row.stage]
     if not left:
         return None
-    slots = sum(int(w["slots"]) for w in status.get("workers", []) if w["live"])
+    slots = sum(int(w.slots) for w in status.workers if w.live)
     return work / max(1, slots)

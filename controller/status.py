@@ -1,7 +1,8 @@
 """The status report of a run, read from the ledger (no writes).
 
-``build_status`` returns plain JSON-able data: ``laneway status --json`` prints it, the
-controller writes it to ``runs/<run>/status.json``, and ``cli.render`` turns it into text.
+``status_report`` returns a ``StatusReport`` (controller/status_model.py): ``laneway status
+--json`` prints its ``as_dict()``, the controller writes that to ``runs/<run>/status.json``,
+and ``cli.render`` turns it into text.
 
 The status report is plain, dialect-neutral SQL over a ``Rows`` source (anything with
 ``rows(sql, params)``): ``laneway status`` reads a SQLite ledger through the stdlib
@@ -25,6 +26,24 @@ from controller import admission
 from controller.clock import iso
 from controller.errors import NotFound
 from controller.states import AttemptState, EventKind, JobState, Verdict, WorkerState
+from controller.status_model import (
+    BackingOff,
+    Closeout,
+    CloseoutStep,
+    Control,
+    Event,
+    Lane,
+    NodeSummary,
+    NoWorker,
+    Placement,
+    Reason,
+    RunInfo,
+    RunningAttempt,
+    StatusReport,
+    Throughput,
+    UnknownAttempt,
+    Worker,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -81,7 +100,7 @@ def _states(*states: str) -> str:
 IN_FLIGHT = _states(AttemptState.INTENT.value, AttemptState.RUNNING.value)
 
 
-def build_status(session: Session, run: Run, *, now: datetime) -> dict[str, Any]:
+def build_status(session: Session, run: Run, *, now: datetime) -> StatusReport:
     """Everything ``laneway status`` shows for one run (through an ORM session)."""
     return status_report(SessionRows(session), run.id, now=now)
 
@@ -104,7 +123,7 @@ def find_run(source: Rows, run_id: int | None) -> dict[str, Any]:
     return row
 
 
-def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[str, Any]:
+def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusReport:
     """Everything ``laneway status`` shows for one run (the newest when ``run_id`` is None).
 
     ``source`` should be inside one read transaction, so every part sees one state."""
@@ -126,7 +145,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
     ):
         reused[stage] = count
     backing_off = [
-        {"job_id": job_id, "item": key, "stage": stage, "retry_after": iso(_moment(after))}
+        BackingOff(job_id, key, stage, iso(_moment(after)))
         for job_id, key, stage, after in source.rows(
             "SELECT j.id, i.key, j.stage, j.retry_after FROM jobs j "
             "JOIN items i ON i.id = j.item_id "
@@ -160,34 +179,34 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
         started = _moment(begun)
         assert started is not None
         running.append(
-            {
-                "attempt_id": attempt_id,
-                "job_id": job_id,
-                "item": item,
-                "stage": stage,
-                "lane": lane,
-                "node": node,
-                "state": state,
-                "pid": pid,
-                "elapsed_seconds": round((now - started).total_seconds(), 1),
-                "timeout_seconds": stages[stage]["timeout_seconds"] if stage in stages else None,
-                "peak_rss_mib": rss,
-            }
+            RunningAttempt(
+                attempt_id=attempt_id,
+                job_id=job_id,
+                item=item,
+                stage=stage,
+                lane=lane,
+                node=node,
+                state=state,
+                pid=pid,
+                elapsed_seconds=round((now - started).total_seconds(), 1),
+                timeout_seconds=stages[stage]["timeout_seconds"] if stage in stages else None,
+                peak_rss_mib=rss,
+            )
         )
 
     unknown = [
-        {
-            "attempt_id": attempt_id,
-            "job_id": job_id,
-            "item": item,
-            "stage": stage,
-            "reason": reason,
-            "evidence": evidence,
-            "reconcile": (
+        UnknownAttempt(
+            attempt_id=attempt_id,
+            job_id=job_id,
+            item=item,
+            stage=stage,
+            reason=reason,
+            evidence=evidence,
+            reconcile=(
                 f"laneway reconcile {attempt_id} --as succeeded|failed|not-run --reason '...'"
                 f" --runtime-dir {run['runtime_dir']}"
             ),
-        }
+        )
         for attempt_id, job_id, item, stage, reason, evidence in source.rows(
             "SELECT a.id, j.id, i.key, j.stage, a.state_reason, a.attempt_dir "
             "FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN items i ON i.id = j.item_id "
@@ -197,15 +216,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
     ]
 
     controls = [
-        {
-            "id": control_id,
-            "kind": kind,
-            "scope": scope,
-            "lane": lane,
-            "reason": reason,
-            "set_by": set_by,
-            "set_at": iso(_moment(set_at)),
-        }
+        Control(control_id, kind, scope, lane, reason, set_by, iso(_moment(set_at)))
         for control_id, kind, scope, lane, reason, set_by, set_at in source.rows(
             "SELECT id, kind, scope, lane, reason, set_by, set_at FROM controls "
             "WHERE cleared_at IS NULL AND (run_id = :run OR run_id IS NULL) ORDER BY id",
@@ -220,7 +231,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
     # The nodes the run uses: its lanes' nodes and every node a stage's ``nodes`` names.
     nodes = sorted(set(lane_nodes.values()) | {n for ns in stage_nodes.values() for n in ns or []})
     workers = node_workers(source, nodes, now=now)
-    live = {w["node"] for w in workers if w["live"]}
+    live = {w.node for w in workers if w.live}
     last_seen = _last_seen(workers)
     node_summary = node_rows(source, nodes, workers)
 
@@ -228,15 +239,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
     end = run["finished_at"] or now
     hours = max((end - run["created_at"]).total_seconds() / 3600, 1e-9)
     events = [
-        {
-            "id": event_id,
-            "at": iso(_moment(at)),
-            "kind": kind,
-            "job_id": job_id,
-            "attempt_id": attempt_id,
-            "actor": actor,
-            "detail": _json(detail),
-        }
+        Event(event_id, iso(_moment(at)), kind, job_id, attempt_id, actor, _json(detail))
         for event_id, at, kind, job_id, attempt_id, actor, detail in reversed(
             source.rows(
                 "SELECT id, at, kind, job_id, attempt_id, actor, detail FROM events "
@@ -245,33 +248,33 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
             )
         )
     ]
-    return {
-        "run": {
-            "id": run["id"],
-            "name": run["name"],
-            "state": run["state"],
-            "created_at": iso(run["created_at"]),
-            "finished_at": iso(run["finished_at"]),
-            "config_sha256": run["config_sha256"],
-            "runtime_dir": run["runtime_dir"],
-        },
-        "generated_at": iso(now),
-        "controls": controls,
-        "unknown": unknown,
-        "jobs": jobs,
-        "totals": totals,
-        "reused": reused,
-        "retry_backoff": backing_off,
-        "outcomes": outcomes,
-        "running": running,
-        "workers": workers,
-        "nodes": node_summary,
-        "no_worker": [
-            {"node": node, "start": worker_command(node, run["runtime_dir"])}
+    return StatusReport(
+        run=RunInfo(
+            id=run["id"],
+            name=run["name"],
+            state=run["state"],
+            created_at=iso(run["created_at"]),
+            finished_at=iso(run["finished_at"]),
+            config_sha256=run["config_sha256"],
+            runtime_dir=run["runtime_dir"],
+        ),
+        generated_at=iso(now),
+        controls=controls,
+        unknown=unknown,
+        jobs=jobs,
+        totals=totals,
+        reused=reused,
+        retry_backoff=backing_off,
+        outcomes=outcomes,
+        running=running,
+        workers=workers,
+        nodes=node_summary,
+        no_worker=[
+            NoWorker(node, worker_command(node, run["runtime_dir"]))
             for node in nodes
             if node not in live and run["state"] != "finished"
         ],
-        "lanes": _lanes(
+        lanes=_lanes(
             source,
             run,
             now=now,
@@ -281,14 +284,13 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> dict[st
             controls=controls,
             unknown=len(unknown),
         ),
-        "placement": placement(stage_nodes, lane_nodes, live),
-        "throughput": {
-            "settled_attempts": settled_count,
-            "per_hour": round(settled_count / hours, 1),
-        },
-        "closeout": closeout_state(source, run),
-        "recent_events": events,
-    }
+        placement=placement(stage_nodes, lane_nodes, live),
+        throughput=Throughput(
+            settled_attempts=settled_count, per_hour=round(settled_count / hours, 1)
+        ),
+        closeout=closeout_state(source, run),
+        recent_events=events,
+    )
 
 
 def worker_command(node: str, runtime_dir: str) -> str:
@@ -299,7 +301,7 @@ def worker_command(node: str, runtime_dir: str) -> str:
 WORKER_COLUMNS = "id, node, host, pid, slots, state, started_at, heartbeat_at, stopped_at"
 
 
-def node_workers(source: Rows, nodes: list[str], *, now: datetime) -> list[dict[str, Any]]:
+def node_workers(source: Rows, nodes: list[str], *, now: datetime) -> list[Worker]:
     """The workers of ``nodes``: every active one, then the last few stopped or lost ones
     of each node (``RECENT_STOPPED_WORKERS``), newest first. ``live``: active with a
     heartbeat at most ``LOST_AFTER_SECONDS`` old at ``now`` (the ledger's clock)."""
@@ -324,26 +326,24 @@ def node_workers(source: Rows, nodes: list[str], *, now: datetime) -> list[dict[
         assert heartbeat is not None
         age = (now - heartbeat).total_seconds()
         workers.append(
-            {
-                "worker_id": worker_id,
-                "node": node,
-                "host": host,
-                "pid": pid,
-                "slots": slots,
-                "state": state,
-                "live": state == WorkerState.ACTIVE.value and age <= LOST_AFTER_SECONDS,
-                "started_at": iso(_moment(started)),
-                "heartbeat_at": iso(heartbeat),
-                "heartbeat_age_seconds": round(age, 1),
-                "stopped_at": iso(_moment(stopped)),
-            }
+            Worker(
+                worker_id=worker_id,
+                node=node,
+                host=host,
+                pid=pid,
+                slots=slots,
+                state=state,
+                live=state == WorkerState.ACTIVE.value and age <= LOST_AFTER_SECONDS,
+                started_at=iso(_moment(started)),
+                heartbeat_at=iso(heartbeat),
+                heartbeat_age_seconds=round(age, 1),
+                stopped_at=iso(_moment(stopped)),
+            )
         )
     return workers
 
 
-def node_rows(
-    source: Rows, nodes: list[str], workers: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
+def node_rows(source: Rows, nodes: list[str], workers: list[Worker]) -> list[NodeSummary]:
     """Per node of the run: its live workers, its newest heartbeat, the free memory its
     last heartbeat reported against its floor, and its in-flight attempts (of every run:
     they all share the node's memory). One indexed look per node."""
@@ -359,47 +359,45 @@ def node_rows(
             f"SELECT COUNT(*) FROM attempts WHERE node = :node AND state IN ({IN_FLIGHT})",
             params,
         )[0][0]
-        mine = [w for w in workers if w["node"] == node]
+        mine = [w for w in workers if w.node == node]
         # The newest heartbeat of any of its workers, a stopped or lost one's too: a node
         # whose workers have all stopped was last heard from then, not "never".
-        beats = [w["heartbeat_at"] for w in mine]
+        beats = [w.heartbeat_at for w in mine if w.heartbeat_at is not None]
         available, total, floor, max_jobs = memory[0] if memory else (None, None, None, None)
         found.append(
-            {
-                "node": node,
-                "live_workers": sum(1 for w in mine if w["live"]),
-                "last_heartbeat_at": max(beats) if beats else None,
-                "heartbeat_age_seconds": min(
-                    (w["heartbeat_age_seconds"] for w in mine), default=None
-                ),
-                "mem_available_mib": None if available is None else round(available, 1),
-                "mem_total_mib": None if total is None else round(total, 1),
-                "memory_floor_mib": floor,
-                "running": in_flight,
-                "max_jobs": max_jobs,
-            }
+            NodeSummary(
+                node=node,
+                live_workers=sum(1 for w in mine if w.live),
+                last_heartbeat_at=max(beats) if beats else None,
+                heartbeat_age_seconds=min((w.heartbeat_age_seconds for w in mine), default=None),
+                mem_available_mib=None if available is None else round(available, 1),
+                mem_total_mib=None if total is None else round(total, 1),
+                memory_floor_mib=floor,
+                running=in_flight,
+                max_jobs=max_jobs,
+            )
         )
     return found
 
 
-def _last_seen(workers: list[dict[str, Any]]) -> dict[str, str]:
+def _last_seen(workers: list[Worker]) -> dict[str, str]:
     """Per node, when its last worker was last known to work: a stopped one's stop, else
     the last heartbeat (ISO text, which sorts as time)."""
     seen: dict[str, str] = {}
     for worker in workers:
-        at = worker["stopped_at"] if worker["state"] == "stopped" else worker["heartbeat_at"]
-        if at is not None and at > seen.get(worker["node"], ""):
-            seen[worker["node"]] = at
+        at = worker.stopped_at if worker.state == "stopped" else worker.heartbeat_at
+        if at is not None and at > seen.get(worker.node, ""):
+            seen[worker.node] = at
     return seen
 
 
 def node_has_live_worker(source: Rows, node: str, *, now: datetime) -> bool:
-    return any(w["live"] for w in node_workers(source, [node], now=now))
+    return any(w.live for w in node_workers(source, [node], now=now))
 
 
 def placement(
     stage_nodes: dict[str, list[str] | None], lane_nodes: dict[str, str], live: set[str]
-) -> list[dict[str, Any]]:
+) -> list[Placement]:
     """Where each stage runs: ``nodes`` as configured (None: on its lane's node),
     ``runs_on`` the nodes that take its jobs, ``words`` (``b, c`` or ``lane's node``) and
     ``no_live_worker``: those of ``runs_on`` that no live worker serves now."""
@@ -407,13 +405,13 @@ def placement(
     for stage, nodes in stage_nodes.items():
         runs_on = list(nodes) if nodes else sorted(set(lane_nodes.values()))
         found.append(
-            {
-                "stage": stage,
-                "nodes": nodes,
-                "runs_on": runs_on,
-                "words": admission.placement_words(nodes),
-                "no_live_worker": [node for node in runs_on if node not in live],
-            }
+            Placement(
+                stage=stage,
+                nodes=nodes,
+                runs_on=runs_on,
+                words=admission.placement_words(nodes),
+                no_live_worker=[node for node in runs_on if node not in live],
+            )
         )
     return found
 
@@ -425,19 +423,19 @@ def no_worker_reason(
     *,
     stage: str | None = None,
     nodes: list[str] | None = None,
-) -> dict[str, Any]:
+) -> Reason:
     """A lane's reason when no live worker serves the node that runs its jobs: its own
     node, or (``stage`` with ``nodes``) the nodes of the stage whose jobs are ready."""
     detail: dict[str, Any] = {"node": node, "start": worker_command(node, runtime_dir)}
     if stage is not None and nodes:
         detail.update(stage=stage, nodes=list(nodes))
-    return {
-        "code": "no_worker",
-        "stage": stage,
-        "since": since,
-        "detail": detail,
-        "words": admission.describe("no_worker", detail),
-    }
+    return Reason(
+        code="no_worker",
+        stage=stage,
+        since=since,
+        detail=detail,
+        words=admission.describe("no_worker", detail),
+    )
 
 
 def _lanes(
@@ -448,9 +446,9 @@ def _lanes(
     live: set[str],
     last_seen: dict[str, str],
     stage_nodes: dict[str, list[str] | None],
-    controls: list[dict[str, Any]],
+    controls: list[Control],
     unknown: int,
-) -> list[dict[str, Any]]:
+) -> list[Lane]:
     counts: dict[str, dict[str, int]] = {}
     ready_stages: dict[str, set[str]] = {}
     for lane, stage, state, count in source.rows(
@@ -519,13 +517,13 @@ def _lanes(
         if running == 0 and pending:
             idle_since = last_end or run["created_at"]
         lanes.append(
-            {
-                "lane": name,
-                "node": node,
-                "running": running,
-                "ready": by_state.get(JobState.READY.value, 0),
-                "waiting": by_state.get(JobState.WAITING.value, 0),
-                "done": sum(
+            Lane(
+                lane=name,
+                node=node,
+                running=running,
+                ready=by_state.get(JobState.READY.value, 0),
+                waiting=by_state.get(JobState.WAITING.value, 0),
+                done=sum(
                     count
                     for state, count in by_state.items()
                     if state
@@ -536,45 +534,41 @@ def _lanes(
                         JobState.UNKNOWN.value,
                     )
                 ),
-                "last_start": iso(last_start),
-                "idle_since": iso(idle_since),
-                "idle_seconds": (
-                    round((now - idle_since).total_seconds(), 1) if idle_since else None
-                ),
-                "reason": reason,
-            }
+                last_start=iso(last_start),
+                idle_since=iso(idle_since),
+                idle_seconds=(round((now - idle_since).total_seconds(), 1) if idle_since else None),
+                reason=reason,
+            )
         )
     return lanes
 
 
-def held_by_control(
-    controls: list[dict[str, Any]], lane: str, *, unknown: int = 0
-) -> dict[str, Any] | None:
+def held_by_control(controls: list[Control], lane: str, *, unknown: int = 0) -> Reason | None:
     """The lane's reason when what an operator must lift holds it, in admission's order:
     a halt, the run's ``unknown`` attempts, a pause, a stop (global, run or this lane's
     controls); else None."""
 
-    def control_of(kind: str) -> dict[str, Any] | None:
-        return next((c for c in controls if c["kind"] == kind and c["lane"] in (None, lane)), None)
+    def control_of(kind: str) -> Control | None:
+        return next((c for c in controls if c.kind == kind and c.lane in (None, lane)), None)
 
-    def held(code: str, detail: dict[str, Any], since: str | None) -> dict[str, Any]:
+    def held(code: str, detail: dict[str, Any], since: str | None) -> Reason:
         words = admission.describe(code, detail)
-        return {"code": code, "stage": None, "since": since, "detail": detail, "words": words}
+        return Reason(code=code, stage=None, since=since, detail=detail, words=words)
 
     halt = control_of("halt")
     if halt is not None:
-        return held("halted", {"scope": halt["scope"], "reason": halt["reason"]}, halt["set_at"])
+        return held("halted", {"scope": halt.scope, "reason": halt.reason}, halt.set_at)
     if unknown:
         return held("unknown_outcome", {"unknown_attempts": unknown}, None)
     for kind, code in (("pause", "paused"), ("stop", "stopped")):
         control = control_of(kind)
         if control is not None:
-            detail = {"scope": control["scope"], "reason": control["reason"]}
-            return held(code, detail, control["set_at"])
+            detail = {"scope": control.scope, "reason": control.reason}
+            return held(code, detail, control.set_at)
     return None
 
 
-def _current_refusal(source: Rows, run_id: int, lane: str) -> dict[str, Any] | None:
+def _current_refusal(source: Rows, run_id: int, lane: str) -> Reason | None:
     """The newest recorded refusal for the lane, if no dispatch came after it."""
     found = source.rows(
         "SELECT verdict, reason_code, stage, decided_at, detail, node FROM decisions "
@@ -586,14 +580,15 @@ def _current_refusal(source: Rows, run_id: int, lane: str) -> dict[str, Any] | N
     _verdict, reason_code, stage, decided_at, detail, node = found[0]
     code = reason_code or "refused"
     detail = _json(detail) or {}
-    return {
-        "code": code,
-        "stage": stage,
-        "node": node,
-        "since": iso(_moment(decided_at)),
-        "detail": detail,
-        "words": admission.describe(code, detail),
-    }
+    return Reason(
+        code=code,
+        stage=stage,
+        node=node,
+        since=iso(_moment(decided_at)),
+        detail=detail,
+        words=admission.describe(code, detail),
+        recorded=True,
+    )
 
 
 def node_max_jobs(source: Rows, node: str) -> int:
@@ -609,7 +604,7 @@ def node_max_jobs(source: Rows, node: str) -> int:
     return int(found[0][0])
 
 
-def closeout_state(source: Rows, run: dict[str, Any]) -> dict[str, Any]:
+def closeout_state(source: Rows, run: dict[str, Any]) -> Closeout:
     """The run's closeout, from its ``closeout_*`` events (controller/closeout.py).
 
     ``state``: ``none`` (no closeout steps), ``pending`` (not begun: it runs when the run
@@ -619,18 +614,13 @@ def closeout_state(source: Rows, run: dict[str, Any]) -> dict[str, Any]:
     that died while they ran).
     """
     names = [step["name"] for step in run["config"].get("closeout") or []]
-    steps = [{"name": name, "state": "pending", "exit_code": None} for name in names]
-    body: dict[str, Any] = {
-        "state": "none",
-        "step": None,
-        "step_count": len(steps),
-        "current": None,
-        "failed_steps": [],
-        "steps": steps,
-    }
+    steps = [CloseoutStep(name, "pending", None) for name in names]
+    body = Closeout(
+        state="none", step=None, step_count=len(steps), current=None, failed_steps=[], steps=steps
+    )
     if not steps:
         return body
-    by_name = {step["name"]: step for step in steps}
+    by_name = {step.name: step for step in steps}
     finished = None
     kinds = _states(*CLOSEOUT_EVENTS)
     for kind, detail in source.rows(
@@ -641,33 +631,32 @@ def closeout_state(source: Rows, run: dict[str, Any]) -> dict[str, Any]:
         if kind == EventKind.CLOSEOUT_FINISHED:
             finished = detail
             continue
-        step = by_name.get(detail.get("step"))
+        named = detail.get("step")
+        step = by_name.get(named) if isinstance(named, str) else None
         if step is None:
             continue
         if kind == EventKind.CLOSEOUT_STEP_STARTED:
-            step["state"] = "running"
+            step.state = "running"
         else:
-            step.update(state=detail.get("state"), exit_code=detail.get("exit_code"))
+            step.state, step.exit_code = detail.get("state"), detail.get("exit_code")
     if finished is not None:
         for name, state in (finished.get("steps") or {}).items():
             if name in by_name:
-                by_name[name]["state"] = state
-        failed = [s["name"] for s in steps if s["state"] != "succeeded"]
-        body.update(state="failed" if failed else "finished", failed_steps=failed)
+                by_name[name].state = state
+        failed = [s.name for s in steps if s.state != "succeeded"]
+        body.state, body.failed_steps = ("failed" if failed else "finished"), failed
         return body
-    failed = [s["name"] for s in steps if s["state"] not in ("succeeded", "running", "pending")]
-    body["failed_steps"] = failed
-    current = next((s for s in steps if s["state"] == "running"), None)
-    if current is None and all(s["state"] == "pending" for s in steps):
-        return {**body, "state": "pending"}
+    not_failed = ("succeeded", "running", "pending")
+    body.failed_steps = [s.name for s in steps if s.state not in not_failed]
+    current = next((s for s in steps if s.state == "running"), None)
+    if current is None and all(s.state == "pending" for s in steps):
+        body.state = "pending"
+        return body
     if current is None:  # between two steps: the next pending one starts on the next tick
-        current = next((s for s in steps if s["state"] == "pending"), steps[-1])
-    return {
-        **body,
-        "state": "running",
-        "step": steps.index(current) + 1,
-        "current": current["name"],
-    }
+        current = next((s for s in steps if s.state == "pending"), steps[-1])
+    number = next(i for i, s in enumerate(steps) if s is current) + 1
+    body.state, body.step, body.current = "running", number, current.name
+    return body
 
 
 def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, Any]:

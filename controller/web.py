@@ -44,6 +44,7 @@ from controller import logs as logs_module
 from controller.clock import SystemClock, iso
 from controller.errors import LanewayError, NotFound, UsageError
 from controller.status import _moment, status_report
+from controller.status_model import Advice, OnDisk
 
 DEFAULT_BIND = "127.0.0.1:8470"
 TIMELINE_SECONDS = 10.0
@@ -174,7 +175,7 @@ class Dashboard:
         ``evidence.mark_conclusive``), ``conclusive`` with the command that settles it."""
         with self.lock, self.source.snapshot():
             status = status_report(self.source, run_id, now=self.now())
-            if status["unknown"]:
+            if status.unknown:
                 from controller import evidence
 
                 evidence.mark_conclusive(self.source, status)
@@ -183,20 +184,17 @@ class Dashboard:
                 for attempt_id, supervisor, child in self.source.rows(
                     "SELECT id, supervisor_pid, child_pid FROM attempts "
                     "WHERE run_id = :run AND state = 'unknown'",
-                    {"run": status["run"]["id"]},
+                    {"run": status.run.id},
                 )
             }
-        for lane in status["lanes"]:
-            lane["action"] = advice.lane_action(lane, status)
-        for unknown in status["unknown"]:
-            directory = Path(unknown["evidence"]) if unknown["evidence"] else None
-            unknown["files"] = [
-                name for name in EVIDENCE_FILES if directory and (directory / name).exists()
-            ]
-            unknown["supervisor_pid"], unknown["child_pid"] = pids.get(
-                unknown["attempt_id"], (None, None)
-            )
-        return status
+        for lane in status.lanes:
+            lane.action = Advice(advice.lane_action(lane, status))
+        for unknown in status.unknown:
+            directory = Path(unknown.evidence) if unknown.evidence else None
+            files = [name for name in EVIDENCE_FILES if directory and (directory / name).exists()]
+            supervisor, child = pids.get(unknown.attempt_id, (None, None))
+            unknown.on_disk = OnDisk(files, supervisor, child)
+        return status.as_dict()
 
     def timeline(self, run_id: int | None) -> str:
         """The run's lane timeline (SVG), rebuilt only when the run changed, and at most

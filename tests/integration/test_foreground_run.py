@@ -23,7 +23,9 @@ from controller.foreground import (
     read_view,
 )
 from controller.states import ControlKind, ControlScope
+from controller.status_model import StatusReport
 from tests.integration.test_worker import PLENTY
+from tests.status_bodies import typed
 from tests.support import make_config, py_stage
 from workers.service import WorkerService
 
@@ -43,12 +45,12 @@ class Recorder:
     """An observer that keeps what it was told."""
 
     def __init__(self) -> None:
-        self.shown: list[dict[str, Any]] = []
+        self.shown: list[StatusReport] = []
         self.notes: list[str] = []
         self.closeouts = 0
         self.closed = False
 
-    def show(self, status: dict[str, Any], source: Any = None) -> None:
+    def show(self, status: StatusReport, source: Any = None) -> None:
         assert not self.closed
         self.shown.append(status)
 
@@ -92,8 +94,8 @@ def test_a_run_whose_jobs_succeed_ends_finished(foreground, engine):
 
     assert ended.ending is Ending.FINISHED
     assert (ended.exit_code, ended.blocked, ended.notices()) == (0, None, [])
-    assert ended.final["run"]["state"] == "finished"
-    assert ended.final["totals"] == {"succeeded": 6}
+    assert ended.final.run.state == "finished"
+    assert ended.final.totals == {"succeeded": 6}
     assert seen.closed and seen.shown and seen.notes == []
     assert ended.continue_command.startswith(f"laneway run --continue {run.run_id} ")
     assert run.workers[0].in_flight == {}
@@ -118,7 +120,7 @@ def test_a_halted_run_ends_blocked_with_the_reason_and_how_to_go_on(foreground, 
     assert ended.ending is Ending.BLOCKED
     assert ended.exit_code == 3
     assert ended.blocked is not None and "disk full" in ended.blocked
-    assert ended.final["totals"] == {"ready": 2}  # nothing was claimed
+    assert ended.final.totals == {"ready": 2}  # nothing was claimed
     events = [(n.event, n.fields["run_id"]) for n in ended.notices()]
     assert events == [("run_blocked", run.run_id), ("run_not_finished", run.run_id)]
     going_on = ended.notices()[1]
@@ -148,7 +150,7 @@ def test_a_signal_interrupts_the_run_after_draining_what_runs(foreground, tmp_pa
     assert ended.exit_code == 130
     assert ended.blocked is None
     # The attempt that ran was drained and settled; nothing new was claimed after.
-    assert ended.final["totals"] == {"succeeded": 1, "ready": 2}
+    assert ended.final.totals == {"succeeded": 1, "ready": 2}
     assert run.workers[0].in_flight == {}
     [notice] = ended.notices()
     assert notice.event == "run_not_finished"
@@ -163,15 +165,18 @@ def status(
     unknown: int = 0,
     lanes: list[dict[str, Any]] | None = None,
     closeout: str = "none",
-) -> dict[str, Any]:
-    """The keys of a status that the loop reads (controller/status.py's shape)."""
-    return {
-        "run": {"state": state},
-        "unknown": [{}] * unknown,
-        "lanes": lanes or [],
-        "closeout": {"state": closeout},
-        "controls": [],
-    }
+    controls: list[dict[str, Any]] | None = None,
+) -> StatusReport:
+    """A status with the parts the loop reads (controller/status.py's shape)."""
+    return typed(
+        {
+            "run": {"state": state},
+            "unknown": [{"attempt_id": n} for n in range(unknown)],
+            "lanes": lanes or [],
+            "closeout": {"state": closeout},
+            "controls": controls or [],
+        }
+    )
 
 
 def lane(code: str | None, words: str = "", ready: int = 1) -> dict[str, Any]:
@@ -236,8 +241,7 @@ def test_exit_code_and_notices_follow_the_ending_and_the_final_state(ending, sta
 
 @pytest.mark.no_ledger
 def test_a_spent_budget_says_to_raise_it_not_to_continue():
-    final = status()
-    final["controls"] = [{"reason": "nothing more fits the budget: usd 10 of 10"}]
+    final = status(controls=[{"reason": "nothing more fits the budget: usd 10 of 10"}])
     ended = ForegroundResult(7, Ending.BLOCKED, "paused", "laneway run --continue 7", final)
     assert [n.event for n in ended.notices()] == ["run_blocked", "run_budget_spent"]
     assert "laneway run CONFIG --new" in ended.notices()[1].words

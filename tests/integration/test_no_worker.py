@@ -32,7 +32,7 @@ def invoke(*args: str) -> Any:
 
 def status_at(factory, run_id: int, clock) -> dict[str, Any]:
     with db.session_factory(factory.kw["bind"])() as session:
-        return build_status(session, ledger.get_run(session, run_id), now=clock.now())
+        return build_status(session, ledger.get_run(session, run_id), now=clock.now()).as_dict()
 
 
 def start_command(runtime: Path) -> str:

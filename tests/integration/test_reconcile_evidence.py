@@ -261,7 +261,7 @@ def test_judge_review_and_settle_are_callable_without_the_cli(
         evidence.mark_conclusive(rows, report)
     assert judged[ok].conclusive and judged[ok].outcome is Outcome.SUCCEEDED
     assert not judged[alive].conclusive and "still running" in judged[alive].words
-    marked = {u["attempt_id"]: u.get("conclusive") for u in report["unknown"]}
+    marked = {u["attempt_id"]: u.get("conclusive") for u in report.as_dict()["unknown"]}
     assert marked[alive] is None
     assert marked[ok] == {
         **judged[ok].as_dict(),

@@ -36,7 +36,7 @@ def test_backoff_holds_the_job_until_the_controller_releases_it(
     due_at = clock.now() + timedelta(seconds=30)
 
     with factory() as session:
-        status = status_report(SessionRows(session), run_id, now=clock.now())
+        status = status_report(SessionRows(session), run_id, now=clock.now()).as_dict()
         explained = explain_job(session, claim.job_id, now=clock.now())
     assert status["retry_backoff"] == [
         {"job_id": claim.job_id, "item": "item0", "stage": "call", "retry_after": iso(due_at)}
@@ -59,7 +59,7 @@ def test_backoff_holds_the_job_until_the_controller_releases_it(
     # The second wait is longer (multiplier 2).
     assert settle_one(factory, again, worker, clock, Outcome.INFRA_FAILURE) is JobState.READY
     with factory() as session:
-        status = status_report(SessionRows(session), run_id, now=clock.now())
+        status = status_report(SessionRows(session), run_id, now=clock.now()).as_dict()
     assert status["retry_backoff"][0]["retry_after"] == iso(clock.now() + timedelta(seconds=60))
 
 

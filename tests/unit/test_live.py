@@ -13,6 +13,7 @@ from rich.console import Console
 
 from cli import live
 from controller import progress
+from tests.status_bodies import typed
 
 RECONCILE = "laneway reconcile 7 --as succeeded|failed|not-run --reason '...' --runtime-dir /rt"
 
@@ -71,8 +72,8 @@ def status(**changes: Any) -> dict[str, Any]:
 
 def test_eta_from_measured_durations_on_live_slots():
     # prep: 1 running at 2 s; solve: 3 waiting at 10 s (the failed one is done); 2 slots.
-    assert progress.eta_seconds(status(), {"prep": 2.0, "solve": 10.0}) == 16.0
-    assert progress.eta_seconds(status(), {"prep": 2.0}) is None  # solve not measured yet
+    assert progress.eta_seconds(typed(status()), {"prep": 2.0, "solve": 10.0}) == 16.0
+    assert progress.eta_seconds(typed(status()), {"prep": 2.0}) is None  # solve not measured yet
 
 
 def draw(body: dict[str, Any], width: int = 160) -> tuple[str, str]:
@@ -80,7 +81,7 @@ def draw(body: dict[str, Any], width: int = 160) -> tuple[str, str]:
     console = Console(
         record=True, width=width, force_terminal=True, color_system="truecolor", file=io.StringIO()
     )
-    console.print(live.renderable(body, 15.0, {"prep": 12.0, "solve": None}))
+    console.print(live.renderable(typed(body), 15.0, {"prep": 12.0, "solve": None}))
     return console.export_text(clear=False), console.export_text(styles=True)
 
 
@@ -127,7 +128,7 @@ def test_a_finished_run_has_no_eta():
 def test_plain_lines_one_per_change():
     out = io.StringIO()
     shown = live.Progress(1, stream=out, live=False)
-    shown.show(status())
+    shown.show(typed(status()))
     first = out.getvalue().splitlines()
     assert first == [
         "run 1: 4/8 jobs terminal · failed 1 · running 1 · succeeded 3 · waiting 3",
@@ -136,7 +137,7 @@ def test_plain_lines_one_per_change():
     ]
     later = status()
     later["lanes"][1]["idle_seconds"] = 900.0  # the clock alone: nothing new to say
-    shown.show(later)
+    shown.show(typed(later))
     assert out.getvalue().splitlines() == first
     unknown = {
         "attempt_id": 7,
@@ -146,7 +147,7 @@ def test_plain_lines_one_per_change():
         "evidence": None,
         "reconcile": RECONCILE,
     }
-    shown.show(status(unknown=[unknown]))
+    shown.show(typed(status(unknown=[unknown])))
     assert out.getvalue().splitlines()[len(first) :] == [
         f"run 1: UNKNOWN attempt 7 i9.solve: lease expired; resolve: {RECONCILE}"
     ]
@@ -156,14 +157,14 @@ def test_json_lines_one_per_change():
     out = io.StringIO()
     shown = live.Progress(1, stream=out, as_json=True)
     body = status()
-    shown.show(body)
+    shown.show(typed(body))
     clock_only = copy.deepcopy(body)
     clock_only["generated_at"] = "2026-01-01T00:00:09Z"
     clock_only["running"][0]["elapsed_seconds"] = 14.0
-    shown.show(clock_only)
+    shown.show(typed(clock_only))
     moved = copy.deepcopy(body)
     moved["totals"] = {"succeeded": 4, "waiting": 3, "failed": 1}
-    shown.show(moved)
+    shown.show(typed(moved))
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [line["totals"] for line in lines] == [body["totals"], moved["totals"]]
     assert all("eta_seconds" in line for line in lines)

@@ -4,6 +4,7 @@ in what `status` prints."""
 from __future__ import annotations
 
 from cli import render
+from tests.status_bodies import typed
 
 
 def test_escapes_and_carriage_returns_are_neutralised():
@@ -35,5 +36,5 @@ def test_status_text_cleans_reasons_from_the_ledger():
         "throughput": {"settled_attempts": 0, "per_hour": 0},
         "recent_events": [],
     }
-    text = render.status_text(status)
+    text = render.status_text(typed(status))
     assert "\x1b" not in text and "\r" not in text and "exit??faked" in text

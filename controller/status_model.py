@@ -1,0 +1,445 @@
+"""The status report's types: what ``laneway status`` shows for one run.
+
+``controller/status.py`` builds a ``StatusReport`` from the named read queries of
+``controller/queries.py``; the CLI, the live view, the web page, metrics, the snapshots
+and the foreground run read its attributes. ``StatusReport.as_dict()`` is the one JSON
+form (``laneway status --json``, ``status.json``, ``SUMMARY.json``, ``/api/state``,
+``laneway run --json``): keys in the order each dataclass declares its fields.
+
+Standard library only: ``laneway status`` on SQLite imports this without SQLAlchemy.
+Timestamps are ISO text (``clock.iso``), as they are printed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+def _names(cls: type) -> list[str]:
+    return [f.name for f in fields(cls)]
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    """A flat dataclass's fields, in declaration order (a shallow copy)."""
+    return dict(obj.__dict__)
+
+
+@dataclass
+class RunInfo:
+    """The run's row."""
+
+    id: int
+    name: str
+    state: str
+    created_at: str | None
+    finished_at: str | None
+    config_sha256: str
+    runtime_dir: str
+
+    @property
+    def finished(self) -> bool:
+        return self.state == "finished"
+
+    def as_dict(self) -> dict[str, Any]:
+        return _fields(self)
+
+
+@dataclass
+class Control:
+    """A pause, stop or halt in force (global or the run's)."""
+
+    id: int
+    kind: str
+    scope: str
+    lane: str | None
+    reason: str
+    set_by: str
+    set_at: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return _fields(self)
+
+
+@dataclass
+class OnDisk:
+    """What the dashboard adds to an unknown attempt: its evidence files found here and
+    its processes' pids."""
+
+    files: list[str]
+    supervisor_pid: int | None
+    child_pid: int | None
+
+
+@dataclass
+class UnknownAttempt:
+    """An attempt whose outcome is unknown, with the command that settles it.
+
+    ``conclusive``: its evidence, once conclusive (``evidence.mark_conclusive``);
+    ``on_disk``: set by the dashboard. Each is in ``as_dict`` only when set."""
+
+    attempt_id: int
+    job_id: int
+    item: str
+    stage: str
+    reason: str | None
+    evidence: str | None
+    reconcile: str
+    conclusive: dict[str, Any] | None = None
+    on_disk: OnDisk | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        body = {
+            "attempt_id": self.attempt_id,
+            "job_id": self.job_id,
+            "item": self.item,
+            "stage": self.stage,
+            "reason": self.reason,
+            "evidence": self.evidence,
+            "reconcile": self.reconcile,
+        }
+        if self.conclusive is not None:
+            body["conclusive"] = self.conclusive
+        if self.on_disk is not None:
+            body["files"] = self.on_disk.files
+            body["supervisor_pid"] = self.on_disk.supervisor_pid
+            body["child_pid"] = self.on_disk.child_pid
+        return body
+
+
+@dataclass
+class BackingOff:
+    """A ready job waiting out its stage's retry backoff."""
+
+    job_id: int
+    item: str
+    stage: str
+    retry_after: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return _fields(self)
+
+
+@dataclass
+class RunningAttempt:
+    """An attempt in flight (intent or running)."""
+
+    attempt_id: int
+    job_id: int
+    item: str
+    stage: str
+    lane: str
+    node: str
+    state: str
+    pid: int | None
+    elapsed_seconds: float
+    timeout_seconds: float | None
+    peak_rss_mib: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return _fields(self)
+
+
+@dataclass
+class Worker:
+    """A worker of one of the run's nodes; ``live``: active with a fresh heartbeat."""
+
+    worker_id: str
+    node: str
+    host: str
+    pid: int
+    slots: int
+    state: str
+    live: bool
+    started_at: str | None
+    heartbeat_at: str | None
+    heartbeat_age_seconds: float
+    stopped_at: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return _fields(self)
+
+
+@dataclass
+class NodeSummary:
+    """A node of the run: live workers, newest heartbeat, free memory, in-flight attempts."""
+
+    node: str
+    live_workers: int
+    last_heartbeat_at: str | None
+    heartbeat_age_seconds: float | None
+    mem_available_mib: float | None
+    mem_total_mib: float | None
+    memory_floor_mib: int | None
+    running: int
+    max_jobs: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return _fields(self)
+
+
+@dataclass
+class NoWorker:
+    """A node of an unfinished run that no live worker serves, and how to start one."""
+
+    node: str
+    start: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return _fields(self)
+
+
+@dataclass
+class Reason:
+    """Why a lane holds jobs it could start: ``code`` (admission's reason codes, or
+    ``halted``/``paused``/``stopped``/``unknown_outcome``/``no_worker``) in ``words``.
+
+    ``recorded``: a refusal admission recorded, which names its ``node`` (in ``as_dict``
+    only then)."""
+
+    code: str
+    stage: str | None
+    since: str | None
+    detail: dict[str, Any]
+    words: str
+    node: str | None = None
+    recorded: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.recorded:
+            return {
+                "code": self.code,
+                "stage": self.stage,
+                "node": self.node,
+                "since": self.since,
+                "detail": self.detail,
+                "words": self.words,
+            }
+        return {
+            "code": self.code,
+            "stage": self.stage,
+            "since": self.since,
+            "detail": self.detail,
+            "words": self.words,
+        }
+
+
+@dataclass
+class Advice:
+    """The operator's next step for a lane (``advice.lane_action``), set by the dashboard."""
+
+    words: str | None
+
+
+@dataclass
+class Lane:
+    """A lane: its jobs by state, when it last started one, and why it idles."""
+
+    lane: str
+    node: str
+    running: int
+    ready: int
+    waiting: int
+    done: int
+    last_start: str | None
+    idle_since: str | None
+    idle_seconds: float | None
+    reason: Reason | None
+    action: Advice | None = None
+    """In ``as_dict`` (as ``action``) only when set."""
+
+    @property
+    def pending(self) -> bool:
+        """It has jobs to start (ready or waiting)."""
+        return bool(self.ready or self.waiting)
+
+    def as_dict(self) -> dict[str, Any]:
+        body = {
+            "lane": self.lane,
+            "node": self.node,
+            "running": self.running,
+            "ready": self.ready,
+            "waiting": self.waiting,
+            "done": self.done,
+            "last_start": self.last_start,
+            "idle_since": self.idle_since,
+            "idle_seconds": self.idle_seconds,
+            "reason": None if self.reason is None else self.reason.as_dict(),
+        }
+        if self.action is not None:
+            body["action"] = self.action.words
+        return body
+
+
+@dataclass
+class Placement:
+    """Where a stage runs: ``nodes`` as configured (None: its lane's node), ``runs_on``,
+    ``words``, and ``no_live_worker``: those of ``runs_on`` no live worker serves."""
+
+    stage: str
+    nodes: list[str] | None
+    runs_on: list[str]
+    words: str
+    no_live_worker: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return _fields(self)
+
+
+@dataclass
+class Throughput:
+    settled_attempts: int
+    per_hour: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return _fields(self)
+
+
+@dataclass
+class CloseoutStep:
+    name: str
+    state: str | None
+    exit_code: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return _fields(self)
+
+
+@dataclass
+class Closeout:
+    """The run's closeout: ``state`` ``none``, ``pending``, ``running`` (``step`` k of
+    ``step_count``, named ``current``), ``finished`` or ``failed`` (``failed_steps``)."""
+
+    state: str
+    step: int | None
+    step_count: int
+    current: str | None
+    failed_steps: list[str]
+    steps: list[CloseoutStep]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "step": self.step,
+            "step_count": self.step_count,
+            "current": self.current,
+            "failed_steps": self.failed_steps,
+            "steps": [step.as_dict() for step in self.steps],
+        }
+
+
+@dataclass
+class Event:
+    """One of the run's recent events."""
+
+    id: int
+    at: str | None
+    kind: str
+    job_id: int | None
+    attempt_id: int | None
+    actor: str
+    detail: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return _fields(self)
+
+
+@dataclass
+class StatusReport:
+    """Everything ``laneway status`` shows for one run."""
+
+    run: RunInfo
+    generated_at: str | None
+    controls: list[Control]
+    unknown: list[UnknownAttempt]
+    jobs: dict[str, dict[str, int]]
+    """Per stage (the config's order), jobs per state."""
+    totals: dict[str, int]
+    """Jobs per state, over every stage."""
+    reused: dict[str, int]
+    """Per stage, jobs that took over an earlier run's result."""
+    retry_backoff: list[BackingOff]
+    outcomes: dict[str, dict[str, int]]
+    """Per stage, settled attempts per outcome class."""
+    running: list[RunningAttempt]
+    workers: list[Worker]
+    nodes: list[NodeSummary]
+    no_worker: list[NoWorker]
+    lanes: list[Lane]
+    placement: list[Placement]
+    throughput: Throughput
+    closeout: Closeout
+    recent_events: list[Event] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form, as ``laneway status --json`` prints it."""
+        return {
+            "run": self.run.as_dict(),
+            "generated_at": self.generated_at,
+            "controls": [c.as_dict() for c in self.controls],
+            "unknown": [u.as_dict() for u in self.unknown],
+            "jobs": self.jobs,
+            "totals": self.totals,
+            "reused": self.reused,
+            "retry_backoff": [b.as_dict() for b in self.retry_backoff],
+            "outcomes": self.outcomes,
+            "running": [r.as_dict() for r in self.running],
+            "workers": [w.as_dict() for w in self.workers],
+            "nodes": [n.as_dict() for n in self.nodes],
+            "no_worker": [n.as_dict() for n in self.no_worker],
+            "lanes": [lane.as_dict() for lane in self.lanes],
+            "placement": [p.as_dict() for p in self.placement],
+            "throughput": self.throughput.as_dict(),
+            "closeout": self.closeout.as_dict(),
+            "recent_events": [e.as_dict() for e in self.recent_events],
+        }
+
+    @classmethod
+    def from_dict(cls, body: dict[str, Any]) -> StatusReport:
+        """The report ``as_dict`` gave (a ``status.json`` read back): its inverse."""
+
+        def unknown(u: dict[str, Any]) -> UnknownAttempt:
+            on_disk = None
+            if "files" in u:
+                on_disk = OnDisk(u["files"], u["supervisor_pid"], u["child_pid"])
+            base = {k: u[k] for k in _names(UnknownAttempt) if k not in ("conclusive", "on_disk")}
+            return UnknownAttempt(**base, conclusive=u.get("conclusive"), on_disk=on_disk)
+
+        def lane(entry: dict[str, Any]) -> Lane:
+            base = {k: entry[k] for k in _names(Lane) if k not in ("reason", "action")}
+            reason = entry["reason"]
+            return Lane(
+                **base,
+                reason=None if reason is None else Reason(**reason, recorded="node" in reason),
+                action=Advice(entry["action"]) if "action" in entry else None,
+            )
+
+        closeout = dict(body["closeout"])
+        closeout["steps"] = [CloseoutStep(**step) for step in closeout["steps"]]
+        return cls(
+            run=RunInfo(**body["run"]),
+            generated_at=body["generated_at"],
+            controls=[Control(**c) for c in body["controls"]],
+            unknown=[unknown(u) for u in body["unknown"]],
+            jobs=body["jobs"],
+            totals=body["totals"],
+            reused=body["reused"],
+            retry_backoff=[BackingOff(**b) for b in body["retry_backoff"]],
+            outcomes=body["outcomes"],
+            running=[RunningAttempt(**r) for r in body["running"]],
+            workers=[Worker(**w) for w in body["workers"]],
+            nodes=[NodeSummary(**n) for n in body["nodes"]],
+            no_worker=[NoWorker(**n) for n in body["no_worker"]],
+            lanes=[lane(entry) for entry in body["lanes"]],
+            placement=[Placement(**p) for p in body["placement"]],
+            throughput=Throughput(**body["throughput"]),
+            closeout=Closeout(**closeout),
+            recent_events=[Event(**e) for e in body["recent_events"]],
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """``SUMMARY.json``: the run, its totals, jobs, outcomes, throughput, unknown
+        attempts and controls."""
+        body = self.as_dict()
+        keys = ("run", "totals", "jobs", "outcomes", "throughput", "unknown", "controls")
+        return {key: body[key] for key in keys}
