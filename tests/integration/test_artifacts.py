@@ -322,7 +322,8 @@ def test_the_worker_renews_its_leases_within_one_large_transfer(
     run_id = make_run(config)
     worker = start_worker(engine)
     beats: list[str] = []
-    renew, give, deliver = worker._heartbeat_if_due, worker._give_inputs, worker._deliver
+    renew, give = worker._heartbeat_if_due, worker.spawning.give_inputs
+    deliver = worker.finishing.deliver
 
     def counted(name, call):
         def wrapped(*args):
@@ -334,8 +335,8 @@ def test_the_worker_renews_its_leases_within_one_large_transfer(
         return wrapped
 
     monkeypatch.setattr(worker, "_heartbeat_if_due", lambda: (beats.append("."), renew())[1])
-    monkeypatch.setattr(worker, "_give_inputs", counted("fetch", give))
-    monkeypatch.setattr(worker, "_deliver", counted("store", deliver))
+    monkeypatch.setattr(worker.spawning, "give_inputs", counted("fetch", give))
+    monkeypatch.setattr(worker.finishing, "deliver", counted("store", deliver))
     drive(engine, [worker], run_id)
     done: dict[str, int] = {}
     for entry in beats:

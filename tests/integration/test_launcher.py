@@ -15,7 +15,9 @@ import pytest
 from tests.integration.test_worker import attempts, drive, start_worker
 from tests.support import escape, make_config, wait_until
 from workers import launcher
-from workers.service import LAUNCHER_ENV, LaunchedSupervisor, Launcher, find_supervisor
+from workers.flight import LaunchedSupervisor
+from workers.recovery import find_supervisor
+from workers.spawning import LAUNCHER_ENV, Launcher
 
 JOB = (
     "import json, os, sys; print('hello', flush=True); "

@@ -18,6 +18,7 @@ from controller.models import Attempt, Control, Decision, Job, Run
 from controller.outcome import read_outcome
 from controller.states import ControlKind, ControlScope, Outcome
 from tests.support import make_config, py_stage
+from workers.recovery import Recovery
 from workers.service import WorkerService
 
 PLENTY = (64_000.0, 128_000.0)
@@ -375,7 +376,7 @@ def test_a_restarted_worker_goes_on_when_the_controller_expires_an_orphan_first(
     with db.transaction(factory) as session:
         ledger.mark_worker_lost(session, old, now=clock.now(), actor="test", reason="gone")
     clock.advance(120)  # its lease has expired
-    recover_one = WorkerService._recover_one
+    recover_one = Recovery.recover_one
 
     def race_then_recover(self, attempt, boot):
         # Listed as an orphan; before this worker adopts it, the controller expires it.
@@ -383,7 +384,7 @@ def test_a_restarted_worker_goes_on_when_the_controller_expires_an_orphan_first(
             assert ledger.expire_leases(other, now=clock.now(), actor="controller")
         return recover_one(self, attempt, boot)
 
-    monkeypatch.setattr(WorkerService, "_recover_one", race_then_recover)
+    monkeypatch.setattr(Recovery, "recover_one", race_then_recover)
     service = WorkerService(engine, node="n1", slots=1, clock=clock, memory_probe=lambda: PLENTY)
     service.start()  # must not raise
     assert any(

@@ -1,0 +1,95 @@
+"""``workers.recovery`` alone: what a restarted worker does with one orphaned attempt
+(``Recovery.recover_one``), driven on a worker that is not started. The paths through
+``WorkerService.start`` (reboot, a recycled pid, a race with the controller) are in
+tests/integration/test_recovery.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from controller import db, identity, ledger
+from controller.attempt import artifacts
+from controller.models import Attempt
+from controller.states import AttemptState
+from tests.integration.worker_parts import claimed, host
+from tests.support import make_config
+from workers.flight import AdoptedSupervisor
+
+
+def orphan(factory, old: str, new: str, clock) -> Attempt:
+    """``old`` is declared lost; its one attempt, as a worker ``new`` lists it."""
+    with db.transaction(factory) as session:
+        ledger.mark_worker_lost(session, old, now=clock.now(), actor="test", reason="gone")
+    with factory() as session:
+        (attempt,) = ledger.orphaned_attempts(session, node="n1", worker_id=new)
+        return attempt
+
+
+def test_an_orphan_whose_supervisor_lives_is_adopted_with_its_peaks(
+    engine, factory, make_run, register_worker, clock
+):
+    run_id = make_run(make_config())
+    old, new = register_worker(), register_worker()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        alive = (sleeper.pid, identity.process_start_time(sleeper.pid))
+        (claim,) = claimed(factory, old, clock, supervisor=alive)
+        with db.transaction(factory) as session:
+            assert ledger.record_samples(
+                session,
+                claim.attempt_id,
+                fence=claim.fence,
+                peak_rss_mib=42.0,
+                sampled_at=clock.now(),
+            )
+        attempt = orphan(factory, old, new, clock)
+        assert attempt.state == AttemptState.RUNNING
+        service = host(engine, new, clock)
+        line = service.recovery.recover_one(attempt, identity.boot_id())
+        assert line == f"attempt {claim.attempt_id}: adopted live supervisor pid {sleeper.pid}"
+        flight = service.in_flight[claim.attempt_id]
+        assert isinstance(flight.supervisor, AdoptedSupervisor)
+        assert flight.supervisor.poll() is None  # watched by identity, not waited for
+        assert flight.peaks.peak_rss_mib == 42.0  # the previous worker's peaks carry over
+        assert flight.claim.fence > claim.fence
+        assert service.stages.output_caps[(run_id, "only")] == artifacts.DEFAULT_OUTPUT_MAX_MIB
+        with factory() as session:
+            row = session.get(Attempt, claim.attempt_id)
+            assert row.worker_id == new and row.state == AttemptState.RUNNING
+        service._forget(claim.attempt_id)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_an_intent_that_left_an_exit_record_is_settled_from_it(
+    engine, factory, make_run, register_worker, clock
+):
+    make_run(make_config())
+    old, new = register_worker(), register_worker()
+    (claim,) = claimed(factory, old, clock, exits=[{"exit_code": 0}])
+    attempt = orphan(factory, old, new, clock)
+    assert attempt.state == AttemptState.INTENT  # no supervisor recorded: looked for by marker
+    service = host(engine, new, clock)
+    line = service.recovery.recover_one(attempt, identity.boot_id())
+    assert line == f"attempt {claim.attempt_id}: settled succeeded from its exit record"
+    assert service.in_flight == {}
+    with factory() as session:
+        row = session.get(Attempt, claim.attempt_id)
+        assert row.state == AttemptState.SETTLED and row.outcome == "succeeded"
+
+
+def test_an_orphan_whose_supervisor_is_gone_without_a_record_is_unknown(
+    engine, factory, make_run, register_worker, clock
+):
+    make_run(make_config())
+    old, new = register_worker(), register_worker()
+    (claim,) = claimed(factory, old, clock, supervisor=(999_999, 1))
+    attempt = orphan(factory, old, new, clock)
+    line = host(engine, new, clock).recovery.recover_one(attempt, identity.boot_id())
+    reason = "its worker and supervisor are gone and left no exit.json"
+    assert line == f"attempt {claim.attempt_id}: unknown ({reason})"
+    with factory() as session:
+        row = session.get(Attempt, claim.attempt_id)
+        assert row.state == AttemptState.UNKNOWN and reason in row.state_reason

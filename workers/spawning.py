@@ -1,0 +1,399 @@
+"""Spawning: what the worker does with the attempts it just claimed, after the claim's
+commit. Each attempt's directory is made and its inputs fetched (every byte verified
+against its recorded sha256), its environment built (``workers.jobenv``), and its
+supervisor started: forked by the warm launcher (``workers.launcher``), or by exec when
+the launcher cannot be reached. Each supervisor reports its child's identity on its
+stdout; ``record_reports`` records those identities in one transaction and writes each
+``receipt.json``. An attempt that cannot start is settled without a spawn.
+
+``Spawning`` is one part of ``workers.service.WorkerService``: it reads the worker's
+identity, clock, ledger, launcher and stage rules from it, and hands each started
+attempt to ``WorkerService._track``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import selectors
+import socket
+import subprocess
+import weakref
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from controller import db, durable, identity, ledger
+from controller.attempt import artifacts
+from controller.clock import iso
+from controller.crashpoints import crash_point
+from controller.durable import write_json
+from controller.states import Outcome
+from workers import launcher as launcher_module
+from workers import supervisor as supervisor_module
+from workers.flight import InFlight, LaunchedSupervisor
+from workers.jobenv import SecretMissing, job_environment, secret_values
+
+if TYPE_CHECKING:
+    from workers.service import WorkerService
+
+LAUNCHER_ENV = "LANEWAY_SUPERVISOR_LAUNCHER"
+"""Set to 0 to start every supervisor by exec instead of forking it from the launcher."""
+
+
+class Launcher:
+    """This worker's supervisor launcher, started on first use and again if it died."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self.sock: socket.socket | None = None
+
+    def _start(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.process = subprocess.Popen(
+                launcher_module.launcher_argv(theirs.fileno()),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                pass_fds=[theirs.fileno()],
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            )
+        finally:
+            theirs.close()
+        self.sock = ours
+        # A worker dropped without ``stop`` (a test, an embedding program) still lets its
+        # launcher go: closing our end makes it exit.
+        self._finalizer = weakref.finalize(self, _release_launcher, ours, self.process)
+        return ours
+
+    def spawn(
+        self, request: dict[str, Any], stdout_fd: int, stderr_fd: int
+    ) -> tuple[int, int | None]:
+        """Fork a supervisor for ``request``; its (pid, start time). OSError when the
+        launcher cannot be reached (the caller falls back to exec)."""
+        for attempt in (1, 2):
+            sock = self.sock
+            if sock is None or self.process is None or self.process.poll() is not None:
+                sock = self._start()
+            try:
+                socket.send_fds(sock, [json.dumps(request).encode()], [stdout_fd, stderr_fd])
+                reply = sock.recv(4096)
+            except OSError:
+                if attempt == 2:
+                    raise
+                self.close()
+                continue
+            if not reply:
+                self.close()
+                if attempt == 2:
+                    raise ConnectionError("the supervisor launcher exited")
+                continue
+            answer = json.loads(reply)
+            return int(answer["pid"]), answer.get("start_time")
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Let the launcher go (its supervisors run on)."""
+        if self.sock is not None and self.process is not None:
+            self._finalizer()
+        self.sock = None
+        self.process = None
+
+
+def _release_launcher(sock: socket.socket, process: subprocess.Popen[bytes]) -> None:
+    """Close our end of the launcher's socket (it exits on that) and reap it."""
+    sock.close()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+class Spawning:
+    """Start the supervisors of claimed attempts (``spawn_all``) and record who they are
+    (``record_reports``)."""
+
+    def __init__(self, worker: WorkerService) -> None:
+        self.worker = worker
+
+    def spawn_all(self, claims: list[ledger.Claim]) -> None:
+        """Start every claimed attempt's supervisor. Each reports its child's identity
+        on its stdout when the child has started; ``record_reports`` records the
+        identities (one transaction for all that are in) without waiting for slow ones,
+        so a starting supervisor never holds up a slot that is free."""
+        for claim in claims:
+            if claim.render_error is not None:
+                self.settle_without_spawn(claim, claim.render_error)
+                continue
+            refused = self.make_attempt_dir(claim) or self.give_inputs(claim)
+            if refused is not None:
+                self.settle_without_spawn(claim, refused, pause_run=True)
+                continue
+            kills = self.worker.oom_counter.read()
+            try:
+                supervisor, secrets = self.start_supervisor(claim)
+            except SecretMissing as exc:
+                self.settle_without_spawn(claim, str(exc))
+                continue
+            except OSError as exc:
+                # Nothing started for this claim (workspace, log or fork failed): a harness
+                # failure of its own; supervisors already started are still recorded.
+                self.settle_without_spawn(claim, f"could not start the supervisor: {exc}")
+                continue
+            flight = InFlight(
+                claim,
+                supervisor,
+                self.worker.stages.exit_codes[claim.run_id][claim.stage],
+                awaiting_report=True,
+                secrets=secrets,
+                result_requirement=self.worker.stages.results[(claim.run_id, claim.stage)],
+                oom_kills_at_start=kills,
+            )
+            self.worker._track(claim.attempt_id, flight)
+            assert supervisor.stdout is not None
+            self.worker._selector.register(
+                supervisor.stdout, selectors.EVENT_READ, claim.attempt_id
+            )
+        crash_point("worker_after_spawn_before_identity")
+        self.record_reports()
+
+    def record_reports(self) -> int:
+        """Record the identity of every supervisor whose report is in (or that exited
+        without one), then write their receipts. Never blocks on a slow supervisor."""
+        waiting = {
+            flight.supervisor.stdout: flight
+            for flight in self.worker.in_flight.values()
+            if flight.awaiting_report
+            and isinstance(flight.supervisor, (subprocess.Popen, LaunchedSupervisor))
+            and flight.supervisor.stdout is not None
+        }
+        ready, _, _ = select.select(list(waiting), [], [], 0) if waiting else ([], [], [])
+        for stream in ready:
+            flight = waiting[stream]
+            line = stream.readline()  # one write of one line: never a partial read
+            self.worker._selector.unregister(stream)
+            stream.close()
+            flight.awaiting_report = False
+            try:
+                flight.unrecorded_report = json.loads(line) if line else {}
+            except json.JSONDecodeError:
+                flight.unrecorded_report = {}
+        # Reports read earlier whose write failed (the ledger was unreachable) go too.
+        identities = [
+            (flight, flight.unrecorded_report)
+            for flight in self.worker.in_flight.values()
+            if flight.unrecorded_report is not None
+        ]
+        if not identities:
+            return 0
+        boot = identity.boot_id()
+        with db.transaction(self.worker.factory) as session:
+            now = db.ledger_now(session, self.worker.clock)
+            for flight, reported in identities:
+                ledger.record_spawn(
+                    session,
+                    flight.claim.attempt_id,
+                    fence=flight.claim.fence,
+                    actor=self.worker.worker_id,
+                    now=now,
+                    boot_id=boot,
+                    supervisor_pid=flight.supervisor.pid,
+                    supervisor_start_time=getattr(flight.supervisor, "start_time", None)
+                    or identity.process_start_time(flight.supervisor.pid),
+                    child_pid=reported.get("child_pid"),
+                    child_start_time=reported.get("child_start_time"),
+                )
+        for flight, reported in identities:
+            flight.unrecorded_report = None
+            self.write_receipt(flight.claim, flight.supervisor.pid, reported, boot, now)
+        return len(identities)
+
+    def start_supervisor(
+        self, claim: ledger.Claim
+    ) -> tuple[subprocess.Popen[bytes] | LaunchedSupervisor, list[str]]:
+        """Start the attempt's supervisor; returns it and the secret values it redacts."""
+        directory = Path(claim.attempt_dir)
+        workspace = directory / "workspace"
+        with durable.AttemptDir(directory) as attempt:  # made by _make_attempt_dir
+            attempt.make_dir("workspace", exclusive=True)
+        env, secret_names, strip = job_environment(dict(os.environ), claim.env, claim.pass_env)
+        env.update(
+            {
+                "LANEWAY_IDEMPOTENCY_KEY": claim.idempotency_key,
+                "LANEWAY_JOB_ID": str(claim.job_id),
+                "LANEWAY_ATTEMPT_ID": str(claim.attempt_id),
+                "LANEWAY_ATTEMPT": str(claim.number),
+                "LANEWAY_RUN_ID": str(claim.run_id),
+                "LANEWAY_ITEM": claim.item,
+                "LANEWAY_STAGE": claim.stage,
+                "LANEWAY_LANE": claim.lane,
+                "LANEWAY_ATTEMPT_DIR": str(directory),
+                "LANEWAY_WORKSPACE": str(workspace),
+                "LANEWAY_RESULT_PATH": str(directory / "result.json"),
+                "LANEWAY_PORTS": ",".join(str(port) for port in claim.ports),
+            }
+        )
+        if claim.inputs:
+            env["LANEWAY_INPUTS_DIR"] = ledger.inputs_dir(str(directory))
+        spec = {
+            "attempt_id": claim.attempt_id,
+            "attempt_dir": str(directory),
+            "argv": claim.argv,
+            "cwd": claim.cwd or str(workspace),
+            "timeout_seconds": claim.timeout_seconds,
+            "grace_seconds": claim.grace_seconds,
+            "log_cap_bytes": claim.log_cap_bytes,
+            "secret_env": secret_names,
+            "strip_env": strip,
+        }
+        secrets = secret_values(env, secret_names)
+        with (
+            durable.AttemptDir(directory) as attempt,
+            attempt.append("supervisor.log") as supervisor_log,
+        ):
+            if self.worker.launcher is not None:
+                read_end, write_end = os.pipe2(os.O_CLOEXEC)
+                try:
+                    pid, start_time = self.worker.launcher.spawn(
+                        {"spec": spec, "env": env}, write_end, supervisor_log.fileno()
+                    )
+                except OSError as exc:
+                    os.close(read_end)
+                    self.worker.launcher_error = f"{exc.strerror or exc}"
+                    self.worker.launcher = None  # exec from now on
+                else:
+                    launched = LaunchedSupervisor(
+                        pid, start_time, os.fdopen(read_end, "rb"), str(directory)
+                    )
+                    return launched, secrets
+                finally:
+                    os.close(write_end)
+            process = subprocess.Popen(
+                supervisor_module.launch_argv(json.dumps(spec)),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=supervisor_log,
+                start_new_session=True,
+                env=env,
+                close_fds=True,
+            )
+        return process, secrets
+
+    def write_receipt(
+        self,
+        claim: ledger.Claim,
+        supervisor_pid: int,
+        reported: dict[str, Any],
+        boot: str,
+        now: datetime,
+    ) -> None:
+        receipt = {
+            "schema": 1,
+            "run_id": claim.run_id,
+            "job_id": claim.job_id,
+            "attempt_id": claim.attempt_id,
+            "attempt": claim.number,
+            "item": claim.item,
+            "stage": claim.stage,
+            "worker_id": self.worker.worker_id,
+            "node": self.worker.node,
+            "host": identity.host(),
+            "boot_id": boot,
+            "fence": claim.fence,
+            "idempotency_key": claim.idempotency_key,
+            "argv_hash": ledger.argv_hash(claim.argv, claim.cwd),
+            "supervisor_pid": supervisor_pid,
+            "supervisor_start_time": identity.process_start_time(supervisor_pid),
+            "child_pid": reported.get("child_pid"),
+            "child_start_time": reported.get("child_start_time"),
+            "spawn_error": reported.get("error"),
+            "recorded_at": iso(now),
+        }
+        try:
+            write_json(Path(claim.attempt_dir) / "receipt.json", receipt)
+        except OSError as exc:
+            # Fail closed: without its claim evidence on disk the attempt is unknown and the
+            # run stops dispatching until an operator reconciles it. The supervisor runs on
+            # and its exit.json will be there to reconcile from.
+            reason = (
+                f"receipt.json could not be saved ({exc.strerror or exc}); the command runs "
+                "on under its supervisor: reconcile it from exit.json when it ends"
+            )
+            with db.transaction(self.worker.factory) as session:
+                ledger.mark_unknown(
+                    session,
+                    claim.attempt_id,
+                    reason=reason,
+                    actor=self.worker.worker_id,
+                    now=now,
+                    fence=claim.fence,
+                )
+            self.worker.in_flight[claim.attempt_id].marked_unknown = True
+
+    def make_attempt_dir(self, claim: ledger.Claim) -> str | None:
+        """Create the attempt's directory, which must not exist yet: the job of another
+        attempt can write the runtime dir, and one it planted (a link, or a directory
+        holding links) is refused, never used. The directories from the run's down
+        are entered without following a link. Returns why it cannot start, else None."""
+        run_dir = Path(claim.attempt_dir).parents[2]  # <runtime>/runs/<run> (launch.attempt_dir)
+        try:
+            durable.AttemptDir.make(claim.attempt_dir, base=run_dir).close()
+        except OSError as exc:
+            return f"attempt directory {claim.attempt_dir}: {exc.strerror or exc}"
+        return None
+
+    def give_inputs(self, claim: ledger.Claim) -> str | None:
+        """Fetch the attempt's inputs into ``inputs/<stage>/<name>``, each verified
+        against the sha256 its producer recorded. Returns why it cannot start (an input
+        missing, unreadable or not the recorded bytes: both hashes), else None."""
+        if claim.input_problems:
+            return "; ".join(claim.input_problems)
+        root = Path(ledger.inputs_dir(claim.attempt_dir))
+        for given in claim.inputs:
+            crash_point("worker_fetching_inputs")
+            self.worker._heartbeat_if_due()  # a long download must not let leases lapse
+            try:
+                artifacts.fetch(
+                    given["location"],
+                    given["sha256"],
+                    f"{given['stage']}/{given['name']}",
+                    root / given["stage"] / given["name"],
+                    between=self.worker._heartbeat_if_due,  # within one large file too
+                    root=Path(claim.attempt_dir),  # no link below it is followed
+                )
+            except (artifacts.InputMismatch, artifacts.StoreError) as exc:
+                return str(exc)
+            except OSError as exc:
+                return f"input {given['stage']}/{given['name']}: {exc.strerror or exc}"
+        return None
+
+    def settle_without_spawn(
+        self, claim: ledger.Claim, reason: str, *, pause_run: bool = False
+    ) -> None:
+        """Nothing was started (e.g. a secret reference is unset): a harness failure.
+        ``pause_run``: its inputs could not be given, and the run pauses too
+        (``ledger.refuse_start``)."""
+        with db.transaction(self.worker.factory) as session:
+            now = db.ledger_now(session, self.worker.clock)
+            if pause_run:
+                ledger.refuse_start(
+                    session,
+                    claim.attempt_id,
+                    run_id=claim.run_id,
+                    fence=claim.fence,
+                    reason=reason,
+                    actor=self.worker.worker_id,
+                    now=now,
+                )
+                return
+            ledger.settle_attempt(
+                session,
+                claim.attempt_id,
+                fence=claim.fence,
+                outcome=Outcome.HARNESS_FAILURE,
+                actor=self.worker.worker_id,
+                now=now,
+                reason=f"not started: {reason}",
+            )
