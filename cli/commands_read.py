@@ -110,7 +110,7 @@ def explain(
     one. For a failed, cancelled or skipped job: its last attempt's outcome, exit code or
     signal, directory, the last lines of its stderr.log, and the `laneway retry` command.
     """
-    from controller.status import explain_job
+    from controller.explain import explain_job
 
     with common.refusals(as_json):
         engine = common.reader(runtime_dir)

@@ -45,7 +45,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
-from controller.states import AttemptState, RunState, Verdict
+from controller import queries
 from controller.status import Rows, _moment, node_workers, status_report
 from controller.status_model import StatusReport
 
@@ -84,12 +84,9 @@ def exposition(snapshot: SourceOpener, now: Callable[[], datetime]) -> bytes:
 
 def covered_runs(source: Rows) -> list[int]:
     """The active runs (newest ``MAX_RUNS``), or the newest run when none is active."""
-    found = source.rows(
-        f"SELECT id FROM runs WHERE state = '{RunState.ACTIVE.value}' "
-        f"ORDER BY id DESC LIMIT {MAX_RUNS}"
-    )
+    found = source.rows(queries.NEWEST_ACTIVE_RUN_IDS, {"limit": MAX_RUNS})
     if not found:
-        found = source.rows("SELECT id FROM runs ORDER BY id DESC LIMIT 1")
+        found = source.rows(queries.NEWEST_RUN_ID)
     return sorted(int(row[0]) for row in found)
 
 
@@ -141,11 +138,7 @@ def _run_metrics(f: _Families, source: Rows, run_id: int, status: StatusReport) 
         "Recorded admission refusals by reason (one per change of reason).",
         ["run", "reason"],
     )
-    for reason, count in source.rows(
-        "SELECT reason_code, COUNT(*) FROM decisions "
-        f"WHERE run_id = :run AND verdict = '{Verdict.REFUSED.value}' GROUP BY reason_code",
-        {"run": run_id},
-    ):
+    for reason, count in source.rows(queries.REFUSALS_BY_REASON, {"run": run_id}):
         refusals.add_metric([run, str(reason or "refused")], count)
     idle = f.gauge(
         "lane_idle_seconds",
@@ -180,21 +173,13 @@ def _run_metrics(f: _Families, source: Rows, run_id: int, status: StatusReport) 
     measured = f.gauge(
         "stage_measured_attempts", "Settled attempts with a measurement.", ["run", "stage"]
     )
-    for stage, count, peak_rss, peak_gpu in source.rows(
-        "SELECT stage, measured, peak_rss_mib, peak_gpu_mib FROM stage_stats "
-        "WHERE run_id = :run ORDER BY stage",
-        {"run": run_id},
-    ):
+    for stage, count, peak_rss, peak_gpu in source.rows(queries.STAGE_PEAKS, {"run": run_id}):
         measured.add_metric([run, stage], count)
         if peak_rss is not None:
             rss.add_metric([run, stage], peak_rss)
         if peak_gpu is not None:
             gpu.add_metric([run, stage], peak_gpu)
-    expiries = source.rows(
-        "SELECT COUNT(*) FROM leases l JOIN attempts a ON a.id = l.attempt_id "
-        "WHERE a.run_id = :run AND l.released_at IS NOT NULL AND l.released_at > l.expires_at",
-        {"run": run_id},
-    )
+    expiries = source.rows(queries.LEASES_RELEASED_EXPIRED, {"run": run_id})
     f.counter("lease_expiries", "Leases released after they had expired.", ["run"]).add_metric(
         [run], expiries[0][0] if expiries else 0
     )
@@ -207,10 +192,7 @@ def _node_metrics(f: _Families, source: Rows, nodes: list[str], *, now: datetime
     age = f.gauge("node_sample_age_seconds", "Age of a node's last memory sample.", ["node"])
     live = f.gauge("node_live_workers", "Workers heartbeating for a node.", ["node"])
     wanted = set(nodes)
-    for name, available, mem_total, memory_floor, sampled_at in source.rows(
-        "SELECT name, mem_available_mib, mem_total_mib, memory_floor_mib, sampled_at "
-        "FROM nodes ORDER BY name"
-    ):
+    for name, available, mem_total, memory_floor, sampled_at in source.rows(queries.NODES_MEMORY):
         if name not in wanted:
             continue
         floor.add_metric([name], memory_floor)
@@ -230,11 +212,7 @@ def _node_metrics(f: _Families, source: Rows, nodes: list[str], *, now: datetime
 
 def _expired_leases(f: _Families, source: Rows, *, now: datetime) -> None:
     """Live leases (an index range: ``ix_leases_open``) past their expiry."""
-    in_flight = ", ".join(f"'{s.value}'" for s in (AttemptState.INTENT, AttemptState.RUNNING))
-    rows = source.rows(
-        "SELECT l.expires_at FROM leases l JOIN attempts a ON a.id = l.attempt_id "
-        f"WHERE l.released_at IS NULL AND a.state IN ({in_flight})"
-    )
+    rows = source.rows(queries.OPEN_LEASE_EXPIRIES)
     late = sum(1 for (expires,) in rows if (_moment(expires) or now) < now)
     f.gauge(
         "leases_expired", "Live leases past expiry the controller has not acted on yet."

@@ -1,7 +1,7 @@
 """Progress of a run for the live display: per stage done / running / ready / waiting /
 failed, and an ETA from measured attempt durations (read-only).
 
-``recent_durations`` reads at most ``RECENT_ATTEMPTS`` of the run's newest settled
+``recent_durations`` reads at most ``queries.RECENT_ATTEMPTS`` of the run's newest settled
 attempts (an index range on ``ix_attempts_run_settled``), so a refresh costs the same at
 a thousand jobs and at a million; ``stage_progress`` and ``eta_seconds`` only reshape a
 ``status_report``.
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.states import AttemptState, JobState
+from controller import queries
+from controller.states import JobState
 from controller.status import Rows, _moment
 from controller.status_model import StatusReport
 
-RECENT_ATTEMPTS = 200
 TERMINAL = (
     JobState.SUCCEEDED.value,
     JobState.FAILED.value,
@@ -28,13 +28,7 @@ def recent_durations(source: Rows, run_id: int) -> dict[str, float]:
     """Per stage, the mean seconds from start to settle of its newest settled attempts
     (those that started)."""
     totals: dict[str, list[float]] = {}
-    for stage, started, settled in source.rows(
-        "SELECT j.stage, a.started_at, a.settled_at FROM attempts a "
-        "JOIN jobs j ON j.id = a.job_id "
-        f"WHERE a.run_id = :run AND a.state = '{AttemptState.SETTLED.value}' "
-        f"ORDER BY a.settled_at DESC LIMIT {RECENT_ATTEMPTS}",
-        {"run": run_id},
-    ):
+    for stage, started, settled in source.rows(queries.RECENT_SETTLED_DURATIONS, {"run": run_id}):
         begun, ended = _moment(started), _moment(settled)
         if begun is None or ended is None:
             continue

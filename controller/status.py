@@ -15,17 +15,16 @@ JSON columns as text or as objects: ``_moment`` and ``_json`` take either.
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import signal
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from controller import admission
+from controller import admission, queries
 from controller.clock import iso
 from controller.errors import NotFound
-from controller.states import AttemptState, EventKind, JobState, Verdict, WorkerState
+from controller.explain import explain_job as explain_job
+from controller.explain import stderr_tail as stderr_tail
+from controller.states import EventKind, JobState, Verdict, WorkerState
 from controller.status_model import (
     BackingOff,
     Closeout,
@@ -52,18 +51,10 @@ if TYPE_CHECKING:
 
     from controller.models import Run
 
-RECENT_EVENTS = 12
 LOST_AFTER_SECONDS = 30.0
 """A worker is live while its row is ``active`` and its heartbeat is at most this old;
 the controller's default ``lost_after_seconds`` (controller/daemon.py) is the same 30 s,
 after which it marks such a worker lost."""
-RECENT_STOPPED_WORKERS = 3
-"""How many stopped or lost workers ``status`` shows per node (besides the active ones)."""
-CLOSEOUT_EVENTS = (
-    EventKind.CLOSEOUT_STEP_STARTED.value,
-    EventKind.CLOSEOUT_STEP_FINISHED.value,
-    EventKind.CLOSEOUT_FINISHED.value,
-)
 
 
 class Rows(Protocol):
@@ -92,14 +83,6 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
-def _states(*states: str) -> str:
-    """An SQL list of state literals (laneway's own constants, never user input)."""
-    return ", ".join(f"'{state}'" for state in states)
-
-
-IN_FLIGHT = _states(AttemptState.INTENT.value, AttemptState.RUNNING.value)
-
-
 def build_status(session: Session, run: Run, *, now: datetime) -> StatusReport:
     """Everything ``laneway status`` shows for one run (through an ORM session)."""
     return status_report(SessionRows(session), run.id, now=now)
@@ -107,16 +90,15 @@ def build_status(session: Session, run: Run, *, now: datetime) -> StatusReport:
 
 def find_run(source: Rows, run_id: int | None) -> dict[str, Any]:
     """The run with ``run_id``, or the newest run when None (as ``ledger.get_run``)."""
-    columns = "id, name, state, config_json, config_sha256, runtime_dir, created_at, finished_at"
     if run_id is None:
-        found = source.rows(f"SELECT {columns} FROM runs ORDER BY id DESC LIMIT 1")
+        found = source.rows(queries.NEWEST_RUN)
         if not found:
             raise NotFound("the ledger has no runs yet; start one with `laneway start-pipeline`")
     else:
-        found = source.rows(f"SELECT {columns} FROM runs WHERE id = :run", {"run": run_id})
+        found = source.rows(queries.RUN_BY_ID, {"run": run_id})
         if not found:
             raise NotFound(f"run {run_id} is not in the ledger; `laneway status` lists the newest")
-    row = dict(zip(columns.split(", "), found[0], strict=True))
+    row = dict(zip(queries.RUN_COLUMNS, found[0], strict=True))
     row["created_at"] = _moment(row["created_at"])
     row["finished_at"] = _moment(row["finished_at"])
     row["config"] = _json(row.pop("config_json"))
@@ -132,27 +114,14 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
     config = run["config"]
     stages = {stage["name"]: stage for stage in config["stages"]}
     jobs: dict[str, dict[str, int]] = {name: {} for name in stages}
-    for stage, state, count in source.rows(
-        "SELECT stage, state, COUNT(*) FROM jobs WHERE run_id = :run GROUP BY stage, state",
-        rid,
-    ):
+    for stage, state, count in source.rows(queries.JOBS_BY_STAGE_STATE, rid):
         jobs.setdefault(stage, {})[state] = count
     reused: dict[str, int] = {}
-    for stage, count in source.rows(
-        "SELECT stage, COUNT(*) FROM jobs WHERE run_id = :run AND reused_from IS NOT NULL "
-        "GROUP BY stage",
-        rid,
-    ):
+    for stage, count in source.rows(queries.REUSED_BY_STAGE, rid):
         reused[stage] = count
     backing_off = [
         BackingOff(job_id, key, stage, iso(_moment(after)))
-        for job_id, key, stage, after in source.rows(
-            "SELECT j.id, i.key, j.stage, j.retry_after FROM jobs j "
-            "JOIN items i ON i.id = j.item_id "
-            "WHERE j.run_id = :run AND j.retry_after IS NOT NULL "
-            "ORDER BY j.retry_after, j.id LIMIT 20",
-            rid,
-        )
+        for job_id, key, stage, after in source.rows(queries.RETRY_BACKOFF, rid)
     ]
     totals: dict[str, int] = {}
     for by_state in jobs.values():
@@ -160,21 +129,12 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
             totals[state] = totals.get(state, 0) + count
 
     outcomes: dict[str, dict[str, int]] = {name: {} for name in stages}
-    for stage, outcome, count in source.rows(
-        "SELECT j.stage, a.outcome, COUNT(*) FROM attempts a JOIN jobs j ON j.id = a.job_id "
-        f"WHERE a.run_id = :run AND a.state = '{AttemptState.SETTLED.value}' "
-        "GROUP BY j.stage, a.outcome",
-        rid,
-    ):
+    for stage, outcome, count in source.rows(queries.OUTCOMES_BY_STAGE, rid):
         outcomes.setdefault(stage, {})[str(outcome)] = count
 
     running = []
     for attempt_id, job_id, item, stage, lane, node, state, pid, begun, rss in source.rows(
-        "SELECT a.id, j.id, i.key, j.stage, j.lane, a.node, a.state, a.child_pid, "
-        "COALESCE(a.started_at, a.intent_at), a.peak_rss_mib "
-        "FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN items i ON i.id = j.item_id "
-        f"WHERE a.run_id = :run AND a.state IN ({IN_FLIGHT}) ORDER BY a.id",
-        rid,
+        queries.IN_FLIGHT_ATTEMPTS, rid
     ):
         started = _moment(begun)
         assert started is not None
@@ -208,25 +168,18 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
             ),
         )
         for attempt_id, job_id, item, stage, reason, evidence in source.rows(
-            "SELECT a.id, j.id, i.key, j.stage, a.state_reason, a.attempt_dir "
-            "FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN items i ON i.id = j.item_id "
-            f"WHERE a.run_id = :run AND a.state = '{AttemptState.UNKNOWN.value}' ORDER BY a.id",
-            rid,
+            queries.UNKNOWN_ATTEMPTS, rid
         )
     ]
 
     controls = [
         Control(control_id, kind, scope, lane, reason, set_by, iso(_moment(set_at)))
         for control_id, kind, scope, lane, reason, set_by, set_at in source.rows(
-            "SELECT id, kind, scope, lane, reason, set_by, set_at FROM controls "
-            "WHERE cleared_at IS NULL AND (run_id = :run OR run_id IS NULL) ORDER BY id",
-            rid,
+            queries.CONTROLS_IN_FORCE, rid
         )
     ]
 
-    lane_nodes = dict(
-        source.rows("SELECT name, node FROM lanes WHERE run_id = :run ORDER BY name", rid)
-    )
+    lane_nodes = dict(source.rows(queries.LANES, rid))
     stage_nodes = {name: list(stage.get("nodes") or []) or None for name, stage in stages.items()}
     # The nodes the run uses: its lanes' nodes and every node a stage's ``nodes`` names.
     nodes = sorted(set(lane_nodes.values()) | {n for ns in stage_nodes.values() for n in ns or []})
@@ -241,11 +194,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
     events = [
         Event(event_id, iso(_moment(at)), kind, job_id, attempt_id, actor, _json(detail))
         for event_id, at, kind, job_id, attempt_id, actor, detail in reversed(
-            source.rows(
-                "SELECT id, at, kind, job_id, attempt_id, actor, detail FROM events "
-                f"WHERE run_id = :run ORDER BY id DESC LIMIT {RECENT_EVENTS}",
-                rid,
-            )
+            source.rows(queries.RECENT_RUN_EVENTS, rid)
         )
     ]
     return StatusReport(
@@ -298,28 +247,15 @@ def worker_command(node: str, runtime_dir: str) -> str:
     return f"laneway worker --node {shlex.quote(node)} --runtime-dir {shlex.quote(runtime_dir)}"
 
 
-WORKER_COLUMNS = "id, node, host, pid, slots, state, started_at, heartbeat_at, stopped_at"
-
-
 def node_workers(source: Rows, nodes: list[str], *, now: datetime) -> list[Worker]:
     """The workers of ``nodes``: every active one, then the last few stopped or lost ones
-    of each node (``RECENT_STOPPED_WORKERS``), newest first. ``live``: active with a
+    of each node (``queries.RECENT_STOPPED_WORKERS``), newest first. ``live``: active with a
     heartbeat at most ``LOST_AFTER_SECONDS`` old at ``now`` (the ledger's clock)."""
     found: list[tuple[Any, ...]] = []
-    ended = _states(WorkerState.STOPPED.value, WorkerState.LOST.value)
     for node in nodes:
         params = {"node": node}
-        found += source.rows(
-            f"SELECT {WORKER_COLUMNS} FROM workers "
-            f"WHERE state = '{WorkerState.ACTIVE.value}' AND node = :node "
-            "ORDER BY started_at DESC, id",
-            params,
-        )
-        found += source.rows(
-            f"SELECT {WORKER_COLUMNS} FROM workers WHERE state IN ({ended}) AND node = :node "
-            f"ORDER BY stopped_at DESC, id LIMIT {RECENT_STOPPED_WORKERS}",
-            params,
-        )
+        found += source.rows(queries.ACTIVE_WORKERS, params)
+        found += source.rows(queries.ENDED_WORKERS, params)
     workers = []
     for worker_id, node, host, pid, slots, state, started, beat, stopped in found:
         heartbeat = _moment(beat)
@@ -350,15 +286,8 @@ def node_rows(source: Rows, nodes: list[str], workers: list[Worker]) -> list[Nod
     found = []
     for node in nodes:
         params = {"node": node}
-        memory = source.rows(
-            "SELECT mem_available_mib, mem_total_mib, memory_floor_mib, max_jobs "
-            "FROM nodes WHERE name = :node",
-            params,
-        )
-        in_flight = source.rows(
-            f"SELECT COUNT(*) FROM attempts WHERE node = :node AND state IN ({IN_FLIGHT})",
-            params,
-        )[0][0]
+        memory = source.rows(queries.NODE_MEMORY, params)
+        in_flight = source.rows(queries.NODE_IN_FLIGHT, params)[0][0]
         mine = [w for w in workers if w.node == node]
         # The newest heartbeat of any of its workers, a stopped or lost one's too: a node
         # whose workers have all stopped was last heard from then, not "never".
@@ -449,30 +378,21 @@ def _lanes(
     controls: list[Control],
     unknown: int,
 ) -> list[Lane]:
+    rid = {"run": run["id"]}
     counts: dict[str, dict[str, int]] = {}
     ready_stages: dict[str, set[str]] = {}
-    for lane, stage, state, count in source.rows(
-        "SELECT lane, stage, state, COUNT(*) FROM jobs WHERE run_id = :run "
-        "GROUP BY lane, stage, state",
-        {"run": run["id"]},
-    ):
+    for lane, stage, state, count in source.rows(queries.JOBS_BY_LANE_STAGE_STATE, rid):
         by_state = counts.setdefault(lane, {})
         by_state[state] = by_state.get(state, 0) + count
         if state == JobState.READY.value:
             ready_stages.setdefault(lane, set()).add(stage)
     times = {
         lane: (_moment(last_start), _moment(last_end))
-        for lane, last_start, last_end in source.rows(
-            "SELECT j.lane, MAX(a.started_at), MAX(a.settled_at) FROM attempts a "
-            "JOIN jobs j ON j.id = a.job_id WHERE a.run_id = :run GROUP BY j.lane",
-            {"run": run["id"]},
-        )
+        for lane, last_start, last_end in source.rows(queries.LANE_ACTIVITY, rid)
     }
     order = {stage: i for i, stage in enumerate(stage_nodes)}  # the config's stage order
     lanes = []
-    for name, node in source.rows(
-        "SELECT name, node FROM lanes WHERE run_id = :run ORDER BY name", {"run": run["id"]}
-    ):
+    for name, node in source.rows(queries.LANES, rid):
         by_state = counts.get(name, {})
         last_start, last_end = times.get(name, (None, None))
         running = by_state.get(JobState.RUNNING.value, 0)
@@ -570,11 +490,7 @@ def held_by_control(controls: list[Control], lane: str, *, unknown: int = 0) -> 
 
 def _current_refusal(source: Rows, run_id: int, lane: str) -> Reason | None:
     """The newest recorded refusal for the lane, if no dispatch came after it."""
-    found = source.rows(
-        "SELECT verdict, reason_code, stage, decided_at, detail, node FROM decisions "
-        "WHERE run_id = :run AND lane = :lane ORDER BY id DESC LIMIT 1",
-        {"run": run_id, "lane": lane},
-    )
+    found = source.rows(queries.LANE_LAST_DECISION, {"run": run_id, "lane": lane})
     if not found or found[0][0] != Verdict.REFUSED.value:
         return None
     _verdict, reason_code, stage, decided_at, detail, node = found[0]
@@ -593,9 +509,9 @@ def _current_refusal(source: Rows, run_id: int, lane: str) -> Reason | None:
 
 def node_max_jobs(source: Rows, node: str) -> int:
     """The node's ``max_jobs`` (``laneway worker``'s default ``--slots``)."""
-    found = source.rows("SELECT max_jobs FROM nodes WHERE name = :node", {"node": node})
+    found = source.rows(queries.NODE_MAX_JOBS, {"node": node})
     if not found:
-        names = [row[0] for row in source.rows("SELECT name FROM nodes ORDER BY name")]
+        names = [row[0] for row in source.rows(queries.NODE_NAMES)]
         known = ", ".join(repr(name) for name in names) or "none yet"
         raise NotFound(
             f"--node: node {node!r} is not in the ledger (known: {known}); start a pipeline "
@@ -622,11 +538,7 @@ def closeout_state(source: Rows, run: dict[str, Any]) -> Closeout:
         return body
     by_name = {step.name: step for step in steps}
     finished = None
-    kinds = _states(*CLOSEOUT_EVENTS)
-    for kind, detail in source.rows(
-        f"SELECT kind, detail FROM events WHERE run_id = :run AND kind IN ({kinds}) ORDER BY id",
-        {"run": run["id"]},
-    ):
+    for kind, detail in source.rows(queries.CLOSEOUT_EVENTS, {"run": run["id"]}):
         detail = _json(detail) or {}
         if kind == EventKind.CLOSEOUT_FINISHED:
             finished = detail
@@ -656,287 +568,4 @@ def closeout_state(source: Rows, run: dict[str, Any]) -> Closeout:
         current = next((s for s in steps if s.state == "pending"), steps[-1])
     number = next(i for i, s in enumerate(steps) if s is current) + 1
     body.state, body.step, body.current = "running", number, current.name
-    return body
-
-
-def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, Any]:
-    """Everything that blocks one job now, with the capacity arithmetic (read-only)."""
-    from sqlalchemy import select
-
-    from controller import ledger
-    from controller.models import Attempt, Item, Job, Node
-
-    job = session.get(Job, job_id)
-    if job is None:
-        raise NotFound(f"job {job_id} is not in the ledger; `laneway sql` lists jobs")
-    run = ledger.get_run(session, job.run_id)
-    item = session.get(Item, job.item_id)
-    assert item is not None
-    config = ledger.run_config(run)
-    stage = config.stage(job.stage)
-    report: dict[str, Any] = {
-        "job_id": job.id,
-        "run_id": run.id,
-        "item": item.key,
-        "stage": job.stage,
-        "lane": job.lane,
-        "state": job.state,
-        "state_reason": job.state_reason,
-        "retry_after": iso(job.retry_after),
-        "blocked_by": [],
-        "arithmetic": None,
-    }
-    lane_node = config.lane(job.lane).node
-    runs_on = list(admission.runs_on(stage.nodes, lane_node))
-    rows = SessionRows(session)
-    live_nodes = [n for n in runs_on if node_has_live_worker(rows, n, now=now)]
-    # The node explained: the first of those that run the stage with a live worker.
-    node_name = live_nodes[0] if live_nodes else runs_on[0]
-    live = bool(live_nodes)
-    report["worker"] = {
-        "node": node_name,
-        "live": live,
-        "start": None if live else worker_command(node_name, run.runtime_dir),
-    }
-    pending = job.state in (JobState.WAITING.value, JobState.READY.value)
-    where: list[dict[str, Any]] = []
-    for name in [*runs_on, *([] if lane_node in runs_on else [lane_node])]:
-        entry: dict[str, Any] = {
-            "node": name,
-            "runs_it": name in runs_on,
-            "live": name in live_nodes
-            or (name not in runs_on and node_has_live_worker(rows, name, now=now)),
-            "start": None,
-            "why_not": [],
-        }
-        if name not in runs_on:
-            detail = {"node": name, "nodes": runs_on}
-            entry["why_not"] = [_blocker("other_node", detail)]
-        elif name not in live_nodes:
-            entry["start"] = worker_command(name, run.runtime_dir)
-            if pending:
-                entry["why_not"] = [_blocker("no_worker", _no_worker_detail(entry, job, stage))]
-        where.append(entry)
-    report["placement"] = {
-        "nodes": list(stage.nodes) if stage.nodes else None,
-        "lane_node": lane_node,
-        "runs_on": runs_on,
-        "words": admission.placement_words(stage.nodes),
-        "explained_node": node_name,
-        "per_node": where,
-    }
-    if job.state == JobState.WAITING.value:
-        states = dict(
-            session.execute(select(Job.stage, Job.state).where(Job.item_id == job.item_id)).all()
-        )
-        report["blocked_by"] = [
-            {"code": "needs_pending", "words": f"needs {need}, which is {states[need]}"}
-            for need in stage.needs
-            if states.get(need) != JobState.SUCCEEDED.value
-        ]
-    elif job.state == JobState.READY.value and job.retry_after is not None:
-        report["blocked_by"] = [
-            {
-                "code": "retry_backoff",
-                "words": f"waiting out its stage's retry backoff until {iso(job.retry_after)}; "
-                "the controller makes it claimable then",
-            }
-        ]
-    elif job.state == JobState.READY.value:
-        for entry in where:
-            asked = entry["live"] or entry["node"] == node_name
-            if not entry["runs_it"] or not asked or session.get(Node, entry["node"]) is None:
-                continue
-            blocked, arithmetic = _explain_on(session, job, stage, entry["node"])
-            if entry["live"]:
-                entry["why_not"] = blocked
-            if entry["node"] == node_name:
-                report["blocked_by"] = blocked
-                report["arithmetic"] = arithmetic
-    elif job.state in (JobState.FAILED.value, JobState.CANCELLED.value, JobState.SKIPPED.value):
-        report.update(_settled_evidence(session, job, run.runtime_dir))
-    elif job.state in (JobState.RUNNING.value, JobState.UNKNOWN.value):
-        attempt = session.scalars(
-            select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.id.desc())
-        ).first()
-        if attempt is not None:
-            report["attempt"] = {
-                "attempt_id": attempt.id,
-                "state": attempt.state,
-                "pid": attempt.child_pid,
-                "reason": attempt.state_reason,
-                "peak_rss_mib": attempt.peak_rss_mib,
-            }
-    if not live and pending:
-        # Said first: until a worker runs on a node that runs it, nothing else matters.
-        detail = _no_worker_detail(where[0], job, stage)
-        report["blocked_by"].insert(0, _blocker("no_worker", detail))
-    return report
-
-
-def _blocker(code: str, detail: dict[str, Any]) -> dict[str, Any]:
-    return {"code": code, "detail": detail, "words": admission.describe(code, detail)}
-
-
-def _no_worker_detail(entry: dict[str, Any], job: Any, stage: Any) -> dict[str, Any]:
-    """``no_worker`` for one node; naming the stage's ``nodes`` when it has them."""
-    detail: dict[str, Any] = {"node": entry["node"], "start": entry["start"]}
-    if stage.nodes:
-        detail.update(stage=job.stage, nodes=list(stage.nodes))
-    return detail
-
-
-def _explain_on(
-    session: Session, job: Any, stage: Any, node_name: str
-) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """What blocks a ready ``job`` on ``node_name`` (a node that runs its stage), from the
-    snapshot a claim there would build, and the capacity arithmetic."""
-    from sqlalchemy import func, select
-
-    from controller import ledger
-    from controller.models import Attempt, Node
-
-    node = session.get(Node, node_name)
-    assert node is not None
-    running = (
-        session.scalar(
-            select(func.count())
-            .select_from(Attempt)
-            .where(
-                Attempt.node == node_name,
-                Attempt.state.in_(
-                    [
-                        AttemptState.INTENT.value,
-                        AttemptState.RUNNING.value,
-                        AttemptState.UNKNOWN.value,
-                    ]
-                ),
-            )
-        )
-        or 0
-    )
-    snapshot, _ = ledger.admission_snapshot(
-        session,
-        node=node_name,
-        free_slots=max(0, node.max_jobs - running),
-        mem=node.mem_available_mib,
-        limit=1,
-        lock=False,
-        job_id=job.id,
-    )
-    if not snapshot.candidates:
-        return [], None
-    candidate = snapshot.candidates[0]
-    blocked = [_blocker(code, detail) for code, detail in admission.explain(snapshot, candidate)]
-    peak = ledger.stage_peaks(session, [job.run_id]).get((job.run_id, job.stage), (None, None))
-    free = node.mem_available_mib
-    arithmetic = {
-        "node": node_name,
-        "free_mib": None if free is None else round(free),
-        "free_sampled_at": iso(node.sampled_at),
-        "unreleased_mib": round(snapshot.node.reserved_mib),
-        "reservation_mib": round(candidate.memory_mib),
-        "configured_mib": stage.memory_mib,
-        "learn_memory": stage.learn_memory,
-        "measured_peak_mib": None if peak[0] is None else round(peak[0], 1),
-        "memory_margin": stage.memory_margin,
-        "floor_mib": node.memory_floor_mib,
-        "headroom_after_mib": (
-            None
-            if free is None
-            else round(
-                free - snapshot.node.reserved_mib - candidate.memory_mib - node.memory_floor_mib
-            )
-        ),
-        "gpu_peak_mib": candidate.gpu_peak_mib,
-        "running_on_node": running,
-        "max_jobs": node.max_jobs,
-    }
-    return blocked, arithmetic
-
-
-STDERR_TAIL_LINES = 10
-STDERR_TAIL_BYTES = 64 * 1024
-"""At most this much of the end of ``stderr.log`` is read for its last lines."""
-TAIL_LINE_CHARS = 500
-
-
-def stderr_tail(
-    attempt_dir: str | None, lines: int = STDERR_TAIL_LINES
-) -> tuple[list[str] | None, str | None]:
-    """The last ``lines`` lines of the attempt's ``stderr.log`` (redacted on disk by the
-    supervisor), each cut to ``TAIL_LINE_CHARS``; or None and why it could not be read
-    (the attempt directory may be on another machine)."""
-    if not attempt_dir:
-        return None, "the attempt has no directory"
-    path = Path(attempt_dir) / "stderr.log"
-    try:
-        with path.open("rb") as log:
-            size = log.seek(0, os.SEEK_END)
-            log.seek(max(0, size - STDERR_TAIL_BYTES))
-            data = log.read(STDERR_TAIL_BYTES)
-    except OSError as exc:
-        return None, f"{path}: cannot read it here ({exc.strerror or exc})"
-    text = data.decode("utf-8", errors="replace").splitlines()
-    if size > STDERR_TAIL_BYTES and text:
-        text = text[1:]  # the first line read is probably cut
-    return [line[:TAIL_LINE_CHARS] for line in text[-lines:]], None
-
-
-def _signal_name(number: int | None) -> str | None:
-    if number is None:
-        return None
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return None
-
-
-def _settled_evidence(session: Session, job: Any, runtime_dir: str) -> dict[str, Any]:
-    """For a failed, cancelled or skipped job: its last attempt's outcome, exit code or
-    signal, directory and the end of its stderr, and the ``laneway retry`` command (for a
-    skipped job, the retry of the failed job it needs)."""
-    from sqlalchemy import select
-
-    from controller.models import Attempt, Job
-
-    body: dict[str, Any] = {"last_attempt": None, "retry": None}
-    attempt = session.scalars(
-        select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.id.desc())
-    ).first()
-    if attempt is not None:
-        tail, why = stderr_tail(attempt.attempt_dir)
-        body["last_attempt"] = {
-            "attempt_id": attempt.id,
-            "number": attempt.number,
-            "state": attempt.state,
-            "outcome": attempt.outcome,
-            "reason": attempt.state_reason,
-            "exit_code": attempt.exit_code,
-            "exit_signal": attempt.exit_signal,
-            "signal_name": _signal_name(attempt.exit_signal),
-            "attempt_dir": attempt.attempt_dir,
-            "stderr_tail": tail,
-            "stderr_unreadable": why,
-        }
-    target = None
-    if job.state == JobState.FAILED.value:
-        target = job.id
-    elif job.state == JobState.SKIPPED.value:
-        target = session.scalars(
-            select(Job.id)
-            .where(
-                Job.item_id == job.item_id,
-                Job.stage_position < job.stage_position,
-                Job.state == JobState.FAILED.value,
-            )
-            .order_by(Job.stage_position)
-        ).first()
-    if target is not None:
-        body["retry"] = {
-            "job_id": target,
-            "command": (
-                f"laneway retry {target} --reason '...' --runtime-dir {shlex.quote(runtime_dir)}"
-            ),
-        }
     return body

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from controller import advice, db, ids
+from controller import advice, db, ids, queries
 from controller import logs as logs_module
 from controller.clock import SystemClock, iso
 from controller.errors import LanewayError, NotFound, UsageError
@@ -153,10 +153,7 @@ class Dashboard:
 
     def runs(self) -> list[dict[str, Any]]:
         with self.lock, self.source.snapshot():
-            rows = self.source.rows(
-                "SELECT id, name, state, created_at, finished_at FROM runs "
-                f"ORDER BY id DESC LIMIT {RECENT_RUNS}"
-            )
+            rows = self.source.rows(queries.RECENT_RUNS, {"limit": RECENT_RUNS})
         return [
             {
                 "id": r[0],
@@ -182,9 +179,7 @@ class Dashboard:
             pids = {
                 attempt_id: (supervisor, child)
                 for attempt_id, supervisor, child in self.source.rows(
-                    "SELECT id, supervisor_pid, child_pid FROM attempts "
-                    "WHERE run_id = :run AND state = 'unknown'",
-                    {"run": status.run.id},
+                    queries.UNKNOWN_PIDS, {"run": status.run.id}
                 )
             }
         for lane in status.lanes:
@@ -206,9 +201,7 @@ class Dashboard:
             from controller.status import find_run
 
             run = find_run(self.source, run_id)
-            newest = self.source.rows(
-                "SELECT MAX(id) FROM events WHERE run_id = :run", {"run": run["id"]}
-            )[0][0]
+            newest = self.source.rows(queries.NEWEST_RUN_EVENT, {"run": run["id"]})[0][0]
         cached = self._timelines.get(run["id"])
         if cached is not None:
             age = time.monotonic() - cached[1]
@@ -225,7 +218,7 @@ class Dashboard:
     def explain(self, job: str, run_id: int | None = None) -> dict[str, Any]:
         """``laneway explain`` for a job given by its id or as ``ITEM.STAGE`` (in run
         ``run_id``, default the newest), as the command takes it."""
-        from controller.status import explain_job
+        from controller.explain import explain_job
 
         job_id = ids.parse_id(job)
         if job_id is None and "." in job:
@@ -241,11 +234,7 @@ class Dashboard:
         on this machine; else where they are)."""
         with self.lock, self.source.snapshot():
             found = logs_module.get_attempt(self.source, attempt_id)
-            extra = self.source.rows(
-                "SELECT exit_code, exit_signal, state_reason, intent_at, started_at, "
-                "settled_at, current_rss_mib FROM attempts WHERE id = :id",
-                {"id": attempt_id},
-            )[0]
+            extra = self.source.rows(queries.ATTEMPT_TIMES, {"id": attempt_id})[0]
         body = found.as_dict()
         body.update(
             zip(
