@@ -14,7 +14,7 @@ pipe to the worker (the report of the child's identity) and its stderr the attem
 of ``/proc`` sees: its command line is the launcher's (it still names
 ``workers.supervisor``), and its ``/proc/PID/environ`` is the launcher's, so a restarted
 worker finds it by its working directory, the attempt directory, which it enters at
-once (``service.find_supervisor``).
+once (``recovery.find_supervisor``).
 
 The launcher reaps the supervisors it forked; the worker watches them through pidfds.
 When the worker goes away (its end of the socket closes) the launcher exits and its

@@ -57,7 +57,7 @@ def launch_argv(spec_json: str) -> list[str]:
     environment variables and skips site-packages (the supervisor needs only the
     standard library and laneway's own small modules, found through ``ROOT``). That
     keeps its start to a few milliseconds. ``workers.supervisor`` stays in the command
-    line: a restarted worker finds supervisors by it (``service.find_supervisor``)."""
+    line: a restarted worker finds supervisors by it (``recovery.find_supervisor``)."""
     return [sys.executable, "-I", "-S", "-c", BOOTSTRAP, "workers.supervisor", ROOT, spec_json]
 
 
