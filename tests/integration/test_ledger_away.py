@@ -126,11 +126,14 @@ def test_a_heartbeat_held_up_behind_the_write_lock_never_makes_a_worker_lost(
     (report,) = reports
     assert report.lost == []  # type: ignore[attr-defined]
     # The worker goes on beating; the controller goes on judging: nobody becomes lost.
-    settle_by = time.monotonic() + 4
-    while time.monotonic() < settle_by:
+    released = time.monotonic()
+
+    def both_tick_past_the_grace() -> bool:
         worker.tick()
         assert controller.tick().lost == []
-        time.sleep(0.05)
+        return time.monotonic() - released > 4  # past lost_after (2 s) and its grace
+
+    wait_until(both_tick_past_the_grace, interval=0.05)
     (tmp_path / "release").touch()
     wait_until(lambda: worker.tick() is not None and not worker.in_flight)
     with db.session_factory(engine)() as session:
