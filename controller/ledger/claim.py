@@ -24,7 +24,7 @@ from controller.errors import IllegalTransition
 from controller.ledger import artifacts as artifact_ledger
 from controller.ledger import statements
 from controller.ledger import usage as usage_ledger
-from controller.ledger.controls import run_paused, set_control
+from controller.ledger.controls import pause_run, set_control
 from controller.ledger.snapshot import RunInfo, admission_snapshot
 from controller.ledger.tables import decisions
 from controller.ledger.transitions import append_events, event_row, move_job
@@ -200,13 +200,9 @@ def _pause_when_nothing_fits(
             continue
         if any(n for (r, _), n in snapshot.running_stage.items() if r == run_id):
             continue
-        if run_paused(session, run_id):
-            continue
-        set_control(
+        pause_run(
             session,
-            ControlKind.PAUSE,
-            scope=ControlScope.RUN,
-            run_id=run_id,
+            run_id,
             reason=f"{usage.BUDGET_SPENT}: {refusals[0].words()}",
             actor=actor,
             now=now,

@@ -69,6 +69,23 @@ def run_paused(session: Session, run_id: int) -> bool:
     )
 
 
+def pause_run(session: Session, run_id: int, *, reason: str, actor: str, now: datetime) -> bool:
+    """Pause a run (``set_control``) unless it carries an active pause already (then no
+    second pause is set). True if this call paused it."""
+    if run_paused(session, run_id):
+        return False
+    set_control(
+        session,
+        ControlKind.PAUSE,
+        scope=ControlScope.RUN,
+        run_id=run_id,
+        reason=reason,
+        actor=actor,
+        now=now,
+    )
+    return True
+
+
 def clear_controls(
     session: Session,
     kinds: tuple[ControlKind, ...],

@@ -19,7 +19,7 @@ from controller import usage as usage_math
 from controller.clock import iso
 from controller.ledger import statements
 from controller.ledger import usage as usage_ledger
-from controller.ledger.controls import run_paused, set_control
+from controller.ledger.controls import pause_run, set_control
 from controller.ledger.promotion import promote_item
 from controller.ledger.runs import frozen_config
 from controller.ledger.tables import attempts, items, jobs
@@ -202,14 +202,12 @@ def _trip_infra_breaker(session: Session, run_id: int, *, now: datetime, actor: 
             break
     result.close()
     history = list(reversed(newest_first))
-    if not breakers.infra_breaker_trips(history, limit) or run_paused(session, run_id):
+    if not breakers.infra_breaker_trips(history, limit):
         return
     streak = sorted(breakers.infra_streak(history))
-    set_control(
+    pause_run(
         session,
-        ControlKind.PAUSE,
-        scope=ControlScope.RUN,
-        run_id=run_id,
+        run_id,
         reason=(
             f"infrastructure failures of {len(streak)} distinct items in a row "
             f"({', '.join(streak)}); breaker threshold {limit}"
@@ -404,13 +402,4 @@ def refuse_start(
         now=now,
         reason=f"not started: {reason}",
     )
-    if not run_paused(session, run_id):
-        set_control(
-            session,
-            ControlKind.PAUSE,
-            scope=ControlScope.RUN,
-            run_id=run_id,
-            reason=f"attempt {attempt_id}: {reason}",
-            actor=actor,
-            now=now,
-        )
+    pause_run(session, run_id, reason=f"attempt {attempt_id}: {reason}", actor=actor, now=now)
