@@ -149,7 +149,7 @@ def report(
     percentiles, queue wait, failures by class, idle periods with their recorded reasons.
     Writes the HTML atomically; reads the ledger only.
     """
-    from controller import durable, ledger
+    from controller import durable, ledger, report_html
     from controller import report as report_module
 
     with common.refusals(as_json):
@@ -165,7 +165,7 @@ def report(
             )
         target = html_path or Path(run_row.runtime_dir) / "runs" / str(run_row.id) / "report.html"
         try:
-            durable.write_bytes(target, report_module.render_html(body).encode())
+            durable.write_bytes(target, report_html.render_html(body).encode())
         except OSError as exc:
             raise UsageError(f"--html {target}: cannot write it ({exc.strerror or exc})") from None
         body["html"] = str(target)

@@ -109,7 +109,8 @@ def worker(
     signal leaves them running under their supervisors. The runtime dir must hold a
     ledger already (`start-pipeline` or `run` creates it).
     """
-    from controller.status import SessionRows, node_max_jobs
+    from controller.rows import SessionRows
+    from controller.status_nodes import node_max_jobs
     from workers.service import WorkerService
 
     with common.refusals():

@@ -141,7 +141,7 @@ def job_id(engine: Any, job: str, run: int | None) -> int:
     """A job named by its id, or as ITEM.STAGE in ``run`` (default: the newest run)."""
     from controller.ids import parse_id
     from controller.logs import job_by_name
-    from controller.status import SessionRows
+    from controller.rows import SessionRows
 
     number = parse_id(job)
     if number is not None:

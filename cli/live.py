@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from cli import render
 from controller import advice
 from controller import progress as progress_module
-from controller.status import Rows
+from controller.rows import Rows
 from controller.status_model import Lane, StatusReport
 
 RATE_WINDOW = 60.0

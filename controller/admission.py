@@ -38,7 +38,7 @@ Reason codes, in the order they are checked for a candidate job:
 
 One more code is not admission's own: ``no_worker`` — no live worker serves the node (or
 any of the nodes) that runs the job's stage, so nothing claims its jobs at all.
-``controller.status`` and ``controller.report`` derive it from the ``workers`` table;
+``controller.status_nodes`` and ``controller.report`` derive it from the ``workers`` table;
 ``describe`` words it like the others.
 """
 

@@ -40,7 +40,8 @@ from controller.durable import make_private_dir, modes, read_json, write_json
 from controller.errors import CommitOutcomeUnknown, LedgerUnavailable, UsageError
 from controller.models import Attempt, Job
 from controller.states import EventKind
-from controller.status import LOST_AFTER_SECONDS, build_status
+from controller.status import build_status
+from controller.status_nodes import LOST_AFTER_SECONDS
 from controller.watch import ChangeWatch
 
 ACTOR = "controller"

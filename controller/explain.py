@@ -2,7 +2,7 @@
 for a failed, cancelled or skipped job its last attempt's evidence (read-only).
 
 Through an ORM session (SQLAlchemy is imported inside the functions, so importing this
-module stays cheap); the node and worker looks are ``controller/status.py``'s.
+module stays cheap); the node and worker looks are ``controller/status_nodes.py``'s.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
 
     from controller import ledger
     from controller.models import Attempt, Item, Job, Node
-    from controller.status import SessionRows, node_has_live_worker, worker_command
+    from controller.rows import SessionRows
+    from controller.status_nodes import node_has_live_worker, worker_command
 
     job = session.get(Job, job_id)
     if job is None:

@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from controller import daemon as daemon_module
 from controller import db, ledger, pipeline, usage
 from controller.errors import LedgerUnavailable, UsageError
+from controller.rows import Rows, SessionRows
 from controller.states import RunState
-from controller.status import Rows, SessionRows, build_status
+from controller.status import build_status
 from controller.status_model import StatusReport
 
 if TYPE_CHECKING:

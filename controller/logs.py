@@ -25,8 +25,9 @@ from controller import identity
 from controller.durable import AttemptDir, PathRefused
 from controller.errors import LanewayError, NotFound, UsageError
 from controller.ids import parse_id
+from controller.rows import Rows
 from controller.states import AttemptState
-from controller.status import Rows, find_run
+from controller.status import find_run
 
 STREAMS = ("stdout", "stderr")
 TAIL_BLOCK = 64 * 1024

@@ -46,8 +46,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import CollectorRegistry
 
 from controller import queries
-from controller.status import Rows, _moment, node_workers, status_report
+from controller.rows import Rows, _moment
+from controller.status import status_report
 from controller.status_model import StatusReport
+from controller.status_nodes import node_workers
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_RUNS = 20

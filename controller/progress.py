@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controller import queries
+from controller.rows import Rows, _moment
 from controller.states import JobState
-from controller.status import Rows, _moment
 from controller.status_model import StatusReport
 
 TERMINAL = (

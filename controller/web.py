@@ -43,7 +43,8 @@ from controller import advice, db, ids, queries
 from controller import logs as logs_module
 from controller.clock import SystemClock, iso
 from controller.errors import LanewayError, NotFound, UsageError
-from controller.status import _moment, status_report
+from controller.rows import _moment
+from controller.status import status_report
 from controller.status_model import Advice, OnDisk
 
 DEFAULT_BIND = "127.0.0.1:8470"
@@ -194,7 +195,7 @@ class Dashboard:
     def timeline(self, run_id: int | None) -> str:
         """The run's lane timeline (SVG), rebuilt only when the run changed, and at most
         every ``TIMELINE_SECONDS``."""
-        from controller import ledger
+        from controller import ledger, report_html
         from controller import report as report_module
 
         with self.lock, self.source.snapshot():
@@ -211,7 +212,7 @@ class Dashboard:
         with db.session_factory(self._orm())() as session:
             run_row = ledger.get_run(session, run["id"])
             body = report_module.build_report(session, run_row, now=self.now())
-        svg = report_module.timeline_svg(body)
+        svg = report_html.timeline_svg(body)
         self._timelines[run["id"]] = (newest, time.monotonic(), svg)
         return svg
 

@@ -15,7 +15,8 @@ import pytest
 from cli import render
 from controller import db, ledger
 from controller.models import Artifact
-from controller.report import build_report, render_html
+from controller.report import build_report
+from controller.report_html import render_html
 from controller.units import byte_size
 from tests.integration.test_artifacts import rows, stages
 from tests.integration.test_cli import assert_clean_error, invoke

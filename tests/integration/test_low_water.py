@@ -11,7 +11,8 @@ from cli import render
 from controller import db, ledger
 from controller.models import Node, NodeLowWater
 from controller.outcome import Outcome
-from controller.report import build_report, render_html
+from controller.report import build_report
+from controller.report_html import render_html
 from tests.support import (
     claim_on_n1,
     heartbeat,

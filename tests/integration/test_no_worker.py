@@ -18,9 +18,11 @@ from cli.main import app
 from controller import db, ledger
 from controller.daemon import Controller
 from controller.models import Job
-from controller.report import build_report, render_html
+from controller.report import build_report
+from controller.report_html import render_html
 from controller.states import ControlKind, ControlScope, Outcome
-from controller.status import LOST_AFTER_SECONDS, build_status, explain_job
+from controller.status import build_status, explain_job
+from controller.status_nodes import LOST_AFTER_SECONDS
 from tests.support import claim_on_n1, heartbeat, make_config, py_stage, settle_one
 
 runner = CliRunner()

@@ -18,7 +18,8 @@ from cli import oom_text
 from controller import db, ledger, oom
 from controller.daemon import Controller
 from controller.models import Attempt, Reservation
-from controller.report import build_report, render_html
+from controller.report import build_report
+from controller.report_html import render_html
 from tests.support import make_config, py_stage, wait_until
 from workers.gpu import FakeGpu
 from workers.oom import OomCounter

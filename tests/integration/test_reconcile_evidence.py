@@ -17,8 +17,9 @@ from controller import db, evidence, ledger, reconcile
 from controller.durable import make_private_dir, write_json
 from controller.errors import IllegalTransition
 from controller.models import Artifact, Attempt, Job
+from controller.rows import SessionRows
 from controller.states import JobState, Outcome
-from controller.status import SessionRows, status_report
+from controller.status import status_report
 from tests.integration.test_cli import invoke, runner
 from tests.support import claim_on_n1, make_config, py_stage
 from workers import identity

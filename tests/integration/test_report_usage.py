@@ -8,7 +8,8 @@ import pytest
 from cli import render
 from controller import db, ledger
 from controller.clock import SystemClock
-from controller.report import build_report, render_html
+from controller.report import build_report
+from controller.report_html import render_html
 from tests.integration.test_usage import REPORTER
 from tests.integration.test_worker import drive, start_worker
 from tests.support import make_config, py_stage

@@ -13,8 +13,9 @@ from pathlib import Path
 from controller import db, ledger, policy
 from controller.clock import iso
 from controller.config import RetryPolicy
+from controller.rows import SessionRows
 from controller.states import JobState, Outcome
-from controller.status import SessionRows, explain_job, status_report
+from controller.status import explain_job, status_report
 from tests.integration.test_cli import invoke
 from tests.support import claim_on_n1, make_config, py_stage, settle_one
 

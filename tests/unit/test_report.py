@@ -13,7 +13,8 @@ from typing import Any
 
 from controller import db, ledger
 from controller.clock import iso
-from controller.report import build_report, render_html, text_width
+from controller.report import build_report
+from controller.report_html import render_html, text_width
 from controller.states import Outcome
 from tests.support import claim_on_n1, make_config
 
