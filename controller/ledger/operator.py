@@ -13,10 +13,9 @@ from sqlalchemy.orm import Session
 
 from controller import usage as usage_math
 from controller.errors import IllegalTransition, NotFound
-from controller.ledger import usage as usage_ledger
 from controller.ledger.promotion import promote_item
 from controller.ledger.runs import run_config
-from controller.ledger.settle import fold_peaks, release
+from controller.ledger.settle import fold_peaks, record_result_usage, release
 from controller.ledger.tables import attempts, jobs, runs
 from controller.ledger.transitions import append_event, move_attempt, move_job, rowcount
 from controller.models import Attempt, Control, Job, Run, Worker
@@ -109,15 +108,7 @@ def reconcile_attempt(
         actor=actor,
         reason=f"attempt {attempt.number} reconciled as {verdict}: {reason}",
     )
-    usage_ledger.record_usage(
-        session,
-        attempt_id=attempt_id,
-        run_id=moved.run_id,
-        job_id=attempt.job_id,
-        stage=moved.stage,
-        usage=usage_math.read_usage(result)[0],
-        now=now,
-    )
+    record_result_usage(session, attempt, moved, result, now=now)
     release(session, attempt_id, now=now)
     fold_peaks(session, moved.run_id, moved.stage, attempt, {})
     promote_item(session, moved.item_id, now=now, actor=actor)

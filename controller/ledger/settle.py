@@ -359,16 +359,26 @@ def mark_unknown(
         reason=reason,
         bump_fence=True,
     )
+    record_result_usage(session, attempt, moved, result, now=now)
+    session.execute(statements.RELEASE_LEASE, {"b_attempt_id": attempt_id, "b_now": now})
+
+
+def record_result_usage(
+    session: Session, attempt: Any, job: Any, result: dict[str, Any] | None, *, now: datetime
+) -> None:
+    """Store the usage ``result`` reports (none when no result was read) and add it to
+    its stage's spend, for an attempt moved out of flight other than by ``settle_attempt``
+    (marked unknown, reconciled). ``attempt`` and ``job`` are the rows ``move_attempt``
+    and ``move_job`` returned."""
     usage_ledger.record_usage(
         session,
-        attempt_id=attempt_id,
-        run_id=moved.run_id,
+        attempt_id=attempt.id,
+        run_id=job.run_id,
         job_id=attempt.job_id,
-        stage=moved.stage,
+        stage=job.stage,
         usage=usage_math.read_usage(result)[0],
         now=now,
     )
-    session.execute(statements.RELEASE_LEASE, {"b_attempt_id": attempt_id, "b_now": now})
 
 
 def release(session: Session, attempt_id: int, *, now: datetime) -> None:
