@@ -303,28 +303,21 @@ def record_capture(
     """Record a failure capture (archive path, sha256, sizes) or why it failed, as an
     event of the settled attempt. It never changes the attempt's outcome."""
     attempt = get_attempt(session, attempt_id)
-    if error is None:
-        append_event(
-            session,
-            EventKind.CAPTURE_RECORDED,
-            actor=actor,
-            now=now,
-            run_id=attempt.run_id,
-            job_id=attempt.job_id,
-            attempt_id=attempt_id,
-            **(info or {}),
-        )
-    else:
-        append_event(
-            session,
-            EventKind.CAPTURE_FAILED,
-            actor=actor,
-            now=now,
-            run_id=attempt.run_id,
-            job_id=attempt.job_id,
-            attempt_id=attempt_id,
-            error=error,
-        )
+    kind, detail = (
+        (EventKind.CAPTURE_RECORDED, info or {})
+        if error is None
+        else (EventKind.CAPTURE_FAILED, {"error": error})
+    )
+    append_event(
+        session,
+        kind,
+        actor=actor,
+        now=now,
+        run_id=attempt.run_id,
+        job_id=attempt.job_id,
+        attempt_id=attempt_id,
+        **detail,
+    )
 
 
 def closeout_candidates(session: Session) -> list[Run]:
