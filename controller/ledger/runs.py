@@ -347,16 +347,22 @@ def heartbeat(
     return renewed
 
 
-def stop_worker(session: Session, worker_id: str, *, now: datetime) -> None:
-    """A worker's clean exit."""
+def _end_worker(session: Session, worker_id: str, state: WorkerState, *, now: datetime) -> bool:
+    """Active -> ``state`` (stopped or lost), a compare-and-set. False if it was no
+    longer active."""
     changed = rowcount(
         session.execute(
             update(workers)
             .where(workers.c.id == worker_id, workers.c.state == WorkerState.ACTIVE.value)
-            .values(state=WorkerState.STOPPED.value, stopped_at=now)
+            .values(state=state.value, stopped_at=now)
         )
     )
-    if changed != 1:
+    return changed == 1
+
+
+def stop_worker(session: Session, worker_id: str, *, now: datetime) -> None:
+    """A worker's clean exit."""
+    if not _end_worker(session, worker_id, WorkerState.STOPPED, now=now):
         raise IllegalTransition(f"worker {worker_id} is not active")
     append_event(session, EventKind.WORKER_STOPPED, actor=worker_id, now=now)
 
@@ -365,18 +371,12 @@ def mark_worker_lost(
     session: Session, worker_id: str, *, now: datetime, actor: str, reason: str
 ) -> bool:
     """Active -> lost (compare-and-set). Returns False if it was no longer active."""
-    changed = rowcount(
-        session.execute(
-            update(workers)
-            .where(workers.c.id == worker_id, workers.c.state == WorkerState.ACTIVE.value)
-            .values(state=WorkerState.LOST.value, stopped_at=now)
-        )
-    )
-    if changed:
+    lost = _end_worker(session, worker_id, WorkerState.LOST, now=now)
+    if lost:
         append_event(
             session, EventKind.WORKER_LOST, actor=actor, now=now, worker=worker_id, reason=reason
         )
-    return bool(changed)
+    return lost
 
 
 def stale_workers(session: Session, *, now: datetime, lost_after: float) -> list[str]:
