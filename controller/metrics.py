@@ -37,7 +37,8 @@ Series (``run`` is the run id; every gauge is the ledger's state at the scrape):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from datetime import datetime
 
@@ -123,15 +124,13 @@ def _run_metrics(f: _Families, source: Rows, run_id: int, status: StatusReport) 
     for stage, by_outcome in status.outcomes.items():
         for outcome, count in by_outcome.items():
             settled.add_metric([run, stage, outcome], count)
-    in_flight: dict[tuple[str, str], int] = {}
-    for attempt in status.running:
-        key = (attempt.stage, attempt.state)
-        in_flight[key] = in_flight.get(key, 0) + 1
-    flying = f.gauge(
-        "attempts_in_flight", "Attempts in intent or running.", ["run", "stage", "state"]
+    f.counted(
+        "attempts_in_flight",
+        "Attempts in intent or running.",
+        ["run", "stage", "state"],
+        run,
+        ((attempt.stage, attempt.state) for attempt in status.running),
     )
-    for (stage, state), count in sorted(in_flight.items()):
-        flying.add_metric([run, stage, state], count)
     f.gauge(
         "unknown_attempts", "Attempts whose outcome is unknown (dispatch halted).", ["run"]
     ).add_metric([run], len(status.unknown))
@@ -161,15 +160,13 @@ def _run_metrics(f: _Families, source: Rows, run_id: int, status: StatusReport) 
         idle.add_metric([run, lane.lane, lane.node, reason], seconds)
         pending.add_metric([run, lane.lane], left)
         running.add_metric([run, lane.lane], lane.running)
-    controls: dict[tuple[str, str], int] = {}
-    for control in status.controls:
-        key = (control.kind, control.scope)
-        controls[key] = controls.get(key, 0) + 1
-    active = f.gauge(
-        "controls_active", "Pauses, stops and halts in force.", ["run", "kind", "scope"]
+    f.counted(
+        "controls_active",
+        "Pauses, stops and halts in force.",
+        ["run", "kind", "scope"],
+        run,
+        ((control.kind, control.scope) for control in status.controls),
     )
-    for (kind, scope), count in sorted(controls.items()):
-        active.add_metric([run, kind, scope], count)
     rss = f.gauge("stage_peak_rss_mib", "Highest measured RSS of a stage.", ["run", "stage"])
     gpu = f.gauge("stage_peak_gpu_mib", "Highest measured GPU memory.", ["run", "stage"])
     measured = f.gauge(
@@ -240,6 +237,16 @@ class _Families:
         )
         assert isinstance(family, CounterMetricFamily)
         return family
+
+    def counted(
+        self, name: str, doc: str, labels: list[str], run: str, keys: Iterable[tuple[str, str]]
+    ) -> None:
+        """A gauge of how many of ``keys`` there are: one series per key, in key order,
+        labelled ``run`` and the key."""
+        counts = Counter(keys)
+        gauge = self.gauge(name, doc, labels)
+        for key, count in sorted(counts.items()):
+            gauge.add_metric([run, *key], count)
 
     def all(self) -> list[Metric]:
         return list(self._found.values())

@@ -20,13 +20,16 @@ def _names(cls: type) -> list[str]:
     return [f.name for f in fields(cls)]
 
 
-def _fields(obj: Any) -> dict[str, Any]:
-    """A flat dataclass's fields, in declaration order (a shallow copy)."""
-    return dict(obj.__dict__)
+class _Flat:
+    """A flat dataclass whose JSON form is its fields, in declaration order."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields, in declaration order (a shallow copy)."""
+        return dict(self.__dict__)
 
 
 @dataclass
-class RunInfo:
+class RunInfo(_Flat):
     """The run's row."""
 
     id: int
@@ -41,12 +44,9 @@ class RunInfo:
     def finished(self) -> bool:
         return self.state == "finished"
 
-    def as_dict(self) -> dict[str, Any]:
-        return _fields(self)
-
 
 @dataclass
-class Control:
+class Control(_Flat):
     """A pause, stop or halt in force (global or the run's)."""
 
     id: int
@@ -56,9 +56,6 @@ class Control:
     reason: str
     set_by: str
     set_at: str | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return _fields(self)
 
 
 @dataclass
@@ -108,7 +105,7 @@ class UnknownAttempt:
 
 
 @dataclass
-class BackingOff:
+class BackingOff(_Flat):
     """A ready job waiting out its stage's retry backoff."""
 
     job_id: int
@@ -116,12 +113,9 @@ class BackingOff:
     stage: str
     retry_after: str | None
 
-    def as_dict(self) -> dict[str, Any]:
-        return _fields(self)
-
 
 @dataclass
-class RunningAttempt:
+class RunningAttempt(_Flat):
     """An attempt in flight (intent or running)."""
 
     attempt_id: int
@@ -136,12 +130,9 @@ class RunningAttempt:
     timeout_seconds: float | None
     peak_rss_mib: float | None
 
-    def as_dict(self) -> dict[str, Any]:
-        return _fields(self)
-
 
 @dataclass
-class Worker:
+class Worker(_Flat):
     """A worker of one of the run's nodes; ``live``: active with a fresh heartbeat."""
 
     worker_id: str
@@ -156,12 +147,9 @@ class Worker:
     heartbeat_age_seconds: float
     stopped_at: str | None
 
-    def as_dict(self) -> dict[str, Any]:
-        return _fields(self)
-
 
 @dataclass
-class NodeSummary:
+class NodeSummary(_Flat):
     """A node of the run: live workers, newest heartbeat, free memory, in-flight attempts."""
 
     node: str
@@ -174,19 +162,13 @@ class NodeSummary:
     running: int
     max_jobs: int | None
 
-    def as_dict(self) -> dict[str, Any]:
-        return _fields(self)
-
 
 @dataclass
-class NoWorker:
+class NoWorker(_Flat):
     """A node of an unfinished run that no live worker serves, and how to start one."""
 
     node: str
     start: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return _fields(self)
 
 
 @dataclass
@@ -272,7 +254,7 @@ class Lane:
 
 
 @dataclass
-class Placement:
+class Placement(_Flat):
     """Where a stage runs: ``nodes`` as configured (None: its lane's node), ``runs_on``,
     ``words``, and ``no_live_worker``: those of ``runs_on`` no live worker serves."""
 
@@ -282,27 +264,18 @@ class Placement:
     words: str
     no_live_worker: list[str]
 
-    def as_dict(self) -> dict[str, Any]:
-        return _fields(self)
-
 
 @dataclass
-class Throughput:
+class Throughput(_Flat):
     settled_attempts: int
     per_hour: float
 
-    def as_dict(self) -> dict[str, Any]:
-        return _fields(self)
-
 
 @dataclass
-class CloseoutStep:
+class CloseoutStep(_Flat):
     name: str
     state: str | None
     exit_code: int | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return _fields(self)
 
 
 @dataclass
@@ -329,7 +302,7 @@ class Closeout:
 
 
 @dataclass
-class Event:
+class Event(_Flat):
     """One of the run's recent events."""
 
     id: int
@@ -339,9 +312,6 @@ class Event:
     attempt_id: int | None
     actor: str
     detail: dict[str, Any]
-
-    def as_dict(self) -> dict[str, Any]:
-        return _fields(self)
 
 
 @dataclass
