@@ -335,12 +335,12 @@ def build(runtime: Path, size: int) -> dict:
     measurements need."""
     from sqlalchemy import insert, select, update
 
-    from controller import db, ledger
+    from controller import db, ledger, ledger_open
     from controller.clock import SystemClock
     from controller.ledger.tables import artifacts, attempt_inputs, attempts, items, jobs, workers
 
     started = time.perf_counter()
-    engine = db.open_ledger(runtime)
+    engine = ledger_open.open_ledger(runtime)
     factory = db.session_factory(engine)
     now = SystemClock().now()
     with db.transaction(factory) as session:
@@ -729,7 +729,7 @@ def end_to_end(root: Path, items: int, outputs: bool) -> tuple[float, float, int
     """(wall seconds, CPU seconds, succeeded attempts, artifacts) of one run."""
     from sqlalchemy import func, select
 
-    from controller import db, ledger
+    from controller import db, ledger, ledger_open
     from controller.clock import SystemClock
     from controller.daemon import Controller
     from controller.ledger.tables import artifacts, attempts, jobs
@@ -740,7 +740,7 @@ def end_to_end(root: Path, items: int, outputs: bool) -> tuple[float, float, int
     # process's life, so a ledger deleted and re-created at the same path would be read
     # through the old file's open connection.
     runtime = root / f"e2e-{items}-{'outputs' if outputs else 'plain'}-{uuid.uuid4().hex[:8]}"
-    engine = db.open_ledger(runtime)
+    engine = ledger_open.open_ledger(runtime)
     factory = db.session_factory(engine)
     with db.transaction(factory) as session:
         run_id = ledger.create_run(

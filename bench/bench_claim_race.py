@@ -31,7 +31,7 @@ def main() -> None:
     options = args.parse_args()
     use_project(options.project)
     os.environ["LANEWAY_TEST_POSTGRES_URL"] = options.postgres
-    from controller import db
+    from controller import ledger_open
     from tests import backends
     from tests.claim_race import race
 
@@ -42,7 +42,7 @@ def main() -> None:
                 with tempfile.TemporaryDirectory() as scratch:
                     name = None
                     if backend == "sqlite":
-                        engine = db.open_ledger(Path(scratch))
+                        engine = ledger_open.open_ledger(Path(scratch))
                         url = engine.url.render_as_string(hide_password=False)
                         engine.dispose()
                     else:

@@ -21,7 +21,7 @@ from pathlib import Path
 from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
 
-from controller import db, ledger
+from controller import db, ledger, ledger_open
 from controller.clock import SystemClock
 from controller.models import Node
 
@@ -52,7 +52,7 @@ def writer(runtime: str, fair: bool, txns: int, queue: multiprocessing.Queue) ->
 
 def measure(root: Path, fair: bool, procs: int, txns: int) -> dict[str, float]:
     runtime = root / ("fair" if fair else "busy-handler")
-    engine = db.open_ledger(runtime)
+    engine = ledger_open.open_ledger(runtime)
     with db.transaction(db.session_factory(engine)) as session:
         session.add(Node(name="n1", memory_floor_mib=0, max_jobs=1, updated_at=SystemClock().now()))
     engine.dispose()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from controller import db, ledger
+from controller import db, ledger, ledger_open
 from controller.clock import SystemClock
 from controller.config import parse_config
 from controller.daemon import Controller
@@ -48,7 +48,7 @@ def config(attempts: int, slots: int):
 def fresh(root: Path, name: str):
     directory = root / name
     directory.mkdir()
-    return directory, db.open_ledger(directory)
+    return directory, ledger_open.open_ledger(directory)
 
 
 def raw_commits(root: Path, count: int) -> float:

@@ -11,7 +11,7 @@ For each job count N and writer count W, in one invocation:
 
 - laneway kernel: a run of N one-stage jobs created with `ledger.create_run` (node
   max_jobs = W), then W processes (multiprocessing, each its own engine from
-  `db.open_ledger` and its own worker from `ledger.register_worker`), started together,
+  `ledger_open.open_ledger` and its own worker from `ledger.register_worker`), started together,
   each looping `ledger.claim_jobs` (1 free slot) -> `ledger.record_spawn` ->
   `ledger.settle_attempt`, one `db.transaction` each, as bench/bench_dispatch.py's
   kernel() does, until a claim comes back empty;
@@ -77,10 +77,10 @@ def laneway_config(jobs: int, max_jobs: int):
 
 
 def laneway_setup(runtime: Path, jobs: int, writers: int) -> None:
-    from controller import db, ledger
+    from controller import db, ledger, ledger_open
     from controller.clock import SystemClock
 
-    engine = db.open_ledger(runtime)
+    engine = ledger_open.open_ledger(runtime)
     factory = db.session_factory(engine)
     with db.transaction(factory) as session:
         ledger.create_run(
@@ -95,14 +95,14 @@ def laneway_setup(runtime: Path, jobs: int, writers: int) -> None:
 
 
 def laneway_writer(runtime: str, barrier, queue) -> None:
-    from controller import db, ledger
+    from controller import db, ledger, ledger_open
     from controller.clock import SystemClock
     from controller.states import Outcome
 
     errors: list[str] = []
     done = 0
     try:
-        engine = db.open_ledger(runtime)
+        engine = ledger_open.open_ledger(runtime)
         factory = db.session_factory(engine)
         clock = SystemClock()
         with db.transaction(factory) as session:

@@ -90,12 +90,12 @@ def build(runtime: Path, size: int, backlog_share: float) -> dict:
     """A ledger of ~``size`` jobs; returns what the measurements need."""
     from sqlalchemy import insert, select
 
-    from controller import db, ledger
+    from controller import db, ledger, ledger_open
     from controller.clock import SystemClock
     from controller.models import Attempt, Event, Item, Job, Worker
 
     started = time.perf_counter()
-    engine = db.open_ledger(runtime)
+    engine = ledger_open.open_ledger(runtime)
     factory = db.session_factory(engine)
     now = SystemClock().now()
     with db.transaction(factory) as session:

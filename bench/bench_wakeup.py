@@ -44,7 +44,7 @@ from _common import percentile, table
 from sqlalchemy import Engine, event, select
 from sqlalchemy.engine import make_url
 
-from controller import db, ledger
+from controller import db, ledger, ledger_open
 from controller.config import parse_config
 from controller.models import Attempt
 from controller.watch import ChangeWatch
@@ -144,7 +144,7 @@ def serve_worker(runtime: Path, watch: str, idle_seconds: float, out: Path) -> N
     """The worker process: serve until SIGTERM. With ``idle_seconds``, count the
     statements sent in that long a window after a second's settling, write them to
     ``out`` and exit."""
-    engine = db.open_ledger(runtime)
+    engine = ledger_open.open_ledger(runtime)
     service = WorkerService(engine, node="n1", slots=1, memory_probe=lambda: PLENTY)
     if watch == "poll":
         service.watch = PollingWatch(engine)
@@ -175,7 +175,7 @@ def start_worker(runtime: Path, env: dict[str, str], watch: str, idle: float, ou
 
 
 def latencies(runtime: Path, env: dict[str, str], watch: str, samples: int) -> dict[str, Any]:
-    engine = db.open_ledger(runtime)
+    engine = ledger_open.open_ledger(runtime)
     create_run(engine, runtime, "warm-up")  # puts node n1 in the ledger
     ready = runtime / f"worker-{watch}.ready"
     worker = start_worker(runtime, env, watch, 0, ready)
@@ -210,7 +210,7 @@ def idle_rate(runtime: Path, env: dict[str, str], watch: str, seconds: float) ->
 
 def probe_cost(runtime: Path, watch: str, calls: int = 2000) -> float:
     """Microseconds per ``changed()`` of an idle watch."""
-    engine = db.open_ledger(runtime)
+    engine = ledger_open.open_ledger(runtime)
     probe = PollingWatch(engine) if watch == "poll" else ChangeWatch(engine)
     probe.changed()
     started = time.perf_counter()

@@ -18,7 +18,7 @@ import typer
 
 from cli import common, complete, render
 from cli.common import DEFAULT_RUNTIME, MAX_ID, DatabaseUrl, JsonFlag, RuntimeDir
-from controller import db, limits
+from controller import db, limits, readonly
 from controller.clock import SystemClock
 from controller.errors import LanewayError, UsageError
 
@@ -60,7 +60,7 @@ def status(
 
     progress = None
     try:
-        with db.ReadOnlyLedger(runtime_dir) as source:
+        with readonly.ReadOnlyLedger(runtime_dir) as source:
             if watch:
                 from cli import live
 
@@ -299,7 +299,7 @@ def sql(
             max=limits.MAX_SECONDS,
             help="Stop the query after this many seconds.",
         ),
-    ] = db.QUERY_TIMEOUT_S,
+    ] = readonly.QUERY_TIMEOUT_S,
     as_json: JsonFlag = False,
 ) -> None:
     """Run one read-only SQL query against the ledger.
@@ -320,7 +320,7 @@ def sql(
                 "--readonly-url must name a PostgreSQL database (postgresql://ROLE@HOST/DB); "
                 "a SQLite ledger is read from --runtime-dir, opened read-only"
             )
-        with db.ReadOnlyLedger(runtime_dir, url=readonly_url or None) as source:
+        with readonly.ReadOnlyLedger(runtime_dir, url=readonly_url or None) as source:
             headers, rows = source.query(query, timeout_s=timeout, allow_privileged=superuser_ok)
     if as_json:
         typer.echo(render.as_json([dict(zip(headers, row, strict=True)) for row in rows]))

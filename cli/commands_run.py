@@ -14,7 +14,7 @@ import typer
 
 from cli import common, render
 from cli.common import DEFAULT_RUNTIME, ConfigPath, DatabaseUrl, JsonFlag, RuntimeDir
-from controller import db
+from controller import db, ledger_open
 from controller.errors import UsageError
 
 RerunOpt = Annotated[
@@ -58,11 +58,11 @@ def migrate(
     machines (docs/deploy.md). A ledger newer than this laneway is refused.
     """
     with common.refusals(as_json):
-        engine = db.open_ledger(runtime_dir)
-        revision = db.current_revision(engine)
+        engine = ledger_open.open_ledger(runtime_dir)
+        revision = ledger_open.current_revision(engine)
         shown = db.shown_url(engine.url.render_as_string(hide_password=False))
         engine.dispose()
-    body = {"ok": True, "ledger": shown, "revision": revision, "head": db.head_revision()}
+    body = {"ok": True, "ledger": shown, "revision": revision, "head": ledger_open.head_revision()}
     common.emit(
         body, as_json, lambda b: f"ledger {b['ledger']} is at revision {b['revision']} (head)"
     )

@@ -16,7 +16,7 @@ import typer
 
 from cli import common, complete
 from cli.common import DEFAULT_RUNTIME, DatabaseUrl, RuntimeDir
-from controller import db, limits
+from controller import db, ledger_open, limits
 from controller.errors import LanewayError, UsageError
 
 LogJsonFlag = Annotated[bool, typer.Option("--json", help="Log lifecycle lines as JSON on stderr.")]
@@ -114,7 +114,7 @@ def worker(
     from workers.service import WorkerService
 
     with common.refusals():
-        engine = db.open_existing_ledger(runtime_dir)
+        engine = ledger_open.open_existing_ledger(runtime_dir)
         if slots is None:
             with db.session_factory(engine)() as session:
                 slots = node_max_jobs(SessionRows(session), node)
@@ -216,7 +216,7 @@ def controller(
     from controller import daemon as daemon_module
 
     with common.refusals():
-        engine = db.open_existing_ledger(runtime_dir)
+        engine = ledger_open.open_existing_ledger(runtime_dir)
     log = common.Log(as_json)
     runtime = runtime_dir.resolve()
     with common.refusals():  # the server cannot be reached, or the dir written

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli import render
-from controller import db
+from controller import db, ledger_open
 from controller.clock import SystemClock, iso
 from controller.errors import ConfigError, LanewayError, UsageError
 
@@ -126,14 +126,14 @@ def refusals(as_json: bool = False) -> Iterator[None]:
 def writer(runtime_dir: Path) -> Engine:
     """An engine on an existing ledger for an operator's write (controls, cancel,
     reconcile, retry): no ledger is created, and an unknown revision is refused."""
-    return db.open_writer(runtime_dir)
+    return ledger_open.open_writer(runtime_dir)
 
 
 def reader(runtime_dir: Path) -> Engine:
     """A read-only engine on an existing ledger at the head revision (the ORM models
     need its columns), checked without alembic."""
-    engine = db.make_engine(db.existing_ledger_url(runtime_dir), readonly=True)
-    db.check_known_revision(engine, head=True)
+    engine = db.make_engine(ledger_open.existing_ledger_url(runtime_dir), readonly=True)
+    ledger_open.check_known_revision(engine, head=True)
     return engine
 
 

@@ -1,6 +1,6 @@
 """``laneway logs``: print (and follow) an attempt's redacted output.
 
-The ledger is read through ``db.ReadOnlyLedger`` (as ``laneway status`` reads it) and the
+The ledger is read through ``readonly.ReadOnlyLedger`` (as ``laneway status`` reads it) and the
 files through ``controller.logs``; this module only writes what they return.
 """
 
@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from cli import render
-from controller import db
 from controller import logs as logs_module
+from controller import readonly
 
 
 def show(
@@ -30,7 +30,7 @@ def show(
     """Print the attempt's ``stream`` (its last ``tail`` lines, or all of it), then, with
     ``follow``, what is appended until the attempt leaves intent/running. Raises
     LanewayError for the caller to print."""
-    with db.ReadOnlyLedger(runtime_dir) as source:
+    with readonly.ReadOnlyLedger(runtime_dir) as source:
         with source.snapshot():
             attempt = logs_module.resolve(source, target, job=job, run_id=run)
         path = logs_module.check_here(attempt, stream)

@@ -1,46 +1,40 @@
-"""Engines, sessions and schema revision checks.
+"""Engines, sessions, the write lock and the ledger's transient failures.
 
 This module is the one marked seam for dialect-specific SQL: SQLite needs PRAGMAs and
 ``BEGIN IMMEDIATE`` so that a write transaction takes the write lock up front instead of
 failing half-way with "database is locked" when it upgrades from a read. Everything
-else in laneway speaks dialect-neutral SQLAlchemy.
+else in laneway speaks dialect-neutral SQLAlchemy. What a ledger holds, its schema
+revision and opening one are in ``controller.ledger_open``; the read-only connection of
+``status`` and ``sql`` is ``controller.readonly``.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import re
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from controller import durable
-from controller.errors import (
-    CommitOutcomeUnknown,
-    LedgerRevisionError,
-    LedgerUnavailable,
-    UsageError,
-)
+from controller.errors import CommitOutcomeUnknown, LedgerUnavailable, UsageError
 
 if TYPE_CHECKING:
-    from alembic.config import Config
-    from sqlalchemy import URL, Connection, Engine
+    from sqlalchemy import URL, Engine
     from sqlalchemy.orm import Session, sessionmaker
 
     from controller.clock import Clock
 
-# SQLAlchemy and alembic are imported where they are used: a read-only command on a
+# SQLAlchemy and tenacity are imported where they are used: a read-only command on a
 # SQLite ledger (`laneway status`, `sql`) needs neither, and importing them costs most of
 # its run time (tests/integration/test_cli_imports.py).
 
 LEDGER_FILENAME = "ledger.sqlite3"
 BUSY_TIMEOUT_MS = 30_000
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
 def ledger_url(runtime_dir: str | os.PathLike[str]) -> str:
@@ -275,6 +269,23 @@ def describe(error: BaseException) -> str:
     return _first_line(getattr(error, "orig", None) or error)
 
 
+def unreachable(engine: Engine, error: BaseException) -> LedgerUnavailable:
+    """The one line for a ledger that cannot be reached (its URL shown without password)."""
+    where = shown_url(engine.url.render_as_string(hide_password=False))
+    return LedgerUnavailable(
+        f"cannot reach the ledger at {where} ({describe(error)}); check that the database "
+        "server runs and the URL (--database-url / LANEWAY_DATABASE_URL)"
+    )
+
+
+def shown_url(url: str) -> str:
+    """A ledger URL as laneway prints it: never with its password."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    return parsed.set(drivername=parsed.get_backend_name()).render_as_string(hide_password=True)
+
+
 def retrying(*, patience: float = 30.0) -> Any:
     """tenacity's retry loop for one-shot commands: a transient failure (``is_transient``)
     is retried with exponential backoff and jitter for up to ``patience`` seconds, then
@@ -427,603 +438,6 @@ def _write_lock(engine: Engine | None) -> Iterator[None]:
         yield
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
-
-
-def alembic_config() -> Config:
-    from alembic.config import Config
-
-    config = Config(str(MIGRATIONS_DIR.parent / "alembic.ini"))
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    return config
-
-
-def head_revision() -> str:
-    from alembic.script import ScriptDirectory
-
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head is not None, "migrations/ has no revisions"
-    return head
-
-
-def current_revision(engine: Engine) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-    from sqlalchemy.exc import DatabaseError
-
-    try:
-        with engine.connect() as connection:
-            return MigrationContext.configure(connection).get_current_revision()
-    except DatabaseError as exc:
-        if is_transient(exc):
-            raise unreachable(engine, exc) from None
-        raise LedgerRevisionError(
-            f"{engine.url.database or engine.url} is not a laneway ledger "
-            f"({str(exc.orig or exc).splitlines()[0]})"
-        ) from None
-
-
-def unreachable(engine: Engine, error: BaseException) -> LedgerUnavailable:
-    """The one line for a ledger that cannot be reached (its URL shown without password)."""
-    where = shown_url(engine.url.render_as_string(hide_password=False))
-    return LedgerUnavailable(
-        f"cannot reach the ledger at {where} ({describe(error)}); check that the database "
-        "server runs and the URL (--database-url / LANEWAY_DATABASE_URL)"
-    )
-
-
-def check_revision(engine: Engine) -> None:
-    """Refuse a ledger whose revision this build does not know (it is newer than us)."""
-    from alembic.script import ScriptDirectory
-
-    revision = current_revision(engine)
-    if revision is None:
-        return
-    script = ScriptDirectory.from_config(alembic_config())
-    known = {rev.revision for rev in script.walk_revisions()}
-    if revision not in known:
-        raise LedgerRevisionError(
-            f"ledger is at schema revision {revision!r}, which this laneway does not know "
-            f"(it knows up to {script.get_current_head()!r}); upgrade laneway to open it"
-        )
-
-
-def upgrade(engine: Engine) -> None:
-    """``alembic upgrade head`` inside one write transaction (so two processes starting
-    at once serialise on it), after refusing an unknown revision."""
-    from alembic import command
-
-    check_revision(engine)
-    config = alembic_config()
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.upgrade(config, "head")
-
-
-def open_ledger(runtime_dir: str | os.PathLike[str], *, migrate: bool = True) -> Engine:
-    """The engine for a command that may create the ledger (``migrate``, a run's
-    creation): create the runtime dir and, in an absent or empty database only, the
-    ledger; migrate to head. A database that holds another application's tables is
-    refused, unchanged (``ledger_contents``)."""
-    url = ledger_url(runtime_dir)
-    try:
-        # Owner-only unless LANEWAY_GROUP_READABLE (docs/security.md): the runtime dir
-        # and the ledger file (SQLite gives its -wal and -shm files the ledger's mode).
-        durable.make_private_dir(runtime_dir)
-    except OSError as exc:
-        raise UsageError(
-            f"--runtime-dir {runtime_dir}: cannot create it ({exc.strerror or exc}); "
-            "pass a directory laneway can write"
-        ) from None
-    if ledger_contents(url) == ABSENT:
-        _create_ledger_file(sqlite_path(url), runtime_dir)
-    engine = make_engine(url)
-    if migrate:
-        upgrade(engine)
-    else:
-        check_revision(engine)
-    return engine
-
-
-# ----------------------------------------------------------------- existing ledgers
-
-ABSENT, EMPTY, LEDGER = "absent", "empty", "ledger"
-
-
-def ledger_contents(url: str) -> str:
-    """What the database at ``url`` holds, looked at without changing it: ``ABSENT`` (no
-    SQLite file), ``EMPTY`` (a file or database without tables) or ``LEDGER`` (it has
-    laneway's ``alembic_version``). Anything else is another application's database:
-    ``LedgerRevisionError``, and nothing is written to it (a write engine would already
-    switch a SQLite file to WAL).
-
-    A SQLite file is only ever opened through SQLite, here read-only: opening and
-    closing any descriptor of it by name in a process that holds a connection to it
-    would drop that connection's POSIX locks (they belong to the process and the
-    file), and another process closing its last connection would then delete the WAL
-    with this one's commits in it (``tests/integration/test_ledger_processes.py``)."""
-    from urllib.parse import quote
-
-    if not is_sqlite_url(url):
-        return _postgres_contents(url)
-    path = sqlite_path(url)
-    if not path or not os.path.lexists(path):
-        return ABSENT
-    if not Path(path).is_file():
-        raise LedgerRevisionError(
-            f"{path} is not a laneway ledger (not a regular file); pass the runtime dir "
-            "of a laneway ledger"
-        )
-    try:
-        connection = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True)
-        try:
-            names = [row[0] for row in connection.execute("SELECT name FROM sqlite_master")]
-        finally:
-            connection.close()
-    except sqlite3.Error as exc:
-        if isinstance(exc, sqlite3.OperationalError) and "unable to open" in str(exc):
-            # A WAL ledger needs its -shm index, created beside it on first open.
-            writable = os.access(os.path.dirname(path) or ".", os.W_OK)
-            raise UsageError(
-                f"{path}: cannot open it ({_first_line(exc)})"
-                + ("" if writable else "; its directory is not writable (read-only?)")
-                + ": laneway needs a runtime dir it can write"
-            ) from None
-        raise LedgerRevisionError(
-            f"{path} is not a laneway ledger ({_first_line(exc)}); nothing was changed"
-        ) from None
-    return _judge_tables(names, path)
-
-
-def _postgres_contents(url: str) -> str:
-    from sqlalchemy.exc import SQLAlchemyError
-
-    engine = make_engine(url, readonly=True)
-    try:
-        with engine.connect() as connection:
-            names = [
-                str(row[0])
-                for row in connection.exec_driver_sql(
-                    "SELECT table_name FROM information_schema.tables "
-                    "WHERE table_schema = current_schema()"
-                )
-            ]
-    except SQLAlchemyError as exc:
-        if is_transient(exc):
-            raise unreachable(engine, exc) from None
-        raise
-    finally:
-        engine.dispose()
-    return _judge_tables(names, shown_url(url))
-
-
-def _judge_tables(names: list[str], where: str) -> str:
-    if "alembic_version" in names:
-        return LEDGER
-    if not names:
-        return EMPTY
-    shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
-    raise LedgerRevisionError(
-        f"{where} is not a laneway ledger: it holds another application's tables "
-        f"({shown}); nothing was changed. Pass the runtime dir (or --database-url) of a "
-        "laneway ledger, or an empty one"
-    )
-
-
-def _create_ledger_file(path: str, runtime_dir: str | os.PathLike[str]) -> None:
-    """Create an absent SQLite ledger file, owner-only (or group-readable, per
-    ``durable.modes``). ``O_EXCL``: an existing file is never opened by name here (see
-    ``ledger_contents``); one another process created meanwhile is left as it is."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, durable.modes()[0])
-    except FileExistsError:
-        return
-    except OSError as exc:
-        raise UsageError(
-            f"--runtime-dir {runtime_dir}: cannot create the ledger there "
-            f"({exc.strerror or exc}); pass a directory laneway can write"
-        ) from None
-    os.close(fd)  # a new file: no connection of this process can hold a lock on it
-
-
-_REVISION_LINE = re.compile(
-    r"^(revision|down_revision)\s*(?::[^=]*)?=\s*(?:['\"]([^'\"]+)['\"]|None)", re.MULTILINE
-)
-
-
-def known_revisions() -> tuple[list[str], str | None]:
-    """Every revision id in ``migrations/versions`` and the head, read from the files'
-    ``revision = "..."`` lines without importing alembic (the test checks it agrees with
-    alembic's ScriptDirectory)."""
-    down: dict[str, str | None] = {}
-    for path in sorted((MIGRATIONS_DIR / "versions").glob("*.py")):
-        found = dict((m.group(1), m.group(2)) for m in _REVISION_LINE.finditer(path.read_text()))
-        if found.get("revision"):
-            down[found["revision"]] = found.get("down_revision")
-    parents = {parent for parent in down.values() if parent}
-    heads = [revision for revision in down if revision not in parents]
-    return list(down), (heads[0] if len(heads) == 1 else None)
-
-
-def refuse_unknown_revision(revision: str | None, where: str) -> None:
-    """A read-only open's revision check: the ledger must carry a revision this build
-    knows (an unknown one is newer than us)."""
-    if revision is None:
-        raise LedgerRevisionError(f"{where} is not a laneway ledger (it has no schema revision)")
-    known, head = known_revisions()
-    if revision not in known:
-        raise LedgerRevisionError(
-            f"ledger is at schema revision {revision!r}, which this laneway does not know "
-            f"(it knows up to {head!r}); upgrade laneway to open it"
-        )
-
-
-def check_known_revision(engine: Engine, *, head: bool = False) -> None:
-    """``check_revision`` for read-only engines, without alembic: the ledger's
-    ``alembic_version`` must name a revision in ``known_revisions()`` (with ``head``: the
-    newest, as the ORM models need; a read-only open cannot migrate)."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    where = engine.url.database or engine.url.render_as_string(hide_password=True)
-    where = where.removeprefix("file:")  # a read-only SQLite engine opens a file: URI
-    try:
-        with engine.connect() as connection:
-            found = connection.exec_driver_sql("SELECT version_num FROM alembic_version").all()
-    except SQLAlchemyError as exc:
-        if is_transient(exc):
-            raise unreachable(engine, exc) from None
-        if _no_version_table(exc):
-            raise missing_ledger(None, engine.url.render_as_string(hide_password=False)) from None
-        raise LedgerRevisionError(
-            f"{where} is not a laneway ledger ({_first_line(getattr(exc, 'orig', None) or exc)})"
-        ) from None
-    revision = str(found[0][0]) if found else None
-    refuse_unknown_revision(revision, where)
-    newest = known_revisions()[1]
-    if head and revision != newest:
-        raise LedgerRevisionError(
-            f"{where} is at schema revision {revision!r}, older than this laneway's "
-            f"{newest!r}; a command that writes (`laneway controller`, `worker`, `run`, "
-            "`start-pipeline`) migrates it, or read it with `laneway status` or `sql`"
-        )
-
-
-def missing_ledger(
-    runtime_dir: str | os.PathLike[str] | None, url: str | None = None
-) -> UsageError:
-    """The one-line refusal for a ledger that does not exist (yet)."""
-    url = url or ledger_url(runtime_dir or ".")
-    if not is_sqlite_url(url):
-        return UsageError(
-            f"{shown_url(url)}: the database holds no laneway ledger; `laneway "
-            "start-pipeline` or `laneway run` creates one (check --database-url or "
-            "LANEWAY_DATABASE_URL)"
-        )
-    path = sqlite_path(url) or Path(runtime_dir or ".") / LEDGER_FILENAME
-    if os.environ.get("LANEWAY_DATABASE_URL"):
-        return UsageError(
-            f"LANEWAY_DATABASE_URL: no ledger at {path}; `laneway start-pipeline` or "
-            "`laneway run` creates one (check the URL)"
-        )
-    return UsageError(
-        f"--runtime-dir {runtime_dir}: no ledger at {path}; `laneway start-pipeline` or "
-        "`laneway run` creates one (check the path, or set LANEWAY_RUNTIME_DIR)"
-    )
-
-
-def shown_url(url: str) -> str:
-    """A ledger URL as laneway prints it: never with its password."""
-    from sqlalchemy.engine import make_url
-
-    parsed = make_url(url)
-    return parsed.set(drivername=parsed.get_backend_name()).render_as_string(hide_password=True)
-
-
-def _no_version_table(error: BaseException) -> bool:
-    """PostgreSQL said there is no ``alembic_version``: an empty database, not a ledger."""
-    origin = getattr(error, "orig", None) or error
-    return type(origin).__name__ == "UndefinedTable" and "alembic_version" in str(origin)
-
-
-def open_writer(runtime_dir: str | os.PathLike[str]) -> Engine:
-    """An engine for an operator's write (controls, cancel, reconcile, retry) on an
-    existing ledger: nothing is created or migrated, an unknown revision is refused,
-    and a database that is not a laneway ledger is refused before anything connects to
-    it for writing."""
-    url = existing_ledger_url(runtime_dir)
-    engine = make_engine(url)
-    if _stored_revision(engine) is None:
-        engine.dispose()
-        raise missing_ledger(runtime_dir)
-    check_revision(engine)
-    return engine
-
-
-def existing_ledger_url(runtime_dir: str | os.PathLike[str]) -> str:
-    """The ledger URL of ``runtime_dir``, refusing a SQLite runtime dir with no ledger
-    (only ``start-pipeline`` and ``run`` create one)."""
-    url = ledger_url(runtime_dir)
-    # On PostgreSQL the caller's revision check says "no ledger" (one connection less).
-    if is_sqlite_url(url) and ledger_contents(url) != LEDGER:
-        raise missing_ledger(runtime_dir)
-    return url
-
-
-def sqlite_path(url: str) -> str:
-    """The file a ``sqlite:///PATH`` URL names."""
-    return url.split("///", 1)[1].split("?", 1)[0] if "///" in url else ""
-
-
-def open_existing_ledger(runtime_dir: str | os.PathLike[str]) -> Engine:
-    """``open_ledger`` for services (controller, worker) and commands that write: the
-    ledger must exist already; it is migrated to head like ``open_ledger`` does."""
-    url = existing_ledger_url(runtime_dir)
-    engine = make_engine(url)
-    revision = _stored_revision(engine)
-    if revision is None:
-        engine.dispose()
-        raise missing_ledger(runtime_dir)
-    if revision != known_revisions()[1]:
-        # Alembic only when there is something to migrate (or refuse): a service on a
-        # ledger at head never imports it (it costs start time and about 10 MiB).
-        upgrade(engine)
-    return engine
-
-
-def _stored_revision(engine: Engine) -> str | None:
-    """The ledger's ``alembic_version``, read with one plain query (None: no ledger)."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    try:
-        with engine.connect() as connection:
-            found = connection.exec_driver_sql("SELECT version_num FROM alembic_version").all()
-    except SQLAlchemyError:
-        return current_revision(engine)  # alembic's check says precisely what is wrong
-    return str(found[0][0]) if found else None
-
-
-_READ_PRAGMAS = frozenset(
-    {
-        "table_info",
-        "table_xinfo",
-        "table_list",
-        "index_list",
-        "index_info",
-        "index_xinfo",
-        "foreign_key_list",
-        "database_list",
-        "collation_list",
-        "function_list",
-        "pragma_list",
-        "compile_options",
-    }
-)
-_REFUSED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer"})
-_ACTION_WORDS = {
-    sqlite3.SQLITE_ATTACH: "ATTACH (and VACUUM, which attaches its target)",
-    sqlite3.SQLITE_DETACH: "DETACH",
-    sqlite3.SQLITE_INSERT: "INSERT",
-    sqlite3.SQLITE_UPDATE: "UPDATE",
-    sqlite3.SQLITE_DELETE: "DELETE",
-}
-
-
-QUERY_TIMEOUT_S = 30.0  # `laneway sql --timeout`: a runaway query stops after this
-
-
-class ReadOnlyLedger:
-    """A read-only connection to an existing ledger, for commands that only read.
-
-    On SQLite it is the stdlib ``sqlite3`` (no SQLAlchemy import): the file opened with
-    ``mode=ro``, ``PRAGMA query_only = ON``, and an authorizer that allows reads only
-    (SELECT, reading columns, functions other than ``load_extension``, the read-only
-    PRAGMAs in ``_READ_PRAGMAS``); ATTACH, DETACH, VACUUM (INTO), writing PRAGMAs and
-    every write are refused before they run, so nothing is created anywhere. Elsewhere
-    (PostgreSQL) every transaction is ``SET TRANSACTION READ ONLY``, and an operator's
-    query goes through ``controller.sqlguard`` (role check, one statement, no COPY, a
-    statement timeout). ``url`` reads another database than the runtime dir's ledger
-    (``laneway sql --readonly-url``: the same ledger through a read-only role).
-    """
-
-    def __init__(self, runtime_dir: str | os.PathLike[str], *, url: str | None = None) -> None:
-        self.url = url or existing_ledger_url(runtime_dir)
-        self.refused: str | None = None
-        self._sqlite: sqlite3.Connection | None = None
-        self._connection: Connection | None = None
-        self._errors: tuple[type[Exception], ...] = (sqlite3.Error,)
-        if self.url.startswith("sqlite"):
-            self.where = str(Path(sqlite_path(self.url)).resolve())
-            self._sqlite = _open_sqlite_readonly(self.where)
-            self._sqlite.set_authorizer(self._authorize)
-        else:
-            from sqlalchemy.engine import make_url
-            from sqlalchemy.exc import ArgumentError, SQLAlchemyError
-
-            self._errors = (SQLAlchemyError,)
-            try:
-                self.where = make_url(self.url).render_as_string(hide_password=True)
-            except ArgumentError:
-                raise UsageError(
-                    "the database URL is not one laneway reads; use postgresql://ROLE@HOST/DATABASE"
-                ) from None
-            engine = make_engine(self.url, readonly=True)
-            try:
-                self._connection = engine.connect()
-            except SQLAlchemyError as exc:
-                engine.dispose()
-                origin = getattr(exc, "orig", None) or exc
-                raise UsageError(
-                    f"cannot connect to {self.where} ({_first_line(origin)})"
-                ) from None
-        try:
-            with self.snapshot():
-                revision = self._revision()
-            refuse_unknown_revision(revision, self.where)
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def is_sqlite(self) -> bool:
-        return self._sqlite is not None
-
-    def _authorize(
-        self, action: int, arg1: str | None, arg2: str | None, _db: str | None, _src: str | None
-    ) -> int:
-        allowed = (
-            action in (sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE)
-            or action in (sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT)
-            or (action == sqlite3.SQLITE_FUNCTION and (arg2 or "") not in _REFUSED_FUNCTIONS)
-            or (action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in _READ_PRAGMAS)
-        )
-        if allowed:
-            return sqlite3.SQLITE_OK
-        if action == sqlite3.SQLITE_PRAGMA:
-            self.refused = f"PRAGMA {arg1}" + ("" if arg2 is None else f" = {arg2}")
-        elif action == sqlite3.SQLITE_FUNCTION:
-            self.refused = f"the function {arg2}()"
-        elif action == sqlite3.SQLITE_UPDATE and (arg1 or "").startswith("sqlite_"):
-            # SQLite asks this when a pragma_*() table-valued function is prepared.
-            self.refused = (
-                f"UPDATE of {arg1} (which pragma_*() table functions ask for: use "
-                "PRAGMA table_info(...) and the like instead)"
-            )
-        else:
-            self.refused = _ACTION_WORDS.get(action, "a statement that is not a read")
-        return sqlite3.SQLITE_DENY
-
-    def _revision(self) -> str | None:
-        try:
-            rows = self.rows("SELECT version_num FROM alembic_version")
-        except self._errors as exc:
-            if not self.is_sqlite and _no_version_table(exc):
-                raise missing_ledger(None, self.url) from None
-            raise LedgerRevisionError(
-                f"{self.where} is not a laneway ledger ({_first_line(exc)})"
-            ) from None
-        return str(rows[0][0]) if rows else None
-
-    @contextmanager
-    def snapshot(self) -> Iterator[ReadOnlyLedger]:
-        """One read transaction, so the queries inside it see one state of the ledger."""
-        if self._connection is not None:
-            with self._connection.begin() as transaction:
-                self._connection.exec_driver_sql("SET TRANSACTION READ ONLY")
-                try:
-                    yield self
-                finally:
-                    transaction.rollback()
-            return
-        try:
-            self.execute("BEGIN")
-        except sqlite3.Error as exc:
-            raise LedgerRevisionError(
-                f"{self.where} is not a laneway ledger ({_first_line(exc)})"
-            ) from None
-        try:
-            yield self
-        finally:
-            self.execute("ROLLBACK")
-
-    def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> Any:
-        if self._sqlite is not None:
-            return self._sqlite.execute(sql, dict(params or {}))
-        from sqlalchemy import text
-
-        assert self._connection is not None
-        if params is None:
-            return self._connection.exec_driver_sql(sql)
-        return self._connection.execute(text(sql), dict(params))
-
-    def now(self) -> datetime:
-        """The ledger's clock (``ledger_now``): this host's on SQLite, the server's on
-        PostgreSQL (heartbeat ages judged on a host whose clock is off stay right)."""
-        if self.is_sqlite:
-            from controller.clock import SystemClock
-
-            return SystemClock().now()
-        found = self.rows("SELECT timezone('UTC', clock_timestamp())")[0][0]
-        assert isinstance(found, datetime)
-        return found
-
-    def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        """Rows of a query laneway wrote (named ``:parameters``)."""
-        return [tuple(row) for row in self.execute(sql, params or {}).fetchall()]
-
-    def query(
-        self,
-        sql: str,
-        *,
-        timeout_s: float = QUERY_TIMEOUT_S,
-        allow_privileged: bool = False,
-    ) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """An operator's query (``laneway sql``): headers and rows; a refused, failing or
-        timed-out query (``timeout_s``) raises UsageError with one line. On PostgreSQL a
-        superuser is refused unless ``allow_privileged`` (``controller.sqlguard``)."""
-        from time import monotonic
-
-        self.refused = None
-        deadline = monotonic() + timeout_s
-        try:
-            if self._sqlite is not None:
-                # Called every 1000 VM steps: a nonzero answer interrupts the statement.
-                self._sqlite.set_progress_handler(lambda: int(monotonic() > deadline), 1000)
-                try:
-                    cursor = self._sqlite.execute(sql)
-                    if cursor.description is None:
-                        raise UsageError("the query returned no rows; `laneway sql` is for SELECTs")
-                    headers = [d[0] for d in cursor.description]
-                    return headers, [tuple(r) for r in cursor.fetchall()]
-                finally:
-                    self._sqlite.set_progress_handler(None, 0)
-            from controller import sqlguard
-
-            assert self._connection is not None
-            with self.snapshot():
-                return sqlguard.run_query(
-                    self._connection.connection.driver_connection,
-                    sql,
-                    timeout_s=timeout_s,
-                    allow_privileged=allow_privileged,
-                )
-        except self._errors as exc:
-            if isinstance(exc, sqlite3.OperationalError) and monotonic() > deadline:
-                raise UsageError(
-                    f"query stopped: it ran past --timeout {timeout_s:g} s ({exc})"
-                ) from None
-            if self.refused is not None:
-                raise UsageError(
-                    f"query refused: {self.refused} is not allowed; `laneway sql` is "
-                    "read-only (SELECT, and PRAGMAs that only read)"
-                ) from None
-            origin = getattr(exc, "orig", None) or exc
-            raise UsageError(f"query refused: {_first_line(origin)}") from None
-
-    def close(self) -> None:
-        if self._sqlite is not None:
-            self._sqlite.close()
-        if self._connection is not None:
-            engine = self._connection.engine
-            self._connection.close()
-            engine.dispose()
-
-    def __enter__(self) -> ReadOnlyLedger:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
-
-
-def _open_sqlite_readonly(path: str) -> sqlite3.Connection:
-    from urllib.parse import quote
-
-    connection = sqlite3.connect(
-        f"file:{quote(path)}?mode=ro",
-        uri=True,
-        timeout=BUSY_TIMEOUT_MS / 1000,
-        isolation_level=None,
-        check_same_thread=False,
-    )
-    connection.execute("PRAGMA query_only = ON")
-    return connection
 
 
 def _first_line(error: BaseException) -> str:

@@ -123,7 +123,7 @@ class _UnknownRow:
 
 def judge_unknowns(source: Rows, run_id: int) -> dict[int, Evidence]:
     """The evidence for every unknown attempt of run ``run_id``, by attempt id, read
-    through ``source`` (a ``db.ReadOnlyLedger`` or ``rows.SessionRows``: plain SQL, no
+    through ``source`` (a ``readonly.ReadOnlyLedger`` or ``rows.SessionRows``: plain SQL, no
     ORM) with the stage config the run froze."""
     [(frozen,)] = source.rows("SELECT config_json FROM runs WHERE id = :run", {"run": run_id})
     config = config_from_frozen(frozen)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from controller import daemon as daemon_module
-from controller import db, ledger, pipeline, usage
+from controller import db, ledger, ledger_open, pipeline, usage
 from controller.errors import LedgerUnavailable, UsageError
 from controller.rows import Rows, SessionRows
 from controller.states import RunState
@@ -251,7 +251,7 @@ class ForegroundRun:
     ) -> ForegroundRun:
         """Continue the unfinished run ``target`` names (``run_to_continue``) with one
         local worker per node of its frozen config. Raises ``LanewayError``."""
-        engine = db.open_existing_ledger(runtime_dir)
+        engine = ledger_open.open_existing_ledger(runtime_dir)
         run_id, frozen = run_to_continue(engine, target)
         return cls._with_workers(engine, run_id, runtime_dir, frozen, make_worker)
 

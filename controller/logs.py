@@ -3,7 +3,7 @@ following them while the attempt runs (``laneway logs``, and the web page's atte
 
 The supervisor writes ``stdout.log`` / ``stderr.log`` in the attempt directory, redacted
 as it writes (workers/capture.py), so what is read here is already redacted. The ledger
-is read through a ``Rows`` source (``db.ReadOnlyLedger``, as ``laneway status`` reads
+is read through a ``Rows`` source (``readonly.ReadOnlyLedger``, as ``laneway status`` reads
 it); the files are read where this process runs. On PostgreSQL with workers on several
 machines the directory may be on another machine: ``LogsElsewhere`` names the node and
 host that hold it.

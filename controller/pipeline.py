@@ -21,7 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 from sqlalchemy import Engine
 
-from controller import admission, db, ledger, limits
+from controller import admission, db, ledger, ledger_open, limits
 from controller.clock import Clock, SystemClock
 from controller.config import (
     ENV_REF,
@@ -412,7 +412,7 @@ def start_run(
     if reasons:
         raise PreflightError(reasons)
     runtime = Path(runtime_dir).resolve()
-    engine = engine or db.open_ledger(runtime)
+    engine = engine or ledger_open.open_ledger(runtime)
     clock = clock or SystemClock()
     with db.transaction(db.session_factory(engine)) as session:
         unfinished = [] if new else ledger.unfinished_runs(session, config.name)

@@ -4,7 +4,7 @@ view's ETA (controller/progress.py), the dashboard (controller/web.py) and the m
 
 One plain SQL string per query, dialect-neutral, with ``:name`` bind parameters, each
 followed by its description (procrastinate's ``queries.sql``, as Python): they run over
-a ``Rows`` source, either the stdlib ``sqlite3`` of ``db.ReadOnlyLedger`` (so ``laneway
+a ``Rows`` source, either the stdlib ``sqlite3`` of ``readonly.ReadOnlyLedger`` (so ``laneway
 status`` on SQLite imports no SQLAlchemy) or an ORM session (``rows.SessionRows``).
 State literals are laneway's own constants, never user input. The hot path's write
 statements live in ``controller/ledger/statements.py``.

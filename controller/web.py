@@ -4,7 +4,7 @@ Prometheus metrics (``/metrics``, also served alone by ``laneway controller
 
 Standard library only (``http.server``): one self-contained page (``web_page.py``, no
 build step, no CDN) that polls small JSON endpoints. Every read goes through one
-``db.ReadOnlyLedger`` (as ``laneway status`` reads it), under a lock (one connection);
+``readonly.ReadOnlyLedger`` (as ``laneway status`` reads it), under a lock (one connection);
 ``explain`` opens a read-only engine as ``laneway explain`` does. A poll costs one
 ``status_report`` (and, while the run has unknown attempts, judging their evidence on
 this machine: ``controller.evidence``); the timeline (``report.build_report``, which
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from controller import advice, db, ids, queries
+from controller import advice, db, ids, ledger_open, queries, readonly
 from controller import logs as logs_module
 from controller.clock import SystemClock, iso
 from controller.errors import LanewayError, NotFound, UsageError
@@ -141,7 +141,7 @@ class Dashboard:
 
     def __init__(self, runtime_dir: Path, *, now: Callable[[], datetime] | None = None) -> None:
         self.runtime_dir = runtime_dir
-        self.source = db.ReadOnlyLedger(runtime_dir)
+        self.source = readonly.ReadOnlyLedger(runtime_dir)
         self.now = now or SystemClock().now
         self.lock = threading.Lock()
         self._engine: Any = None
@@ -275,8 +275,10 @@ class Dashboard:
 
     def _orm(self) -> Any:
         if self._engine is None:
-            engine = db.make_engine(db.existing_ledger_url(self.runtime_dir), readonly=True)
-            db.check_known_revision(engine, head=True)
+            engine = db.make_engine(
+                ledger_open.existing_ledger_url(self.runtime_dir), readonly=True
+            )
+            ledger_open.check_known_revision(engine, head=True)
             self._engine = engine
         return self._engine
 

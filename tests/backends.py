@@ -47,7 +47,7 @@ def template() -> str:
     """The name of this session's template database, migrated to head (made once)."""
     global _template
     if _template is None:
-        from controller import db
+        from controller import db, ledger_open
 
         name = f"lw_tpl_{os.getpid()}"
         with admin() as conn:
@@ -56,7 +56,7 @@ def template() -> str:
             conn.execute(f"DROP ROLE IF EXISTS {reader()}")
             conn.execute(f"CREATE ROLE {reader()} LOGIN")
         engine = db.make_engine(database_url(name))
-        db.upgrade(engine)
+        ledger_open.upgrade(engine)
         engine.dispose()
         # The read-only role `laneway sql` connects as (docs/deploy.md); a clone of the
         # template carries the grants.

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from controller import db, ledger
+from controller import db, ledger, ledger_open
 from controller.config import PipelineConfig
 from controller.models import Job
 from tests import backends
@@ -77,7 +77,7 @@ def runtime(tmp_path: Path, ledger_backend: str) -> Path:
 def migrated_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One ledger migrated to head per session; each test gets a copy (fast)."""
     directory = tmp_path_factory.mktemp("template")
-    db.open_ledger(directory).dispose()
+    ledger_open.open_ledger(directory).dispose()
     return directory / db.LEDGER_FILENAME
 
 
@@ -86,7 +86,7 @@ def engine(runtime: Path, ledger_backend: str, request: pytest.FixtureRequest) -
     if ledger_backend == "sqlite":
         template: Any = request.getfixturevalue("migrated_template")
         shutil.copyfile(template, runtime / db.LEDGER_FILENAME)
-    engine = db.open_ledger(runtime)
+    engine = ledger_open.open_ledger(runtime)
     yield engine
     engine.dispose()
 

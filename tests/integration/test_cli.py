@@ -7,13 +7,12 @@ import json
 import os
 import signal
 import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from controller import daemon, db, ledger
+from controller import daemon, db, ledger, ledger_open
 from controller.clock import SystemClock
 from controller.states import ControlKind, ControlScope
 from tests.support import escape, wait_until
@@ -54,13 +53,6 @@ def invoke(*args: str):
             os.environ.pop("LANEWAY_DATABASE_URL", None)
         else:
             os.environ["LANEWAY_DATABASE_URL"] = before
-
-
-@pytest.fixture
-def good_config(tmp_path: Path) -> Path:
-    path = tmp_path / "good.toml"
-    path.write_text(GOOD)
-    return path
 
 
 def assert_clean_error(result, code: int) -> None:
@@ -138,22 +130,18 @@ def test_start_pipeline_then_status_and_sql(good_config, tmp_path):
     assert rows == [{"state": "ready", "n": 2}]
 
 
-def test_sql_refuses_writes_and_changes_nothing(good_config, tmp_path):
-    runtime = tmp_path / "rt"
-    invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--no-controller")
-    result = invoke("sql", "UPDATE jobs SET state = 'succeeded'", "--runtime-dir", str(runtime))
+def test_sql_refuses_writes_and_changes_nothing(started):
+    result = invoke("sql", "UPDATE jobs SET state = 'succeeded'", "--runtime-dir", str(started))
     assert_clean_error(result, 2)
     assert "readonly" in result.stderr or "read-only" in result.stderr
-    engine = db.make_engine(db.ledger_url(runtime), readonly=True)
+    engine = db.make_engine(db.ledger_url(started), readonly=True)
     with engine.connect() as connection:
         states = connection.exec_driver_sql("SELECT DISTINCT state FROM jobs").scalars().all()
     assert states == ["ready"]
 
 
-def test_sql_bad_query_is_one_line(good_config, tmp_path):
-    runtime = tmp_path / "rt"
-    invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--no-controller")
-    assert_clean_error(invoke("sql", "SELEC nonsense", "--runtime-dir", str(runtime)), 2)
+def test_sql_bad_query_is_one_line(started):
+    assert_clean_error(invoke("sql", "SELEC nonsense", "--runtime-dir", str(started)), 2)
 
 
 @pytest.mark.parametrize("args", [["status"], ["status", "99"], ["sql", "SELECT 1"]])
@@ -178,17 +166,15 @@ def test_schema_is_json_schema():
     assert {"nodes", "lanes", "stages", "items"} <= set(schema["properties"])
 
 
-def test_worker_for_unknown_node_is_a_clean_error(tmp_path, good_config):
-    runtime = tmp_path / "rt"
-    invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--no-controller")
-    result = invoke("worker", "--node", "nope", "--runtime-dir", str(runtime))
+def test_worker_for_unknown_node_is_a_clean_error(started):
+    result = invoke("worker", "--node", "nope", "--runtime-dir", str(started))
     assert_clean_error(result, 2)
     assert "node 'nope'" in result.stderr
 
 
 def test_run_never_clears_a_halt_and_exits_3_naming_it(good_config, tmp_path):
     runtime = tmp_path / "rt"
-    engine = db.open_ledger(runtime)
+    engine = ledger_open.open_ledger(runtime)
     with db.transaction(db.session_factory(engine)) as session:
         ledger.set_control(
             session,
@@ -259,11 +245,9 @@ def test_runtime_dir_that_cannot_be_created_is_a_clean_error(good_config, tmp_pa
     assert "--runtime-dir" in result.stderr
 
 
-def test_sql_with_a_bind_marker_and_huge_ids_are_clean_errors(good_config, tmp_path):
-    runtime = tmp_path / "rt"
-    invoke("start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--no-controller")
-    assert_clean_error(invoke("sql", "SELECT :x", "--runtime-dir", str(runtime)), 2)
-    literal = invoke("sql", "SELECT 'a :b' AS v", "--runtime-dir", str(runtime), "--json")
+def test_sql_with_a_bind_marker_and_huge_ids_are_clean_errors(started):
+    assert_clean_error(invoke("sql", "SELECT :x", "--runtime-dir", str(started)), 2)
+    literal = invoke("sql", "SELECT 'a :b' AS v", "--runtime-dir", str(started), "--json")
     assert json.loads(literal.stdout) == [{"v": "a :b"}]
-    huge = invoke("status", "99999999999999999999", "--runtime-dir", str(runtime))
+    huge = invoke("status", "99999999999999999999", "--runtime-dir", str(started))
     assert huge.exit_code == 2 and "Traceback" not in huge.output

@@ -20,7 +20,7 @@ from sqlalchemy import inspect, text
 from typer.testing import CliRunner, Result
 
 from cli.main import app
-from controller import db, limits
+from controller import db, ledger_open, limits
 from tests.support import claim_on_n1, make_config
 from tests.unit.test_config_hostile import hostile_configs
 
@@ -278,7 +278,7 @@ def recorded(runtime: Path) -> tuple[dict[str, str], dict[str, list[str]]]:
         for path in sorted(runtime.rglob("*"))
         if path.is_file() and not path.name.endswith(("-shm", "-wal"))
     }
-    engine = db.make_engine(db.existing_ledger_url(runtime), readonly=True)
+    engine = db.make_engine(ledger_open.existing_ledger_url(runtime), readonly=True)
     try:
         with engine.connect() as connection:
             rows = {

@@ -15,7 +15,7 @@ from alembic.script import ScriptDirectory
 from typer.testing import CliRunner
 
 from cli.main import app
-from controller import db
+from controller import ledger_open
 from tests.integration.test_cli import GOOD
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +97,7 @@ def test_explain_imports_no_service_daemon_or_alembic(runtime):
 def test_known_revisions_agree_with_alembic():
     """The read-only revision check reads migrations/versions without alembic; it must
     know exactly what alembic knows, and the same head."""
-    script = ScriptDirectory.from_config(db.alembic_config())
-    known, head = db.known_revisions()
+    script = ScriptDirectory.from_config(ledger_open.alembic_config())
+    known, head = ledger_open.known_revisions()
     assert set(known) == {rev.revision for rev in script.walk_revisions()}
     assert head == script.get_current_head()

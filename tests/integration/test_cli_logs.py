@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from controller import db
+from controller import db, ledger_open
 from tests.integration.test_cli import assert_clean_error, invoke
 from tests.integration.test_cli_services import LANEWAY, ROOT, finish, spawn
 from tests.support import escape, wait_until
@@ -102,7 +102,7 @@ def test_a_job_without_an_attempt_says_its_state(tmp_path: Path, monkeypatch):
 
 
 def test_files_on_another_machine_name_their_node_and_host(finished_run: Path):
-    engine = db.open_ledger(finished_run)
+    engine = ledger_open.open_ledger(finished_run)
     with db.transaction(db.session_factory(engine)) as session:
         session.execute(text("UPDATE workers SET host = 'far-away'"))
         session.execute(text("UPDATE attempts SET attempt_dir = '/nonexistent/attempt-1'"))

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from controller import daemon, db
+from controller import daemon, db, ledger_open
 from tests.integration.conftest import tables_in
 from tests.integration.test_cli import assert_clean_error, invoke
 from tests.support import wait_until
@@ -88,7 +88,7 @@ def controller_on(tmp_path: Path):
 
 def test_run_ends_when_another_controller_closes_its_run(tmp_path, controller_on):
     runtime = tmp_path / "rt"
-    db.open_ledger(runtime).dispose()  # as an earlier start-pipeline leaves it
+    ledger_open.open_ledger(runtime).dispose()  # as an earlier start-pipeline leaves it
     controller_on(runtime)
     marker = tmp_path / "closeout.txt"
     config = config_file(tmp_path, closeout=closeout_step(marker))
@@ -104,7 +104,7 @@ def test_run_ends_when_another_controller_closes_its_run(tmp_path, controller_on
 
 def test_two_runs_on_one_runtime_dir_both_end(tmp_path):
     runtime = tmp_path / "rt"
-    db.open_ledger(runtime).dispose()
+    ledger_open.open_ledger(runtime).dispose()
     # Two runs of one pipeline at once: deliberately (--new), or the second is refused.
     first = spawn(
         "run", str(config_file(tmp_path, items=4)), "--runtime-dir", str(runtime), "--new"

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from cli.main import app
-from controller import db, ledger
+from controller import db, ledger, ledger_open
 from controller.daemon import Controller
 from controller.models import Event
 from tests.support import escape, make_config, wait_until
@@ -62,7 +62,7 @@ def test_closeout_runs_every_step_once_after_the_run_finishes(tmp_path):
     ]
     assert (tmp_path / "marks").read_text() == "aggregate 1\nreport\n"
     # A restarted controller does not run them again.
-    engine = db.open_ledger(runtime)
+    engine = ledger_open.open_ledger(runtime)
     controller = Controller(engine)
     for _ in range(3):
         controller.tick()

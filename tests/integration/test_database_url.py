@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import db
+from controller import db, ledger_open
 from tests import backends
 from tests.integration.test_cli import GOOD
 
@@ -165,6 +165,6 @@ def test_migrate_creates_or_upgrades_the_ledger_and_says_its_revision(tmp_path, 
         done = run("migrate", "--runtime-dir", runtime, "--json", env=env)
         assert done.returncode == 0, done.stderr
         body = json.loads(done.stdout)
-        assert body["revision"] == body["head"] == db.head_revision()
+        assert body["revision"] == body["head"] == ledger_open.head_revision()
     status = run("status", "--runtime-dir", runtime, env=env)
     assert status.returncode == 2 and "no runs yet" in status.stderr  # a ledger, empty

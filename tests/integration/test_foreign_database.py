@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from controller import db
+from controller import db, ledger_open
 from tests import backends
 from tests.integration.test_cli import invoke
 from tests.support import make_config
@@ -103,7 +103,7 @@ def test_an_empty_file_becomes_a_ledger_through_a_run_s_creation(tmp_path):
         "--no-controller",
     )
     assert result.exit_code == 0, result.output
-    assert db.ledger_contents(db.ledger_url(runtime)) == db.LEDGER
+    assert ledger_open.ledger_contents(db.ledger_url(runtime)) == ledger_open.LEDGER
 
 
 def test_a_file_that_is_not_a_database_is_refused(tmp_path):

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from controller import db
+from controller import db, ledger_open
 from controller.models import Attempt, AttemptUsage, Item, Job, Run
 from tests.integration.test_cli import invoke
 from tests.integration.test_cli_services import finish, spawn
@@ -104,7 +104,7 @@ def test_a_real_worker_settles_hostile_results_and_keeps_running(tmp_path: Path)
         "start-pipeline", str(write_config(tmp_path, "hostile", KINDS)), *rt, "--no-controller"
     )
     assert started.exit_code == 0, started.output
-    engine = db.open_ledger(runtime)
+    engine = ledger_open.open_ledger(runtime)
     controller = spawn("controller", *rt, "--interval", "0.05")
     worker = spawn("worker", "--node", "n1", *rt)
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from cli.main import app
-from controller import db, ledger
+from controller import db, ledger, ledger_open
 from controller.daemon import Controller
 from controller.models import Run
 from tests.integration.test_worker import attempts, drive, start_worker
@@ -177,6 +177,6 @@ def test_a_secret_in_result_json_reaches_no_ledger_file_and_no_report(
         assert canary not in shown.output
     if report.exists():
         assert canary not in report.read_text()
-    with db.session_factory(db.open_ledger(runtime))() as session:
+    with db.session_factory(ledger_open.open_ledger(runtime))() as session:
         assert ledger.get_run(session, run_id).state == "finished"
         assert session.get(Run, run_id) is not None

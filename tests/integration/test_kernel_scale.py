@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 from sqlalchemy import Engine, event, select
 
-from controller import db, ledger
+from controller import db, ledger, ledger_open
 from controller.daemon import Controller
 from controller.models import Job, StageStats
 from controller.states import JobState, Outcome
@@ -104,7 +104,7 @@ def one_cycle_in(directory, template, clock, items: int) -> dict[str, int]:
     directory.mkdir()
     if db.ledger_url(directory).startswith("sqlite"):
         shutil.copy(template, directory / db.LEDGER_FILENAME)
-    engine = db.open_ledger(directory)
+    engine = ledger_open.open_ledger(directory)
     factory = db.session_factory(engine)
 
     def make_run(config):

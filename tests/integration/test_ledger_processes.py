@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from controller import db
+from controller import db, ledger_open, readonly
 from controller.models import Attempt, Control, Event, Job, Run
 from tests.integration.test_cli_services import BOUND, LANEWAY, ROOT
 from tests.integration.test_continue import executions, write_config
@@ -157,8 +157,12 @@ def test_every_open_of_an_existing_ledger_leaves_the_file_to_sqlite(runtime, eng
 
     monkeypatch.setattr(builtins, "open", guarded_open)
     monkeypatch.setattr(os, "open", guarded_os_open)
-    for opener in (db.open_ledger, db.open_existing_ledger, db.open_writer):
+    for opener in (
+        ledger_open.open_ledger,
+        ledger_open.open_existing_ledger,
+        ledger_open.open_writer,
+    ):
         opener(runtime).dispose()
-    db.ReadOnlyLedger(runtime).close()
-    db.make_engine(db.existing_ledger_url(runtime), readonly=True).dispose()
+    readonly.ReadOnlyLedger(runtime).close()
+    db.make_engine(ledger_open.existing_ledger_url(runtime), readonly=True).dispose()
     assert opened == []

@@ -8,14 +8,14 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller import db, ledger, metrics
+from controller import db, ledger, metrics, readonly
 from controller.states import Outcome
 from tests.support import claim_on_n1, heartbeat, make_config, py_stage, settle_one
 
 
 def scrape(runtime: Path, now) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of one scrape, by (name, sorted labels)."""
-    with db.ReadOnlyLedger(runtime) as source:
+    with readonly.ReadOnlyLedger(runtime) as source:
         text = metrics.exposition(source.snapshot, lambda: now).decode()
     samples = {}
     for family in text_string_to_metric_families(text):

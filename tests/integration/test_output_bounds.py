@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from controller import db
+from controller import db, ledger_open
 from controller.models import Artifact, Attempt, Job
 from tests.integration.test_cli_services import LANEWAY, ROOT
 from tests.support import escape
@@ -75,7 +75,7 @@ def stage(name: str, code: str, outputs: list[str], **extra: Any) -> dict[str, A
 
 
 def settled(runtime: Path) -> dict[str, Attempt]:
-    engine = db.open_ledger(runtime)
+    engine = ledger_open.open_ledger(runtime)
     try:
         with db.session_factory(engine)() as session:
             found = session.execute(

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import pytest
 from sqlalchemy import Engine, event, select
 
-from controller import db, ledger
+from controller import db, ledger, ledger_open
 from controller.models import Attempt
 from controller.states import EventKind
 from controller.watch import CHANNEL, ChangeWatch
@@ -53,7 +53,7 @@ def statements(engine: Engine) -> Iterator[Counter[str]]:
 @pytest.fixture
 def watch(runtime) -> Iterator[ChangeWatch]:
     """A watch on an engine of its own, so its statements are told from the writer's."""
-    engine = db.open_ledger(runtime, migrate=False)
+    engine = ledger_open.open_ledger(runtime, migrate=False)
     watch = ChangeWatch(engine)
     yield watch
     watch.close()

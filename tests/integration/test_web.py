@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller import db, ledger
+from controller import db, ledger, ledger_open
 from controller.clock import SystemClock
 from tests.integration.test_cli import assert_clean_error, invoke
 from tests.integration.test_cli_services import LANEWAY, ROOT, finish, spawn
@@ -100,7 +100,7 @@ def get_json(url: str) -> Any:
 
 def make_unknown(runtime: Path) -> int:
     """What a lease expiry does to the running attempt (the process may still run)."""
-    engine = db.open_ledger(runtime)
+    engine = ledger_open.open_ledger(runtime)
     try:
         with db.transaction(db.session_factory(engine)) as session:
             (attempt,) = ledger.running_attempts(session, 1)

@@ -12,14 +12,16 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
-from controller import db
+from controller import db, ledger_open
 from controller.errors import LedgerRevisionError
 from controller.models import Base
 from tests import backends
 
 REVISIONS = [
     rev.revision
-    for rev in reversed(list(ScriptDirectory.from_config(db.alembic_config()).walk_revisions()))
+    for rev in reversed(
+        list(ScriptDirectory.from_config(ledger_open.alembic_config()).walk_revisions())
+    )
 ]
 
 VIEWS = {
@@ -42,7 +44,7 @@ VIEWS = {
 
 
 def test_upgrade_head_matches_models(tmp_path):
-    engine = db.open_ledger(tmp_path)
+    engine = ledger_open.open_ledger(tmp_path)
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         diff = compare_metadata(context, Base.metadata)
@@ -50,7 +52,7 @@ def test_upgrade_head_matches_models(tmp_path):
 
 
 def test_check_constraints_match_models(tmp_path):
-    engine = db.open_ledger(tmp_path)
+    engine = ledger_open.open_ledger(tmp_path)
     inspector = inspect(engine)
     for table in Base.metadata.sorted_tables:
         in_db = {c["name"] for c in inspector.get_check_constraints(table.name)}
@@ -61,7 +63,7 @@ def test_check_constraints_match_models(tmp_path):
 
 
 def test_views_exist_and_answer(tmp_path):
-    engine = db.open_ledger(tmp_path)
+    engine = ledger_open.open_ledger(tmp_path)
     assert VIEWS <= set(inspect(engine).get_view_names())
     with engine.connect() as connection:
         for view in VIEWS:
@@ -69,22 +71,22 @@ def test_views_exist_and_answer(tmp_path):
 
 
 def test_upgrade_is_idempotent_and_records_head(tmp_path):
-    db.open_ledger(tmp_path)
-    engine = db.open_ledger(tmp_path)
-    assert db.current_revision(engine) == db.head_revision()
+    ledger_open.open_ledger(tmp_path)
+    engine = ledger_open.open_ledger(tmp_path)
+    assert ledger_open.current_revision(engine) == ledger_open.head_revision()
 
 
 def test_unknown_revision_is_refused(tmp_path):
-    engine = db.open_ledger(tmp_path)
+    engine = ledger_open.open_ledger(tmp_path)
     with engine.begin() as connection:
         connection.execute(text("UPDATE alembic_version SET version_num = 'ffff_future'"))
     with pytest.raises(LedgerRevisionError, match="ffff_future"):
-        db.open_ledger(tmp_path)
+        ledger_open.open_ledger(tmp_path)
 
 
 @pytest.mark.sqlite_only("PRAGMAs are SQLite's; PostgreSQL has none")
 def test_sqlite_pragmas(tmp_path):
-    engine = db.open_ledger(tmp_path)
+    engine = ledger_open.open_ledger(tmp_path)
     with engine.connect() as connection:
         assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert connection.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
@@ -106,7 +108,7 @@ def empty_url(ledger_backend: str, tmp_path) -> Iterator[str]:
 
 
 def _upgrade_to(engine, revision: str) -> None:
-    config = db.alembic_config()
+    config = ledger_open.alembic_config()
     with engine.begin() as connection:
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
@@ -127,8 +129,8 @@ def test_upgrade_from_every_revision_reaches_the_models(empty_url, start):
                     "'active', '{}', 'sha', '{}', '/tmp/rt', 'test', '2026-01-01 00:00:00')"
                 )
             )
-        db.upgrade(engine)
-        assert db.current_revision(engine) == db.head_revision()
+        ledger_open.upgrade(engine)
+        assert ledger_open.current_revision(engine) == ledger_open.head_revision()
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
