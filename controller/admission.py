@@ -176,8 +176,9 @@ def admit(snapshot: Snapshot) -> Admission:
     blocked_lanes: set[tuple[int, str]] = set()
 
     for job in snapshot.candidates:
-        reason = _first_refusal(
-            snapshot, job, running, free, reserved, gpu_peaks, lane_stage, stage, held
+        reason = next(
+            _refusals(snapshot, job, running, free, reserved, gpu_peaks, lane_stage, stage, held),
+            None,
         )
         if reason is None:
             result.starts.append(job)
@@ -209,21 +210,6 @@ def admit(snapshot: Snapshot) -> Admission:
         code, detail = blocked or ("needs_pending", {})
         result.refusals.append(Refusal(run_id, lane, None, code, detail))
     return result
-
-
-def _first_refusal(
-    snap: Snapshot,
-    job: Candidate,
-    running: int,
-    free: int,
-    reserved: float,
-    gpu_peaks: list[float | None],
-    lane_stage: Counter[tuple[int, str, str]],
-    stage: Counter[tuple[int, str]],
-    held: dict[tuple[int, str | None, str], float],
-) -> tuple[str, dict[str, Any]] | None:
-    reasons = _refusals(snap, job, running, free, reserved, gpu_peaks, lane_stage, stage, held)
-    return next(reasons, None)
 
 
 def explain(snap: Snapshot, job: Candidate) -> list[tuple[str, dict[str, Any]]]:
