@@ -233,17 +233,7 @@ def advance(closeout: Closeout, run: Run, *, now: datetime, record: Record) -> b
     if pending:
         step = pending[0]
         spec = next(s for s in config.closeout if s.name == step["name"])
-        record(
-            [
-                ledger.event_row(
-                    EventKind.CLOSEOUT_STEP_STARTED,
-                    actor=ACTOR,
-                    now=now,
-                    run_id=run.id,
-                    step=step["name"],
-                )
-            ]
-        )
+        record([_event(EventKind.CLOSEOUT_STEP_STARTED, run_id=run.id, now=now, step=step["name"])])
         step.update(state=StepState.RUNNING.value, started_at=iso(now))
         try:
             process, pump = _spawn(spec, Path(step["log"]), run, closeout.directory, config)
@@ -260,17 +250,8 @@ def advance(closeout: Closeout, run: Run, *, now: datetime, record: Record) -> b
         return True
     if closeout.running is None and not closeout.done:
         closeout.done = True
-        record(
-            [
-                ledger.event_row(
-                    EventKind.CLOSEOUT_FINISHED,
-                    actor=ACTOR,
-                    now=now,
-                    run_id=run.id,
-                    steps={s["name"]: s["state"] for s in closeout.steps},
-                )
-            ]
-        )
+        steps = {s["name"]: s["state"] for s in closeout.steps}
+        record([_event(EventKind.CLOSEOUT_FINISHED, run_id=run.id, now=now, steps=steps)])
         return True
     return changed
 
@@ -417,16 +398,20 @@ def _finish(
             if error:
                 step["error"] = error
     extra: dict[str, Any] = {"error": error} if error else {}
-    return ledger.event_row(
+    return _event(
         EventKind.CLOSEOUT_STEP_FINISHED,
-        actor=ACTOR,
-        now=now,
         run_id=closeout.run_id,
+        now=now,
         step=name,
         state=state.value,
         exit_code=code,
         **extra,
     )
+
+
+def _event(kind: EventKind, *, run_id: int, now: datetime, **detail: Any) -> dict[str, Any]:
+    """One closeout event row (``ledger.event_row``): the closeout writes as ``ACTOR``."""
+    return ledger.event_row(kind, actor=ACTOR, now=now, run_id=run_id, **detail)
 
 
 def _signal(process: subprocess.Popen[bytes], signum: int) -> str | None:
