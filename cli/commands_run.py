@@ -134,8 +134,7 @@ def start_pipeline(
     a pause or halt.
     """
     from controller import config as config_module
-    from controller import daemon as daemon_module
-    from controller import pipeline
+    from controller import controller_lock, pipeline
 
     with common.refusals(as_json):
         run_id, engine = pipeline.start_run(
@@ -147,10 +146,10 @@ def start_pipeline(
         )
         engine.dispose()
     runtime = runtime_dir.resolve()
-    controller_pid = daemon_module.running_controller(runtime)
+    controller_pid = controller_lock.running_controller(runtime)
     started = False
     if controller and controller_pid is None:
-        controller_pid = daemon_module.start_background_controller(runtime)
+        controller_pid = controller_lock.start_background_controller(runtime)
         started = True
     result = {
         "ok": True,

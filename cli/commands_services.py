@@ -213,6 +213,7 @@ def controller(
     runs/RUN/status.json and SUMMARY.json. One controller per runtime dir; the runtime
     dir must hold a ledger already (`start-pipeline` or `run` creates it).
     """
+    from controller import controller_lock
     from controller import daemon as daemon_module
 
     with common.refusals():
@@ -220,7 +221,7 @@ def controller(
     log = common.Log(as_json)
     runtime = runtime_dir.resolve()
     with common.refusals():  # the server cannot be reached, or the dir written
-        held = daemon_module.hold_controller_lock(runtime, engine)
+        held = controller_lock.hold_controller_lock(runtime, engine)
     if not held:
         if not db.is_sqlite(engine):
             common.fail(
@@ -230,7 +231,7 @@ def controller(
                     "`laneway status` lists its workers)"
                 )
             )
-        other = daemon_module.running_controller(runtime)
+        other = controller_lock.running_controller(runtime)
         common.fail(UsageError(f"another controller already runs for {runtime} (pid {other})"))
     metrics_url = None
     if metrics_bind:
@@ -246,7 +247,7 @@ def controller(
             )
         except LanewayError as error:
             common.fail(error)
-    daemon_module.claim_pidfile(runtime)
+    controller_lock.claim_pidfile(runtime)
     log("controller_started", f"laneway controller: {runtime}", runtime_dir=str(runtime))
     if metrics_url:
         log("metrics", f"laneway controller: metrics at {metrics_url}metrics", url=metrics_url)
@@ -257,10 +258,10 @@ def controller(
         serving.serve(
             stopper.stop,
             interval=interval,
-            keep_lock=lambda: daemon_module.hold_controller_lock(runtime, engine),
+            keep_lock=lambda: controller_lock.hold_controller_lock(runtime, engine),
         )
     finally:
-        daemon_module.release_pidfile(runtime)
+        controller_lock.release_pidfile(runtime)
     if serving.lost_lock:
         log(
             "controller_lost_lock", "laneway controller: lost the ledger's controller lock; exiting"

@@ -19,9 +19,6 @@ periodic step is due, so an idle controller does almost nothing.
 
 from __future__ import annotations
 
-import fcntl
-import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,12 +29,12 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from controller import closeout, db, identity, ledger, pipeline
+from controller import closeout, db, ledger, pipeline
 from controller.attempt import Delivery, ExitRules, Judged, judge_attempt
 from controller.clock import Clock, SystemClock
 from controller.crashpoints import crash_point
-from controller.durable import make_private_dir, modes, read_json, write_json
-from controller.errors import CommitOutcomeUnknown, LedgerUnavailable, UsageError
+from controller.durable import make_private_dir, write_json
+from controller.errors import CommitOutcomeUnknown, LedgerUnavailable
 from controller.models import Attempt, Job
 from controller.states import EventKind
 from controller.status import build_status
@@ -50,7 +47,6 @@ LOCK_CHECK_SECONDS = 5.0
 LOCK_WAIT_GRACE_SECONDS = 1.0
 """A write that waited this long for the ledger's write lock means every writer was
 held up: heartbeats could not land, so no worker is judged by them for a while."""
-PIDFILE = "controller.pid"
 
 
 @dataclass
@@ -469,146 +465,3 @@ def _settle_from_exit_record(
     )
     ledger.record_artifacts(session, attempt.id, judged.stored, node=attempt.node, now=now)
     return True
-
-
-def running_controller(runtime_dir: Path) -> int | None:
-    """The pid of the live controller of this runtime dir, from its pidfile, if any.
-
-    The pidfile holds (boot id, pid, start time): a recycled pid is not mistaken for it.
-    """
-    try:
-        record = read_json(Path(runtime_dir) / PIDFILE)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("boot_id") != identity.boot_id():
-        return None
-    pid = record.get("pid")
-    if isinstance(pid, int) and identity.same_process(pid, record.get("start_time")):
-        return pid
-    return None
-
-
-_controller_locks: dict[str, int] = {}
-
-
-CONTROLLER_LOCK_KEY = 0x6C616E66  # the PostgreSQL advisory lock of the one controller
-_ledger_locks: dict[str, Any] = {}
-
-
-def hold_controller_lock(runtime_dir: Path, engine: Engine | None = None) -> bool:
-    """Take the runtime dir's controller lock until ``release_controller_lock`` (or the
-    end of this process). False if another process holds it (flock: atomic, and freed by
-    the kernel when the holder dies, even by SIGKILL). True again if this process holds
-    it already.
-
-    With a PostgreSQL ``engine`` the ledger is shared by machines, so the lock is the
-    ledger's too: a session-level advisory lock on a connection of its own, freed by the
-    server when this process or its connection dies (``holds_ledger_lock`` re-checks)."""
-    key = str(Path(runtime_dir).resolve())
-    if key in _controller_locks:
-        return engine is None or holds_ledger_lock(engine)
-    if engine is not None and not holds_ledger_lock(engine):
-        return False
-    try:
-        fd = os.open(Path(key) / "controller.lock", os.O_RDWR | os.O_CREAT, modes()[0])
-    except OSError as exc:
-        raise UsageError(
-            f"{Path(key) / 'controller.lock'}: cannot open the controller lock "
-            f"({exc.strerror or exc}); the controller needs a runtime dir it can write"
-        ) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return False
-    _controller_locks[key] = fd
-    return True
-
-
-def release_controller_lock(runtime_dir: Path, engine: Engine | None = None) -> None:
-    """Give the runtime dir's controller lock back (``laneway run`` when its run ended),
-    so another controller, or another run in this process, can take it."""
-    fd = _controller_locks.pop(str(Path(runtime_dir).resolve()), None)
-    if fd is not None:
-        os.close(fd)  # closing the last descriptor of the open file releases the flock
-    if engine is not None:
-        connection = _ledger_locks.pop(_lock_key(engine), None)
-        if connection is not None:
-            connection.close()  # the server frees a session's advisory locks
-
-
-def _lock_key(engine: Engine) -> str:
-    return engine.url.render_as_string(hide_password=False)
-
-
-def holds_ledger_lock(engine: Engine) -> bool:
-    """On PostgreSQL: does this process hold the ledger's controller lock (taking it if
-    it is free, also again after its connection was lost)? Raises LedgerUnavailable when
-    the server cannot be reached (that says nothing about the lock). Always True on
-    SQLite, where the runtime dir's flock is the ledger's lock (one host)."""
-    if db.is_sqlite(engine):
-        return True
-    import psycopg
-
-    key = _lock_key(engine)
-    connection = _ledger_locks.get(key)
-    if connection is not None:
-        try:
-            connection.execute("SELECT 1")
-            return True
-        except psycopg.Error:
-            connection.close()
-            del _ledger_locks[key]
-    url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-    try:
-        connection = psycopg.connect(
-            url, autocommit=True, application_name="laneway-controller", connect_timeout=10
-        )
-        row = connection.execute(
-            "SELECT pg_try_advisory_lock(%s)", (CONTROLLER_LOCK_KEY,)
-        ).fetchone()
-    except psycopg.OperationalError as exc:
-        # Not an answer: nobody can say who holds the lock while the server is away.
-        raise db.unreachable(engine, exc) from None
-    if not (row and row[0]):
-        connection.close()
-        return False
-    _ledger_locks[key] = connection
-    return True
-
-
-def claim_pidfile(runtime_dir: Path) -> None:
-    """Record this process as the runtime dir's controller."""
-    pid, start_time = identity.current()
-    write_json(
-        Path(runtime_dir) / PIDFILE,
-        {"pid": pid, "start_time": start_time, "boot_id": identity.boot_id()},
-    )
-
-
-def release_pidfile(runtime_dir: Path) -> None:
-    """Remove the pidfile if it is still ours."""
-    if running_controller(runtime_dir) == os.getpid():
-        (Path(runtime_dir) / PIDFILE).unlink(missing_ok=True)
-
-
-def start_background_controller(runtime_dir: Path) -> int:
-    """Start ``laneway controller`` detached (own session), logging to controller.log.
-
-    posix_spawn, not Popen: nothing here waits for it, and it must outlive this process.
-    """
-    runtime_dir = Path(runtime_dir).resolve()
-    log = str(runtime_dir / "controller.log")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-    argv = [sys.executable, "-m", "cli.main", "controller", "--runtime-dir", str(runtime_dir)]
-    return os.posix_spawn(
-        sys.executable,
-        argv,
-        dict(os.environ),
-        file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, log, flags, modes()[0]),
-            (os.POSIX_SPAWN_DUP2, 1, 2),
-        ],
-        setsid=True,
-    )

@@ -24,8 +24,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from controller import controller_lock, db, ledger, ledger_open, pipeline, usage
 from controller import daemon as daemon_module
-from controller import db, ledger, ledger_open, pipeline, usage
 from controller.errors import LedgerUnavailable, UsageError
 from controller.rows import Rows, SessionRows
 from controller.states import RunState
@@ -285,7 +285,7 @@ class ForegroundRun:
             if not worker.in_flight:
                 worker.stop()
         self._wait_for_closeout(observer, should_abort)
-        daemon_module.release_controller_lock(self.runtime, self.engine)
+        controller_lock.release_controller_lock(self.runtime, self.engine)
         observer.close()
         final = self._status(db.session_factory(self.engine))
         if blocked:
@@ -307,7 +307,7 @@ class ForegroundRun:
         # One controller per runtime dir: if another holds the lock, it closes the run and
         # runs its closeout; this loop only watches the ledger (and takes over if it can).
         try:
-            own = daemon_module.hold_controller_lock(self.runtime, self.engine)
+            own = controller_lock.hold_controller_lock(self.runtime, self.engine)
         except LedgerUnavailable:
             own = False  # looked at again in the loop, once the server answers
         blocked: str | None = None
@@ -330,7 +330,7 @@ class ForegroundRun:
                     last_probe = time.monotonic()
                 if time.monotonic() - last_look > LOOK_SECONDS or (probe and self._finished()):
                     last_look = time.monotonic()
-                    own = daemon_module.hold_controller_lock(self.runtime, self.engine)
+                    own = controller_lock.hold_controller_lock(self.runtime, self.engine)
                     with db.reader(self.engine)() as session:
                         snapshot = build_status(
                             session,
@@ -373,7 +373,7 @@ class ForegroundRun:
         runs it; ``should_abort`` leaves at once."""
         noted = False
         while True:
-            if daemon_module.hold_controller_lock(self.runtime, self.engine):
+            if controller_lock.hold_controller_lock(self.runtime, self.engine):
                 self.daemon.tick()
                 if not self.daemon.closeout_pending(self.run_id):
                     return

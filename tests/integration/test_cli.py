@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from controller import daemon, db, ledger, ledger_open
+from controller import controller_lock, db, ledger, ledger_open
 from controller.clock import SystemClock
 from controller.states import ControlKind, ControlScope
 from tests.support import escape, wait_until
@@ -204,7 +204,7 @@ def test_start_pipeline_ensures_one_controller(good_config, tmp_path):
     pid = first["controller_pid"]
     assert first["controller_started"] is True and pid
     try:
-        wait_until(lambda: daemon.running_controller(runtime.resolve()) == pid)
+        wait_until(lambda: controller_lock.running_controller(runtime.resolve()) == pid)
         second = json.loads(
             invoke(
                 "start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--json", "--new"
@@ -214,8 +214,8 @@ def test_start_pipeline_ensures_one_controller(good_config, tmp_path):
     finally:
         os.kill(pid, signal.SIGTERM)
         os.waitpid(pid, 0)  # it is our child here (posix_spawn); reap it
-    wait_until(lambda: not (runtime / daemon.PIDFILE).exists())
-    assert daemon.running_controller(runtime.resolve()) is None
+    wait_until(lambda: not (runtime / controller_lock.PIDFILE).exists())
+    assert controller_lock.running_controller(runtime.resolve()) is None
 
 
 def test_config_rejects_secret_reference_in_argv(tmp_path):

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from controller import daemon, db, ledger_open
+from controller import controller_lock, db, ledger_open
 from tests.integration.conftest import tables_in
 from tests.integration.test_cli import assert_clean_error, invoke
 from tests.support import wait_until
@@ -76,7 +76,7 @@ def controller_on(tmp_path: Path):
     def _start(runtime: Path) -> subprocess.Popen[str]:
         process = spawn("controller", "--runtime-dir", str(runtime), "--interval", "0.05")
         started.append(process)
-        wait_until(lambda: daemon.running_controller(runtime.resolve()) == process.pid, 60)
+        wait_until(lambda: controller_lock.running_controller(runtime.resolve()) == process.pid, 60)
         return process
 
     yield _start
@@ -217,6 +217,6 @@ def test_laneway_run_gives_the_controller_lock_back_when_its_run_ends(tmp_path):
     runtime = tmp_path / "rt"
     shown = CliRunner().invoke(app, ["run", str(config), "--runtime-dir", str(runtime)])
     assert shown.exit_code == 0, shown.output
-    assert str(runtime.resolve()) not in daemon._controller_locks
-    assert daemon.hold_controller_lock(runtime)
-    daemon.release_controller_lock(runtime)
+    assert str(runtime.resolve()) not in controller_lock._controller_locks
+    assert controller_lock.hold_controller_lock(runtime)
+    controller_lock.release_controller_lock(runtime)
