@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +28,30 @@ def without_ledger(ledger_backend: str, monkeypatch: pytest.MonkeyPatch) -> Iter
         yield name
     finally:
         backends.drop_database(name)
+
+
+@pytest.fixture
+def good_config(tmp_path: Path) -> Path:
+    """test_cli.py's GOOD pipeline (two items on one lane) as tmp_path/good.toml."""
+    from tests.integration.test_cli import GOOD
+
+    path = tmp_path / "good.toml"
+    path.write_text(GOOD)
+    return path
+
+
+@pytest.fixture
+def started(good_config: Path, tmp_path: Path) -> Path:
+    """tmp_path/rt holding one run of ``good_config``, started with `start-pipeline
+    --no-controller` (so nothing runs it)."""
+    from tests.integration.test_cli import invoke
+
+    runtime = tmp_path / "rt"
+    result = invoke(
+        "start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--no-controller"
+    )
+    assert result.exit_code == 0, result.output
+    return runtime
 
 
 def tables_in(name: str) -> list[str]:

@@ -10,19 +10,7 @@ from pathlib import Path
 import pytest
 
 from controller import db
-from tests.integration.test_cli import assert_clean_error, good_config, invoke
-
-__all__ = ["good_config"]  # the fixture, shared with test_cli
-
-
-@pytest.fixture
-def runtime(good_config: Path, tmp_path: Path) -> Path:
-    runtime = tmp_path / "rt"
-    result = invoke(
-        "start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--no-controller"
-    )
-    assert result.exit_code == 0, result.output
-    return runtime
+from tests.integration.test_cli import assert_clean_error, invoke
 
 
 def dump(runtime: Path) -> list[str]:
@@ -59,49 +47,49 @@ ATTEMPTS = {
 
 @pytest.mark.sqlite_only("SQLite statements; test_cli_sql_postgres.py has PostgreSQL's")
 @pytest.mark.parametrize("name", sorted(ATTEMPTS))
-def test_sql_refuses_every_write_and_creates_nothing(runtime, tmp_path, name):
+def test_sql_refuses_every_write_and_creates_nothing(started, tmp_path, name):
     target = tmp_path / "elsewhere" / "x.db"
     target.parent.mkdir()
-    ledger_before = dump(runtime)  # a read-only open leaves SQLite's -wal file
+    ledger_before = dump(started)  # a read-only open leaves SQLite's -wal file
     before = files(tmp_path)
-    result = invoke("sql", ATTEMPTS[name].format(target=target), "--runtime-dir", str(runtime))
+    result = invoke("sql", ATTEMPTS[name].format(target=target), "--runtime-dir", str(started))
     assert_clean_error(result, 2)
     assert result.stderr.startswith("laneway: query refused: ")
     assert len(result.stderr.splitlines()) == 1
     assert "read-only" in result.stderr or "readonly" in result.stderr
     assert not target.exists()
     assert files(tmp_path) == before
-    assert dump(runtime) == ledger_before
+    assert dump(started) == ledger_before
 
 
 @pytest.mark.sqlite_only("the authorizer's words; test_cli_sql_postgres.py has PostgreSQL's")
-def test_sql_names_what_it_refused(runtime, tmp_path):
-    attach = invoke("sql", f"ATTACH '{tmp_path / 'a.db'}' AS a", "--runtime-dir", str(runtime))
+def test_sql_names_what_it_refused(started, tmp_path):
+    attach = invoke("sql", f"ATTACH '{tmp_path / 'a.db'}' AS a", "--runtime-dir", str(started))
     assert "ATTACH" in attach.stderr
-    pragma = invoke("sql", "PRAGMA user_version = 7", "--runtime-dir", str(runtime))
+    pragma = invoke("sql", "PRAGMA user_version = 7", "--runtime-dir", str(started))
     assert "PRAGMA user_version = 7 is not allowed" in pragma.stderr
-    load = invoke("sql", "SELECT load_extension('x')", "--runtime-dir", str(runtime))
+    load = invoke("sql", "SELECT load_extension('x')", "--runtime-dir", str(started))
     assert "load_extension" in load.stderr
     table_function = invoke(
-        "sql", "SELECT name FROM pragma_table_info('jobs')", "--runtime-dir", str(runtime)
+        "sql", "SELECT name FROM pragma_table_info('jobs')", "--runtime-dir", str(started)
     )
     assert_clean_error(table_function, 2)
     assert "use PRAGMA table_info(...)" in table_function.stderr
 
 
 @pytest.mark.sqlite_only("PRAGMAs are SQLite's; test_cli_sql_postgres.py reads PostgreSQL")
-def test_sql_still_reads_and_reading_pragmas_work(runtime):
+def test_sql_still_reads_and_reading_pragmas_work(started):
     rows = json.loads(
         invoke(
             "sql",
             "SELECT COUNT(*) AS n FROM v_job_current",
             "--runtime-dir",
-            str(runtime),
+            str(started),
             "--json",
         ).stdout
     )
     assert rows == [{"n": 2}]
-    info = invoke("sql", "PRAGMA table_info(jobs)", "--runtime-dir", str(runtime), "--json")
+    info = invoke("sql", "PRAGMA table_info(jobs)", "--runtime-dir", str(started), "--json")
     assert info.exit_code == 0, info.output
     assert "state" in {column["name"] for column in json.loads(info.stdout)}
     recursive = invoke(
@@ -109,25 +97,25 @@ def test_sql_still_reads_and_reading_pragmas_work(runtime):
         "WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r WHERE x < 3) "
         "SELECT SUM(x) AS s FROM r",
         "--runtime-dir",
-        str(runtime),
+        str(started),
         "--json",
     )
     assert json.loads(recursive.stdout) == [{"s": 6}]
 
 
 @pytest.mark.sqlite_only("edits the ledger file with sqlite3")
-def test_unknown_revision_is_still_refused_by_read_only_commands(runtime):
-    path = runtime / db.LEDGER_FILENAME
+def test_unknown_revision_is_still_refused_by_read_only_commands(started):
+    path = started / db.LEDGER_FILENAME
     with sqlite3.connect(path) as connection:
         connection.execute("UPDATE alembic_version SET version_num = 'ffff_future'")
     connection.close()
     for args in (["status"], ["sql", "SELECT 1"], ["explain", "1"]):
-        result = invoke(*args, "--runtime-dir", str(runtime))
+        result = invoke(*args, "--runtime-dir", str(started))
         assert_clean_error(result, 1)
         assert "'ffff_future', which this laneway does not know" in result.stderr
 
 
-def test_a_runaway_query_stops_at_the_timeout(runtime, ledger_backend):
+def test_a_runaway_query_stops_at_the_timeout(started, ledger_backend):
     # Bounded, so that without the timeout it ends (in tens of seconds) and the test fails.
     endless = (
         "WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r WHERE x < 100000000) "
@@ -135,19 +123,19 @@ def test_a_runaway_query_stops_at_the_timeout(runtime, ledger_backend):
     )
     # On PostgreSQL the suite's role is a superuser: the flag lets the query run at all.
     flag = ["--i-know-this-is-superuser"] if ledger_backend == "postgres" else []
-    result = invoke("sql", endless, "--runtime-dir", str(runtime), "--timeout", "0.2", *flag)
+    result = invoke("sql", endless, "--runtime-dir", str(started), "--timeout", "0.2", *flag)
     assert_clean_error(result, 2)
     assert len(result.stderr.splitlines()) == 1
     assert result.stderr.startswith("laneway: query stopped: it ran past --timeout 0.2 s")
     again = invoke(
-        "sql", "SELECT COUNT(*) AS n FROM jobs", "--runtime-dir", str(runtime), "--json", *flag
+        "sql", "SELECT COUNT(*) AS n FROM jobs", "--runtime-dir", str(started), "--json", *flag
     )
     assert json.loads(again.stdout) == [{"n": 2}]
 
 
-def test_readonly_url_must_name_postgresql(runtime, tmp_path):
+def test_readonly_url_must_name_postgresql(started, tmp_path):
     url = f"sqlite:///{tmp_path / 'other.sqlite3'}"
-    result = invoke("sql", "SELECT 1", "--runtime-dir", str(runtime), "--readonly-url", url)
+    result = invoke("sql", "SELECT 1", "--runtime-dir", str(started), "--readonly-url", url)
     assert_clean_error(result, 2)
     assert "--readonly-url must name a PostgreSQL database" in result.stderr
     assert not (tmp_path / "other.sqlite3").exists()

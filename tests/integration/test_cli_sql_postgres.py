@@ -21,9 +21,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from tests import backends
-from tests.integration.test_cli import assert_clean_error, good_config, invoke
-
-__all__ = ["good_config"]  # the fixture, shared with test_cli
+from tests.integration.test_cli import assert_clean_error, invoke
 
 DEPLOY = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
 SECTION = "A read-only role for laneway sql\n"
@@ -35,16 +33,6 @@ def _postgres_only(ledger_backend: str, monkeypatch: pytest.MonkeyPatch) -> None
     if ledger_backend != "postgres":
         pytest.skip("PostgreSQL only: roles, COPY and server files are PostgreSQL's")
     monkeypatch.delenv("LANEWAY_READONLY_DATABASE_URL", raising=False)
-
-
-@pytest.fixture
-def runtime(good_config: Path, tmp_path: Path) -> Path:
-    runtime = tmp_path / "rt"
-    result = invoke(
-        "start-pipeline", str(good_config), "--runtime-dir", str(runtime), "--no-controller"
-    )
-    assert result.exit_code == 0, result.output
-    return runtime
 
 
 def ledger_url() -> Any:
@@ -73,7 +61,7 @@ def documented_grants(role: str, database: str, owner: str) -> list[str]:
 
 
 @pytest.fixture
-def readonly_role(runtime: Path) -> Iterator[str]:
+def readonly_role(started: Path) -> Iterator[str]:
     """A role made with docs/deploy.md's grants (unique, dropped at the end); its URL."""
     role = f"lw_ro_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     database = ledger_url().database
@@ -173,50 +161,50 @@ ATTEMPTS = {
 
 @pytest.mark.parametrize("name", sorted(ATTEMPTS))
 def test_readonly_role_refuses_every_write_and_changes_nothing(
-    runtime, readonly_role, server_dir, name
+    started, readonly_role, server_dir, name
 ):
     before = fingerprint()
     query = ATTEMPTS[name].format(dir=server_dir)
-    result = sql(query, runtime, "--readonly-url", readonly_role)
+    result = sql(query, started, "--readonly-url", readonly_role)
     assert_refused(result)
     assert result.stderr.startswith("laneway: query refused: ")
     assert list(server_dir.iterdir()) == []
     assert fingerprint() == before
 
 
-def test_readonly_role_cannot_read_server_files_and_says_so_in_one_line(runtime, readonly_role):
+def test_readonly_role_cannot_read_server_files_and_says_so_in_one_line(started, readonly_role):
     result = sql(
-        "SELECT pg_read_file('/etc/hostname') AS h", runtime, "--readonly-url", readonly_role
+        "SELECT pg_read_file('/etc/hostname') AS h", started, "--readonly-url", readonly_role
     )
     assert_refused(result)
     assert "permission denied for function pg_read_file" in result.stderr
 
 
-def test_several_statements_are_refused_before_any_runs(runtime, readonly_role):
-    result = sql("SELECT 1; SELECT 2", runtime, "--readonly-url", readonly_role)
+def test_several_statements_are_refused_before_any_runs(started, readonly_role):
+    result = sql("SELECT 1; SELECT 2", started, "--readonly-url", readonly_role)
     assert_refused(result)
     assert "more than one statement" in result.stderr
 
 
-def test_copy_is_refused_unrun(runtime, readonly_role, server_dir):
-    result = sql(f"COPY (SELECT 1) TO '{server_dir}/x'", runtime, "--readonly-url", readonly_role)
+def test_copy_is_refused_unrun(started, readonly_role, server_dir):
+    result = sql(f"COPY (SELECT 1) TO '{server_dir}/x'", started, "--readonly-url", readonly_role)
     assert_refused(result)
     assert "COPY" in result.stderr and "not run" in result.stderr
 
 
-def test_a_write_that_returns_rows_meets_the_read_only_transaction(runtime, server_dir):
+def test_a_write_that_returns_rows_meets_the_read_only_transaction(started, server_dir):
     # As the superuser, with the flag: only the transaction stands in the way.
     before = fingerprint()
-    result = sql(ATTEMPTS["insert_returning"], runtime, SUPERUSER_OK)
+    result = sql(ATTEMPTS["insert_returning"], started, SUPERUSER_OK)
     assert_refused(result)
     assert "read-only transaction" in result.stderr
     assert fingerprint() == before
 
 
-def test_readonly_role_reads(runtime, readonly_role):
+def test_readonly_role_reads(started, readonly_role):
     count = sql(
         "SELECT COUNT(*) AS n FROM v_job_current",
-        runtime,
+        started,
         "--readonly-url",
         readonly_role,
         "--json",
@@ -225,34 +213,34 @@ def test_readonly_role_reads(runtime, readonly_role):
     assert json.loads(count.stdout) == [{"n": 2}]
     # A % in the query is the operator's, not a placeholder.
     percent = sql(
-        "SELECT 5 % 2 AS m, 'a%' LIKE 'a%' AS l", runtime, "--readonly-url", readonly_role, "--json"
+        "SELECT 5 % 2 AS m, 'a%' LIKE 'a%' AS l", started, "--readonly-url", readonly_role, "--json"
     )
     assert json.loads(percent.stdout) == [{"m": 1, "l": True}]
     show = sql(
-        "SHOW default_transaction_read_only", runtime, "--readonly-url", readonly_role, "--json"
+        "SHOW default_transaction_read_only", started, "--readonly-url", readonly_role, "--json"
     )
     assert json.loads(show.stdout) == [{"default_transaction_read_only": "on"}]
 
 
-def test_readonly_url_from_the_environment(runtime, readonly_role, monkeypatch):
+def test_readonly_url_from_the_environment(started, readonly_role, monkeypatch):
     monkeypatch.setenv("LANEWAY_READONLY_DATABASE_URL", readonly_role)
-    result = sql("SELECT current_user AS u", runtime, "--json")
+    result = sql("SELECT current_user AS u", started, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == [{"u": make_url(readonly_role).username}]
 
 
-def test_default_privileges_cover_tables_created_later(runtime, readonly_role):
+def test_default_privileges_cover_tables_created_later(started, readonly_role):
     with connect_as_owner() as conn:
         conn.execute("CREATE TABLE lw_later AS SELECT 7 AS seven")
-    result = sql("SELECT seven FROM lw_later", runtime, "--readonly-url", readonly_role, "--json")
+    result = sql("SELECT seven FROM lw_later", started, "--readonly-url", readonly_role, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == [{"seven": 7}]
 
 
-def test_superuser_is_refused_without_the_flag(runtime, server_dir):
+def test_superuser_is_refused_without_the_flag(started, server_dir):
     before = fingerprint()
     for query in ("SELECT 1 AS one", f"COPY (SELECT 1) TO '{server_dir}/x'"):
-        result = sql(query, runtime)
+        result = sql(query, started)
         assert_refused(result)
         assert "superuser" in result.stderr
         assert "--readonly-url" in result.stderr and SUPERUSER_OK in result.stderr
@@ -260,8 +248,8 @@ def test_superuser_is_refused_without_the_flag(runtime, server_dir):
     assert fingerprint() == before
 
 
-def test_superuser_with_the_flag_reads(runtime):
-    result = sql("SELECT COUNT(*) AS n FROM v_job_current", runtime, SUPERUSER_OK, "--json")
+def test_superuser_with_the_flag_reads(started):
+    result = sql("SELECT COUNT(*) AS n FROM v_job_current", started, SUPERUSER_OK, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == [{"n": 2}]
 
@@ -279,33 +267,33 @@ SUPERUSER_ATTEMPTS = {
 
 
 @pytest.mark.parametrize("name", sorted(SUPERUSER_ATTEMPTS))
-def test_superuser_with_the_flag_still_cannot_write_copy_or_read_files(runtime, server_dir, name):
+def test_superuser_with_the_flag_still_cannot_write_copy_or_read_files(started, server_dir, name):
     before = fingerprint()
-    result = sql(SUPERUSER_ATTEMPTS[name].format(dir=server_dir), runtime, SUPERUSER_OK)
+    result = sql(SUPERUSER_ATTEMPTS[name].format(dir=server_dir), started, SUPERUSER_OK)
     assert_refused(result)
     assert result.stderr.startswith("laneway: query refused: ")
     assert list(server_dir.iterdir()) == []
     assert fingerprint() == before
 
 
-def test_a_password_in_the_url_is_never_shown(runtime, readonly_role):
+def test_a_password_in_the_url_is_never_shown(started, readonly_role):
     secret = "s3cr3t-pw"
     with_password = make_url(readonly_role).set(password=secret)
     refused = sql(
         "SELECT 1; SELECT 2",
-        runtime,
+        started,
         "--readonly-url",
         with_password.render_as_string(hide_password=False),
     )
     assert_refused(refused)
     unreachable = with_password.set(host="127.0.0.1", port=1)
     failed = sql(
-        "SELECT 1", runtime, "--readonly-url", unreachable.render_as_string(hide_password=False)
+        "SELECT 1", started, "--readonly-url", unreachable.render_as_string(hide_password=False)
     )
     assert_refused(failed)
     assert "cannot connect to" in failed.stderr and "***" in failed.stderr
     superuser = ledger_url().set(password=secret).render_as_string(hide_password=False)
-    as_superuser = sql("SELECT 1", runtime, "--readonly-url", superuser)
+    as_superuser = sql("SELECT 1", started, "--readonly-url", superuser)
     assert_refused(as_superuser)
     for result in (refused, failed, as_superuser):
         assert secret not in result.output
@@ -324,14 +312,14 @@ LOCKS = {
 
 @pytest.mark.parametrize("name", sorted(LOCKS))
 @pytest.mark.parametrize("role", ["readonly", "superuser"])
-def test_advisory_lock_functions_are_refused_for_every_role(runtime, readonly_role, name, role):
+def test_advisory_lock_functions_are_refused_for_every_role(started, readonly_role, name, role):
     """laneway's write lock is an advisory lock, and neither a read-only transaction nor
     a read-only role stops a query taking it: it would hold up every write (heartbeats
     too) for as long as it ran."""
     extra = (
         ["--readonly-url", readonly_role] if role == "readonly" else ["--i-know-this-is-superuser"]
     )
-    result = sql(LOCKS[name], runtime, *extra)
+    result = sql(LOCKS[name], started, *extra)
     assert_refused(result)
     assert "advisory" in result.stderr.lower() or "u&" in result.stderr.lower(), result.stderr
     with backends.admin() as admin:
