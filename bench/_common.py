@@ -53,11 +53,18 @@ def int_list(text: str) -> list[int]:
 
 
 def use_project(project: Path) -> Path:
-    """Put ``project`` first on sys.path so ``import controller`` loads its code."""
+    """Make ``project`` the ``laneway`` package, so ``import laneway.controller`` loads
+    its code (a checkout is the ``laneway`` namespace; see pyproject's package-dir)."""
     project = project.resolve()
     if not (project / "controller").is_dir():
         raise SystemExit(f"--project {project}: no controller/ package there")
-    sys.path.insert(0, str(project))
+    loaded = sys.modules.get("laneway.controller")
+    if loaded is not None and Path(loaded.__path__[0]).resolve() != project / "controller":
+        raise SystemExit(f"--project {project}: laneway was already loaded from elsewhere")
+    package = type(sys)("laneway")
+    package.__path__ = [str(project)]
+    sys.modules["laneway"] = package
+    sys.path.insert(0, str(project))  # the bench's own imports of ``tests``
     return project
 
 
@@ -78,12 +85,15 @@ def project_env(project: Path, extra: dict[str, str] | None = None) -> dict[str,
 
 def laneway_cli(project: Path) -> tuple[list[str], dict[str, str], str]:
     """(argv prefix, env, cwd) to run ``laneway`` of ``project``: its venv's console
-    script if it has one, else ``python -m cli.main`` with PYTHONPATH=project."""
+    script, else ``python -m laneway`` where this interpreter's laneway is ``project``
+    (a ``laneway`` found through another install would measure the wrong code)."""
     script = project / ".venv" / "bin" / "laneway"
     env = project_env(project)
     if script.exists():
         return [str(script)], env, str(project)
-    return [sys.executable, "-m", "cli.main"], env, str(project)
+    if project != REPO_ROOT.resolve():
+        raise SystemExit(f"--project {project}: no .venv/bin/laneway there (run make there)")
+    return [sys.executable, "-m", "laneway"], env, str(project)
 
 
 # --------------------------------------------------------------------- numbers
@@ -205,8 +215,8 @@ def rolled_back_claim(engine, counter) -> tuple[float, int, list]:
     """One ``ledger.claim_jobs`` for 2 free slots on node n1 by a bench worker, in a
     transaction rolled back afterwards (so it repeats on the same ledger; the commit's
     fsync is not included): (seconds, SQL statements ``counter.count`` saw, claims)."""
-    from controller import db, ledger
-    from controller.clock import SystemClock
+    from laneway.controller import db, ledger
+    from laneway.controller.clock import SystemClock
 
     clock = SystemClock()
     session = db.session_factory(engine)()

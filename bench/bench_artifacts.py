@@ -161,7 +161,7 @@ def moto_server(root: Path) -> Iterator[str | None]:
 def store_round(store_url: str, source: Path, work: Path, rep: int) -> tuple[float, float, float]:
     """(put seconds, put-again seconds (object already there: read back only), fetch
     seconds) for one fresh object."""
-    from controller.attempt import artifacts
+    from laneway.controller.attempt import artifacts
 
     started = time.perf_counter()
     sha256, size = artifacts.hash_file(source)
@@ -264,7 +264,7 @@ class Recorder:
 
 
 def ledger_config(items: int):
-    from controller.config import parse_config
+    from laneway.controller.config import parse_config
 
     return parse_config(
         {
@@ -335,9 +335,16 @@ def build(runtime: Path, size: int) -> dict:
     measurements need."""
     from sqlalchemy import insert, select, update
 
-    from controller import db, ledger, ledger_open
-    from controller.clock import SystemClock
-    from controller.ledger.tables import artifacts, attempt_inputs, attempts, items, jobs, workers
+    from laneway.controller import db, ledger, ledger_open
+    from laneway.controller.clock import SystemClock
+    from laneway.controller.ledger.tables import (
+        artifacts,
+        attempt_inputs,
+        attempts,
+        items,
+        jobs,
+        workers,
+    )
 
     started = time.perf_counter()
     engine = ledger_open.open_ledger(runtime)
@@ -524,8 +531,8 @@ def build(runtime: Path, size: int) -> dict:
 
 
 def intent(session, run_id: int, job_id: int, runtime: Path) -> int:
-    from controller.clock import SystemClock
-    from controller.ledger import statements
+    from laneway.controller.clock import SystemClock
+    from laneway.controller.ledger import statements
 
     return session.execute(
         statements.INSERT_ATTEMPT,
@@ -546,9 +553,9 @@ def intent(session, run_id: int, job_id: int, runtime: Path) -> int:
 
 def measure_lookup(engine, info: dict, runtime: Path, recorder: Recorder, explain: bool) -> tuple:
     """(seconds, statements, inputs given, scans) of inputs_for + record_inputs."""
-    from controller import db
-    from controller.clock import SystemClock
-    from controller.ledger import artifacts as artifact_ledger
+    from laneway.controller import db
+    from laneway.controller.clock import SystemClock
+    from laneway.controller.ledger import artifacts as artifact_ledger
 
     job_id = info["ready"][0]
     session = db.session_factory(engine)()
@@ -700,7 +707,7 @@ def ledger_costs(root: Path, sizes: list[int], samples: int, postgres: str | Non
 
 
 def e2e_config(items: int, outputs: bool):
-    from controller.config import parse_config
+    from laneway.controller.config import parse_config
 
     produce = {
         "name": "produce",
@@ -729,12 +736,12 @@ def end_to_end(root: Path, items: int, outputs: bool) -> tuple[float, float, int
     """(wall seconds, CPU seconds, succeeded attempts, artifacts) of one run."""
     from sqlalchemy import func, select
 
-    from controller import db, ledger, ledger_open
-    from controller.clock import SystemClock
-    from controller.daemon import Controller
-    from controller.ledger.tables import artifacts, attempts, jobs
-    from controller.models import Run
-    from workers.service import WorkerService
+    from laneway.controller import db, ledger, ledger_open
+    from laneway.controller.clock import SystemClock
+    from laneway.controller.daemon import Controller
+    from laneway.controller.ledger.tables import artifacts, attempts, jobs
+    from laneway.controller.models import Run
+    from laneway.workers.service import WorkerService
 
     # A fresh path per run: db.reader keeps one read-only engine per ledger URL for the
     # process's life, so a ledger deleted and re-created at the same path would be read
@@ -846,7 +853,7 @@ def main() -> None:
     parser.add_argument("--e2e", action="store_true", help="run part 3 (opt-in)")
     args = parser.parse_args()
     project = common.use_project(args.project)
-    import controller
+    from laneway import controller
 
     print(f"project: {project} (controller from {Path(controller.__file__).parent})")
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

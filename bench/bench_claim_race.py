@@ -31,7 +31,7 @@ def main() -> None:
     options = args.parse_args()
     use_project(options.project)
     os.environ["LANEWAY_TEST_POSTGRES_URL"] = options.postgres
-    from controller import ledger_open
+    from laneway.controller import ledger_open
     from tests import backends
     from tests.claim_race import race
 

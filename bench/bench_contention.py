@@ -21,9 +21,9 @@ from pathlib import Path
 from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
 
-from controller import db, ledger, ledger_open
-from controller.clock import SystemClock
-from controller.models import Node
+from laneway.controller import db, ledger, ledger_open
+from laneway.controller.clock import SystemClock
+from laneway.controller.models import Node
 
 
 def writer(runtime: str, fair: bool, txns: int, queue: multiprocessing.Queue) -> None:

@@ -23,13 +23,13 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from controller import db, ledger, ledger_open
-from controller.clock import SystemClock
-from controller.config import parse_config
-from controller.daemon import Controller
-from controller.models import Event, Run
-from controller.states import Outcome
-from workers.service import WorkerService
+from laneway.controller import db, ledger, ledger_open
+from laneway.controller.clock import SystemClock
+from laneway.controller.config import parse_config
+from laneway.controller.daemon import Controller
+from laneway.controller.models import Event, Run
+from laneway.controller.states import Outcome
+from laneway.workers.service import WorkerService
 
 
 def config(attempts: int, slots: int):

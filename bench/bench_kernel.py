@@ -62,7 +62,7 @@ MAX_ERRORS = 50
 
 
 def laneway_config(jobs: int, max_jobs: int):
-    from controller.config import parse_config
+    from laneway.controller.config import parse_config
 
     return parse_config(
         {
@@ -77,8 +77,8 @@ def laneway_config(jobs: int, max_jobs: int):
 
 
 def laneway_setup(runtime: Path, jobs: int, writers: int) -> None:
-    from controller import db, ledger, ledger_open
-    from controller.clock import SystemClock
+    from laneway.controller import db, ledger, ledger_open
+    from laneway.controller.clock import SystemClock
 
     engine = ledger_open.open_ledger(runtime)
     factory = db.session_factory(engine)
@@ -95,9 +95,9 @@ def laneway_setup(runtime: Path, jobs: int, writers: int) -> None:
 
 
 def laneway_writer(runtime: str, barrier, queue) -> None:
-    from controller import db, ledger, ledger_open
-    from controller.clock import SystemClock
-    from controller.states import Outcome
+    from laneway.controller import db, ledger, ledger_open
+    from laneway.controller.clock import SystemClock
+    from laneway.controller.states import Outcome
 
     errors: list[str] = []
     done = 0
@@ -427,7 +427,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     project = common.use_project(args.project)
-    import controller
+    from laneway import controller
 
     print(f"project: {project} (controller from {Path(controller.__file__).parent})")
     print(f"reps: {args.reps}; huey: {common.peers_python() or common.NOT_INSTALLED}")

@@ -52,7 +52,7 @@ import json, os, resource, sys
 out = os.environ.pop("LANEWAY_BENCH_RUSAGE")
 sys.argv = ["laneway", *sys.argv[1:]]
 try:
-    from cli.main import main
+    from laneway.cli.main import main
     main()
 finally:
     me = resource.getrusage(resource.RUSAGE_SELF)

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_sampler.py [--seconds N] [--children C]
 
-Starts a real per-attempt supervisor (``python -m workers.supervisor``) whose job is one
+Starts a real per-attempt supervisor (``python -m laneway.workers.supervisor``) whose job is one
 parent process that starts C sleeping children (default 49: a 50-process tree), then
 samples that tree at 1 Hz for N seconds (default 20) with ``Sampler(NvmlGpu())`` and
 ``Sampler(FakeGpu(...))``, one right after the other in each tick. Around each sample it
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import psutil
 
-from workers.gpu import FakeGpu, GpuDevice, GpuProbe, NvmlGpu
-from workers.sampler import Sampler
+from laneway.workers.gpu import FakeGpu, GpuDevice, GpuProbe, NvmlGpu
+from laneway.workers.sampler import Sampler
 
 ATTEMPT_ID = 1
 
@@ -73,7 +73,7 @@ def start_tree(root: Path, children: int) -> tuple[subprocess.Popen[bytes], Path
         "secret_env": [],
     }
     supervisor = subprocess.Popen(
-        [sys.executable, "-m", "workers.supervisor", json.dumps(spec)],
+        [sys.executable, "-m", "laneway.workers.supervisor", json.dumps(spec)],
         stdout=subprocess.PIPE,
         start_new_session=True,
     )

@@ -61,7 +61,7 @@ class Counter:
 
 
 def small_config(items: int):
-    from controller.config import parse_config
+    from laneway.controller.config import parse_config
 
     return parse_config(
         {
@@ -90,9 +90,9 @@ def build(runtime: Path, size: int, backlog_share: float) -> dict:
     """A ledger of ~``size`` jobs; returns what the measurements need."""
     from sqlalchemy import insert, select
 
-    from controller import db, ledger, ledger_open
-    from controller.clock import SystemClock
-    from controller.models import Attempt, Event, Item, Job, Worker
+    from laneway.controller import db, ledger, ledger_open
+    from laneway.controller.clock import SystemClock
+    from laneway.controller.models import Attempt, Event, Item, Job, Worker
 
     started = time.perf_counter()
     engine = ledger_open.open_ledger(runtime)
@@ -275,7 +275,7 @@ def measure_size(project: Path, root: Path, size: int, reps: int, backlog_share:
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
-    from controller.daemon import Controller
+    from laneway.controller.daemon import Controller
 
     runtime = root / f"ledger-{size}"
     info = build(runtime, size, backlog_share)
@@ -485,7 +485,7 @@ def main() -> None:
     parser.add_argument("--no-idle", action="store_true", help="skip the idle-cost part")
     args = parser.parse_args()
     project = common.use_project(args.project)
-    import controller
+    from laneway import controller
 
     print(f"project: {project} (controller from {Path(controller.__file__).parent})")
     print(f"reps: {args.reps}; backlog share: {args.backlog}")

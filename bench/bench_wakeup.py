@@ -44,11 +44,11 @@ from _common import percentile, table
 from sqlalchemy import Engine, event, select
 from sqlalchemy.engine import make_url
 
-from controller import db, ledger, ledger_open
-from controller.config import parse_config
-from controller.models import Attempt
-from controller.watch import ChangeWatch
-from workers.service import WorkerService
+from laneway.controller import db, ledger, ledger_open
+from laneway.controller.config import parse_config
+from laneway.controller.models import Attempt
+from laneway.controller.watch import ChangeWatch
+from laneway.workers.service import WorkerService
 
 POLL_SECONDS = 0.05
 PLENTY = (64_000.0, 128_000.0)

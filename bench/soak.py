@@ -90,7 +90,7 @@ class Fleet:
     def _start(self, *args: str) -> subprocess.Popen[bytes]:
         with open(self.log, "ab") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "cli.main", *args, "--runtime-dir", str(self.runtime)],
+                [sys.executable, "-m", "laneway", *args, "--runtime-dir", str(self.runtime)],
                 stdout=log,
                 stderr=log,
             )
@@ -121,7 +121,7 @@ def supervisors(runtime: Path) -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info.get("cmdline") or []
-        if "workers.supervisor" not in cmdline:
+        if "laneway.workers.supervisor" not in cmdline:
             continue
         try:
             forked = process.cwd().startswith(str(runtime) + os.sep)

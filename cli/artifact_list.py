@@ -12,10 +12,10 @@ from typing import Any
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from controller import ledger
-from controller.clock import iso
-from controller.errors import UsageError
-from controller.models import Item, Run
+from laneway.controller import ledger
+from laneway.controller.clock import iso
+from laneway.controller.errors import UsageError
+from laneway.controller.models import Item, Run
 
 REUSED = text(
     "SELECT r.item, r.stage, ar.job_id, ar.attempt_id, ar.name, ar.sha256, ar.size_bytes, "

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cli import render
-from controller.units import byte_size
+from laneway.cli import render
+from laneway.controller.units import byte_size
 
 SHORT_SHA = 12
 """How many hex digits of an artifact's sha256 the text shows (the JSON has all 64)."""

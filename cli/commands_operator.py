@@ -14,8 +14,8 @@ from typing import Annotated, Any
 
 import typer
 
-from cli import common, complete, render
-from cli.common import (
+from laneway.cli import common, complete, render
+from laneway.cli.common import (
     DEFAULT_RUNTIME,
     MAX_ID,
     RETRY_SECONDS,
@@ -23,10 +23,10 @@ from cli.common import (
     JsonFlag,
     RuntimeDir,
 )
-from controller import db
-from controller.clock import SystemClock
-from controller.errors import UsageError
-from controller.states import ControlKind, ControlScope
+from laneway.controller import db
+from laneway.controller.clock import SystemClock
+from laneway.controller.errors import UsageError
+from laneway.controller.states import ControlKind, ControlScope
 
 RunArg = Annotated[
     int | None,
@@ -54,7 +54,7 @@ def _control(
     lane: str | None = None,
     clear: tuple[ControlKind, ...] = (),
 ) -> None:
-    from controller import ledger
+    from laneway.controller import ledger
 
     with common.refusals(as_json):
         if (run is None) == (not everything):
@@ -189,7 +189,7 @@ def cancel(
     reports; the worker settles the attempt as cancelled. --run also stops the run's
     dispatch and cancels its waiting and ready jobs. Run it on the attempt's machine.
     """
-    from workers import stopping
+    from laneway.workers import stopping
 
     with common.refusals(as_json):
         if (attempt is None) == (run is None):
@@ -271,8 +271,8 @@ def reconcile(
     what its evidence says, and settles those whose evidence is conclusive into the
     outcome their exit record establishes, after one confirmation (--yes for scripts).
     """
-    from controller import evidence, ledger
-    from controller.reconcile import outputs_for_success, read_result_file
+    from laneway.controller import evidence, ledger
+    from laneway.controller.reconcile import outputs_for_success, read_result_file
 
     if from_evidence:
         _reconcile_from_evidence(run, attempt, as_, result, reason, yes, runtime_dir, as_json)
@@ -328,7 +328,7 @@ def _reconcile_from_evidence(
 ) -> None:
     """``reconcile --run RUN --from-evidence``: judge, show, confirm once, settle
     (``controller.reconcile``)."""
-    from controller import reconcile
+    from laneway.controller import reconcile
 
     with common.refusals(as_json):
         if run is None:
@@ -410,8 +410,8 @@ def retry(
     in one transaction. Jobs of the same item skipped because of them wait again; a
     finished run reopens.
     """
-    from controller import ledger
-    from controller.states import Outcome
+    from laneway.controller import ledger
+    from laneway.controller.states import Outcome
 
     with common.refusals(as_json):
         why = common.reason_given(reason)

@@ -16,11 +16,11 @@ from typing import Annotated
 
 import typer
 
-from cli import common, complete, render
-from cli.common import DEFAULT_RUNTIME, MAX_ID, DatabaseUrl, JsonFlag, RuntimeDir
-from controller import db, limits, readonly
-from controller.clock import SystemClock
-from controller.errors import LanewayError, UsageError
+from laneway.cli import common, complete, render
+from laneway.cli.common import DEFAULT_RUNTIME, MAX_ID, DatabaseUrl, JsonFlag, RuntimeDir
+from laneway.controller import db, limits, readonly
+from laneway.controller.clock import SystemClock
+from laneway.controller.errors import LanewayError, UsageError
 
 NewestRun = Annotated[
     int | None,
@@ -56,13 +56,13 @@ def status(
     A lane whose node no live worker serves says `no_worker`, with the `laneway worker`
     command that starts one. Reads the ledger only (SQLite opened read-only).
     """
-    from controller.status import status_report
+    from laneway.controller.status import status_report
 
     progress = None
     try:
         with readonly.ReadOnlyLedger(runtime_dir) as source:
             if watch:
-                from cli import live
+                from laneway.cli import live
 
                 progress = live.Progress(run, as_json=as_json, stream=sys.stdout)
             while True:
@@ -72,7 +72,7 @@ def status(
                         progress.show(report, source)
                 if progress is None:
                     if report.unknown:
-                        from controller import evidence
+                        from laneway.controller import evidence
 
                         evidence.mark_conclusive(source, report)
                     common.emit(report, as_json, render.status_text)
@@ -110,7 +110,7 @@ def explain(
     one. For a failed, cancelled or skipped job: its last attempt's outcome, exit code or
     signal, directory, the last lines of its stderr.log, and the `laneway retry` command.
     """
-    from controller.explain import explain_job
+    from laneway.controller.explain import explain_job
 
     with common.refusals(as_json):
         engine = common.reader(runtime_dir)
@@ -149,8 +149,8 @@ def report(
     percentiles, queue wait, failures by class, idle periods with their recorded reasons.
     Writes the HTML atomically; reads the ledger only.
     """
-    from controller import durable, ledger, report_html
-    from controller import report as report_module
+    from laneway.controller import durable, ledger, report_html
+    from laneway.controller import report as report_module
 
     with common.refusals(as_json):
         engine = common.reader(runtime_dir)
@@ -195,7 +195,7 @@ def artifacts(
     artifact store). A job reused from an earlier run lists that run's artifacts, marked
     as reused. Reads the ledger only.
     """
-    from cli import artifact_list, artifacts_text
+    from laneway.cli import artifact_list, artifacts_text
 
     with common.refusals(as_json):
         engine = common.reader(runtime_dir)
@@ -245,7 +245,7 @@ def logs(
     PostgreSQL), says on which node and host it is. With --follow, prints what the
     attempt appends until it settles (or becomes unknown).
     """
-    from cli import logs as logs_cli
+    from laneway.cli import logs as logs_cli
 
     try:
         logs_cli.show(

@@ -12,10 +12,10 @@ from typing import Annotated, Any
 
 import typer
 
-from cli import common, render
-from cli.common import DEFAULT_RUNTIME, ConfigPath, DatabaseUrl, JsonFlag, RuntimeDir
-from controller import db, ledger_open
-from controller.errors import UsageError
+from laneway.cli import common, render
+from laneway.cli.common import DEFAULT_RUNTIME, ConfigPath, DatabaseUrl, JsonFlag, RuntimeDir
+from laneway.controller import db, ledger_open
+from laneway.controller.errors import UsageError
 
 RerunOpt = Annotated[
     list[str] | None,
@@ -40,7 +40,7 @@ def schema(
     as_json: Annotated[bool, typer.Option("--json", help="Accepted; the schema is JSON.")] = True,
 ) -> None:
     """Print the JSON Schema of a pipeline config."""
-    from controller import config as config_module
+    from laneway.controller import config as config_module
 
     typer.echo(render.as_json(config_module.json_schema()))
 
@@ -75,9 +75,9 @@ def dry_run(config: ConfigPath, as_json: JsonFlag = False) -> None:
     admission decisions with their reasons. Exit 1 if preflight refuses, 2 if the
     config is invalid.
     """
-    from controller import config as config_module
-    from controller import pipeline, usage
-    from workers.service import psutil_memory
+    from laneway.controller import config as config_module
+    from laneway.controller import pipeline, usage
+    from laneway.workers.service import psutil_memory
 
     with common.refusals(as_json):
         parsed = config_module.load_config(config)
@@ -133,8 +133,8 @@ def start_pipeline(
     items and jobs (respecting batch_cap) and makes sure a controller runs. Never clears
     a pause or halt.
     """
-    from controller import config as config_module
-    from controller import controller_lock, pipeline
+    from laneway.controller import config as config_module
+    from laneway.controller import controller_lock, pipeline
 
     with common.refusals(as_json):
         run_id, engine = pipeline.start_run(
@@ -218,10 +218,10 @@ def run_pipeline(
     When the ledger holds an unfinished run of the same pipeline it refuses (exit 1):
     `--continue` carries that run on, `--new` starts another deliberately.
     """
-    from cli import live
-    from controller import config as config_module
-    from controller.foreground import ForegroundRun
-    from workers.service import WorkerService
+    from laneway.cli import live
+    from laneway.controller import config as config_module
+    from laneway.controller.foreground import ForegroundRun
+    from laneway.workers.service import WorkerService
 
     with common.refusals(as_json):
         if resume:

@@ -14,10 +14,10 @@ from typing import Annotated, Any
 
 import typer
 
-from cli import common, complete
-from cli.common import DEFAULT_RUNTIME, DatabaseUrl, RuntimeDir
-from controller import db, ledger_open, limits
-from controller.errors import LanewayError, UsageError
+from laneway.cli import common, complete
+from laneway.cli.common import DEFAULT_RUNTIME, DatabaseUrl, RuntimeDir
+from laneway.controller import db, ledger_open, limits
+from laneway.controller.errors import LanewayError, UsageError
 
 LogJsonFlag = Annotated[bool, typer.Option("--json", help="Log lifecycle lines as JSON on stderr.")]
 
@@ -50,7 +50,7 @@ def web(
     with who and why; a live lane timeline; explain for any job; an attempt's log tails
     and measured peaks. It polls; nothing on it writes. Stop it with Ctrl-C.
     """
-    from controller import web as web_module
+    from laneway.controller import web as web_module
 
     with common.refusals():
         host, port = web_module.parse_bind(bind)
@@ -109,9 +109,9 @@ def worker(
     signal leaves them running under their supervisors. The runtime dir must hold a
     ledger already (`start-pipeline` or `run` creates it).
     """
-    from controller.rows import SessionRows
-    from controller.status_nodes import node_max_jobs
-    from workers.service import WorkerService
+    from laneway.controller.rows import SessionRows
+    from laneway.controller.status_nodes import node_max_jobs
+    from laneway.workers.service import WorkerService
 
     with common.refusals():
         engine = ledger_open.open_existing_ledger(runtime_dir)
@@ -213,8 +213,8 @@ def controller(
     runs/RUN/status.json and SUMMARY.json. One controller per runtime dir; the runtime
     dir must hold a ledger already (`start-pipeline` or `run` creates it).
     """
-    from controller import controller_lock
-    from controller import daemon as daemon_module
+    from laneway.controller import controller_lock
+    from laneway.controller import daemon as daemon_module
 
     with common.refusals():
         engine = ledger_open.open_existing_ledger(runtime_dir)
@@ -235,7 +235,7 @@ def controller(
         common.fail(UsageError(f"another controller already runs for {runtime} (pid {other})"))
     metrics_url = None
     if metrics_bind:
-        from controller import web as web_module
+        from laneway.controller import web as web_module
 
         try:
             _server, metrics_url = web_module.serve_metrics_in_background(

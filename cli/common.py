@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli import render
-from controller import db, ledger_open
-from controller.clock import SystemClock, iso
-from controller.errors import ConfigError, LanewayError, UsageError
+from laneway.cli import render
+from laneway.controller import db, ledger_open
+from laneway.controller.clock import SystemClock, iso
+from laneway.controller.errors import ConfigError, LanewayError, UsageError
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -139,9 +139,9 @@ def reader(runtime_dir: Path) -> Engine:
 
 def job_id(engine: Any, job: str, run: int | None) -> int:
     """A job named by its id, or as ITEM.STAGE in ``run`` (default: the newest run)."""
-    from controller.ids import parse_id
-    from controller.logs import job_by_name
-    from controller.rows import SessionRows
+    from laneway.controller.ids import parse_id
+    from laneway.controller.logs import job_by_name
+    from laneway.controller.rows import SessionRows
 
     number = parse_id(job)
     if number is not None:

@@ -16,8 +16,8 @@ LIMIT = 50
 
 
 def _rows(ctx: typer.Context, sql: str) -> list[tuple[Any, ...]]:
-    from controller import readonly
-    from controller.errors import LanewayError
+    from laneway.controller import readonly
+    from laneway.controller.errors import LanewayError
 
     runtime = ctx.params.get("runtime_dir") or os.environ.get("LANEWAY_RUNTIME_DIR", ".laneway")
     try:

@@ -16,11 +16,11 @@ import time
 from collections import deque
 from typing import Any, TextIO
 
-from cli import render
-from controller import advice
-from controller import progress as progress_module
-from controller.rows import Rows
-from controller.status_model import Lane, StatusReport
+from laneway.cli import render
+from laneway.controller import advice
+from laneway.controller import progress as progress_module
+from laneway.controller.rows import Rows
+from laneway.controller.status_model import Lane, StatusReport
 
 RATE_WINDOW = 60.0
 """Seconds of history the per-stage rate is measured over."""

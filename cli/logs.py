@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from cli import render
-from controller import logs as logs_module
-from controller import readonly
+from laneway.cli import render
+from laneway.controller import logs as logs_module
+from laneway.controller import readonly
 
 
 def show(

@@ -20,9 +20,9 @@ import sys
 
 import typer
 
-from cli import commands_operator, commands_read, commands_run, commands_services
-from controller import db
-from controller.errors import LanewayError, LedgerUnavailable
+from laneway.cli import commands_operator, commands_read, commands_run, commands_services
+from laneway.controller import db
+from laneway.controller.errors import LanewayError, LedgerUnavailable
 
 app = typer.Typer(
     name="laneway",
@@ -64,9 +64,9 @@ app.command("retry")(commands_operator.retry)
 app.command("sql", context_settings=commands_read.SQL_SETTINGS)(commands_read.sql)
 
 
-def main() -> None:
+def main(prog_name: str | None = None) -> None:
     try:
-        app()
+        app(prog_name=prog_name)
     except LanewayError as error:  # errors raised outside a command's own handling
         typer.echo(f"laneway: {error}", err=True)
         sys.exit(error.exit_code)

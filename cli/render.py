@@ -6,8 +6,8 @@ import json
 import re
 from typing import Any
 
-from cli import artifacts_text, oom_text, spend_text
-from controller.status_model import Closeout, StatusReport
+from laneway.cli import artifacts_text, oom_text, spend_text
+from laneway.controller.status_model import Closeout, StatusReport
 
 _CONTROL_CHARS = re.compile(
     r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|[\x00-\x08\x0b-\x1f\x7f]"

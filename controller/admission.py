@@ -49,7 +49,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller import usage as usage_math
+from laneway.controller import usage as usage_math
 
 LANE_NODE = "lane's node"
 """How a stage without ``nodes`` is placed: on the node of the job's lane."""

@@ -11,7 +11,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from controller.status_model import Lane, StatusReport
+    from laneway.controller.status_model import Lane, StatusReport
 
 WAITS = {
     "max_jobs": "nothing to do: the node runs its max_jobs; the next settle frees a slot",

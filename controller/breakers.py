@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controller.states import Outcome
+from laneway.controller.states import Outcome
 
 
 def infra_streak(history: Sequence[tuple[str, Outcome]]) -> set[str]:

@@ -40,13 +40,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller import environment, ledger
-from controller.clock import iso
-from controller.config import CloseoutStep, PipelineConfig, render_closeout
-from controller.durable import make_private_dir, open_private, write_json
-from controller.models import Attempt, Control, Event, Run
-from controller.redact import Redactor
-from controller.states import AttemptState, ControlKind, EventKind, RunState, StepState
+from laneway.controller import environment, ledger
+from laneway.controller.clock import iso
+from laneway.controller.config import CloseoutStep, PipelineConfig, render_closeout
+from laneway.controller.durable import make_private_dir, open_private, write_json
+from laneway.controller.models import Attempt, Control, Event, Run
+from laneway.controller.redact import Redactor
+from laneway.controller.states import AttemptState, ControlKind, EventKind, RunState, StepState
 
 ACTOR = "controller"
 GRACE_SECONDS = 5.0

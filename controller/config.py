@@ -26,8 +26,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from controller import limits
-from controller.config_models import (
+from laneway.controller import limits
+from laneway.controller.config_models import (
     AMOUNT_MAX,
     ENV_NAME_PATTERN,
     ENV_REF,
@@ -60,10 +60,10 @@ from controller.config_models import (
     UsageKey,
     artifact_store_problems,
 )
-from controller.errors import ConfigError
-from controller.shell_quoting import PLAIN_NUMBER, PLAIN_VALUE, SHELLS, shell_script_index
-from controller.states import RETRYABLE_OUTCOMES, Outcome
-from controller.templates import (
+from laneway.controller.errors import ConfigError
+from laneway.controller.shell_quoting import PLAIN_NUMBER, PLAIN_VALUE, SHELLS, shell_script_index
+from laneway.controller.states import RETRYABLE_OUTCOMES, Outcome
+from laneway.controller.templates import (
     CLOSEOUT_PLACEHOLDERS,
     INPUTS_PREFIX,
     PREVIEW_INPUTS_ROOT,

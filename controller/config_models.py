@@ -30,8 +30,8 @@ from pydantic import (
     model_validator,
 )
 
-from controller import limits
-from controller.states import Outcome
+from laneway.controller import limits
+from laneway.controller.states import Outcome
 
 KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 """Item keys become directory names: no slash, no leading dot, so never ``..``."""
@@ -371,7 +371,7 @@ class PipelineConfig(_Strict):
     @model_validator(mode="after")
     def _cross_check(self, info: ValidationInfo) -> PipelineConfig:
         # controller/templates.py renders these models, so it imports this module.
-        from controller import templates
+        from laneway.controller import templates
 
         problems: list[str] = []
         problems += _duplicates("nodes", [n.name for n in self.nodes])

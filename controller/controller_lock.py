@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller import db, identity
-from controller.durable import modes, read_json, write_json
-from controller.errors import UsageError
+from laneway.controller import db, identity
+from laneway.controller.durable import modes, read_json, write_json
+from laneway.controller.errors import UsageError
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -153,7 +153,7 @@ def start_background_controller(runtime_dir: Path) -> int:
     runtime_dir = Path(runtime_dir).resolve()
     log = str(runtime_dir / "controller.log")
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-    argv = [sys.executable, "-m", "cli.main", "controller", "--runtime-dir", str(runtime_dir)]
+    argv = [sys.executable, "-m", "laneway", "controller", "--runtime-dir", str(runtime_dir)]
     return os.posix_spawn(
         sys.executable,
         argv,

@@ -29,17 +29,17 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from controller import closeout, db, ledger, pipeline
-from controller.attempt import Delivery, ExitRules, Judged, judge_attempt
-from controller.clock import Clock, SystemClock
-from controller.crashpoints import crash_point
-from controller.durable import make_private_dir, write_json
-from controller.errors import CommitOutcomeUnknown, LedgerUnavailable
-from controller.models import Attempt, Job
-from controller.states import EventKind
-from controller.status import build_status
-from controller.status_nodes import LOST_AFTER_SECONDS
-from controller.watch import ChangeWatch
+from laneway.controller import closeout, db, ledger, pipeline
+from laneway.controller.attempt import Delivery, ExitRules, Judged, judge_attempt
+from laneway.controller.clock import Clock, SystemClock
+from laneway.controller.crashpoints import crash_point
+from laneway.controller.durable import make_private_dir, write_json
+from laneway.controller.errors import CommitOutcomeUnknown, LedgerUnavailable
+from laneway.controller.models import Attempt, Job
+from laneway.controller.states import EventKind
+from laneway.controller.status import build_status
+from laneway.controller.status_nodes import LOST_AFTER_SECONDS
+from laneway.controller.watch import ChangeWatch
 
 ACTOR = "controller"
 LOCK_CHECK_SECONDS = 5.0

@@ -20,14 +20,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from controller import durable
-from controller.errors import CommitOutcomeUnknown, LedgerUnavailable, UsageError
+from laneway.controller import durable
+from laneway.controller.errors import CommitOutcomeUnknown, LedgerUnavailable, UsageError
 
 if TYPE_CHECKING:
     from sqlalchemy import URL, Engine
     from sqlalchemy.orm import Session, sessionmaker
 
-    from controller.clock import Clock
+    from laneway.controller.clock import Clock
 
 # SQLAlchemy and tenacity are imported where they are used: a read-only command on a
 # SQLite ledger (`laneway status`, `sql`) needs neither, and importing them costs most of

@@ -33,7 +33,7 @@ import json
 import os
 import stat
 
-from controller import faults
+from laneway.controller import faults
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the supervisor imports this module: it must start fast (no typing)

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from controller import crashpoints, durable, faults
+from laneway.controller import crashpoints, durable, faults
 
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 

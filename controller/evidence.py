@@ -24,16 +24,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller import identity
-from controller.attempt import Delivery, ExitRules, judge_attempt
-from controller.config import StageConfig, config_from_frozen
-from controller.durable import read_json
-from controller.outcome import Verdict
-from controller.states import Outcome
+from laneway.controller import identity
+from laneway.controller.attempt import Delivery, ExitRules, judge_attempt
+from laneway.controller.config import StageConfig, config_from_frozen
+from laneway.controller.durable import read_json
+from laneway.controller.outcome import Verdict
+from laneway.controller.states import Outcome
 
 if TYPE_CHECKING:
-    from controller.rows import Rows
-    from controller.status_model import StatusReport
+    from laneway.controller.rows import Rows
+    from laneway.controller.status_model import StatusReport
 
 _UNKNOWN_COLUMNS = (
     "id",

@@ -14,10 +14,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller import admission
-from controller.clock import iso
-from controller.errors import NotFound
-from controller.states import AttemptState, JobState
+from laneway.controller import admission
+from laneway.controller.clock import iso
+from laneway.controller.errors import NotFound
+from laneway.controller.states import AttemptState, JobState
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -27,10 +27,10 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
     """Everything that blocks one job now, with the capacity arithmetic (read-only)."""
     from sqlalchemy import select
 
-    from controller import ledger
-    from controller.models import Attempt, Item, Job, Node
-    from controller.rows import SessionRows
-    from controller.status_nodes import node_has_live_worker, worker_command
+    from laneway.controller import ledger
+    from laneway.controller.models import Attempt, Item, Job, Node
+    from laneway.controller.rows import SessionRows
+    from laneway.controller.status_nodes import node_has_live_worker, worker_command
 
     job = session.get(Job, job_id)
     if job is None:
@@ -159,8 +159,8 @@ def _explain_on(
     snapshot a claim there would build, and the capacity arithmetic."""
     from sqlalchemy import func, select
 
-    from controller import ledger
-    from controller.models import Attempt, Node
+    from laneway.controller import ledger
+    from laneway.controller.models import Attempt, Node
 
     node = session.get(Node, node_name)
     assert node is not None
@@ -264,7 +264,7 @@ def _settled_evidence(session: Session, job: Any, runtime_dir: str) -> dict[str,
     skipped job, the retry of the failed job it needs)."""
     from sqlalchemy import select
 
-    from controller.models import Attempt, Job
+    from laneway.controller.models import Attempt, Job
 
     body: dict[str, Any] = {"last_attempt": None, "retry": None}
     attempt = session.scalars(

@@ -24,19 +24,19 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from controller import controller_lock, db, ledger, ledger_open, pipeline, usage
-from controller import daemon as daemon_module
-from controller.errors import LedgerUnavailable, UsageError
-from controller.rows import Rows, SessionRows
-from controller.states import RunState
-from controller.status import build_status
-from controller.status_model import StatusReport
+from laneway.controller import controller_lock, db, ledger, ledger_open, pipeline, usage
+from laneway.controller import daemon as daemon_module
+from laneway.controller.errors import LedgerUnavailable, UsageError
+from laneway.controller.rows import Rows, SessionRows
+from laneway.controller.states import RunState
+from laneway.controller.status import build_status
+from laneway.controller.status_model import StatusReport
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
     from sqlalchemy.orm import Session
 
-    from controller.config import PipelineConfig
+    from laneway.controller.config import PipelineConfig
 
 EXIT_BLOCKED = 3
 EXIT_INTERRUPTED = 130
@@ -401,8 +401,8 @@ def run_to_continue(engine: Engine, target: str | None) -> tuple[int, PipelineCo
     """The unfinished run ``laneway run --continue [TARGET]`` means, and its frozen
     config: TARGET is a run id, or a config naming a pipeline with an unfinished run;
     none: the newest unfinished run."""
-    from controller import config as config_module
-    from controller.ids import parse_id
+    from laneway.controller import config as config_module
+    from laneway.controller.ids import parse_id
 
     with db.reader(engine)() as session:
         run_id = None if target is None else parse_id(target)

@@ -10,7 +10,7 @@ as a number, or raises a traceback.
 
 from __future__ import annotations
 
-from controller.errors import UsageError
+from laneway.controller.errors import UsageError
 
 ID_LIMIT = 2**31
 """Ids are below this (signed 32-bit INTEGER id columns on PostgreSQL)."""

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from controller.config import ItemConfig, StageConfig, render, render_argv
+from laneway.controller.config import ItemConfig, StageConfig, render, render_argv
 
 
 def attempt_dir(runtime_dir: str, run_id: int, item: str, stage: str, number: int) -> str:

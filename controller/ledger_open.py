@@ -14,8 +14,8 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from controller import durable
-from controller.db import (
+from laneway.controller import durable
+from laneway.controller.db import (
     LEDGER_FILENAME,
     _first_line,
     is_sqlite_url,
@@ -25,7 +25,7 @@ from controller.db import (
     shown_url,
     unreachable,
 )
-from controller.errors import LedgerRevisionError, UsageError
+from laneway.controller.errors import LedgerRevisionError, UsageError
 
 if TYPE_CHECKING:
     from alembic.config import Config

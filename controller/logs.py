@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller import identity
-from controller.durable import AttemptDir, PathRefused
-from controller.errors import LanewayError, NotFound, UsageError
-from controller.ids import parse_id
-from controller.rows import Rows
-from controller.states import AttemptState
-from controller.status import find_run
+from laneway.controller import identity
+from laneway.controller.durable import AttemptDir, PathRefused
+from laneway.controller.errors import LanewayError, NotFound, UsageError
+from laneway.controller.ids import parse_id
+from laneway.controller.rows import Rows
+from laneway.controller.states import AttemptState
+from laneway.controller.status import find_run
 
 STREAMS = ("stdout", "stderr")
 TAIL_BLOCK = 64 * 1024

@@ -46,11 +46,11 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
-from controller import queries
-from controller.rows import Rows, _moment
-from controller.status import status_report
-from controller.status_model import StatusReport
-from controller.status_nodes import node_workers
+from laneway.controller import queries
+from laneway.controller.rows import Rows, _moment
+from laneway.controller.status import status_report
+from laneway.controller.status_model import StatusReport
+from laneway.controller.status_nodes import node_workers
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_RUNS = 20

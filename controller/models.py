@@ -31,7 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from controller.states import (
+from laneway.controller.states import (
     AttemptState,
     ControlKind,
     ControlScope,

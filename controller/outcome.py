@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from controller import faults
-from controller import usage as usage_math
-from controller.durable import read_json
-from controller.states import Outcome
+from laneway.controller import faults
+from laneway.controller import usage as usage_math
+from laneway.controller.durable import read_json
+from laneway.controller.states import Outcome
 
 ResultRequirement = Literal["optional", "required"]
 REQUIRED_FIELDS = ("job_id", "infrastructure_failure", "fatal_failure")

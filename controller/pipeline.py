@@ -21,9 +21,9 @@ from urllib.parse import unquote, urlsplit
 
 from sqlalchemy import Engine
 
-from controller import admission, db, ledger, ledger_open, limits
-from controller.clock import Clock, SystemClock
-from controller.config import (
+from laneway.controller import admission, db, ledger, ledger_open, limits
+from laneway.controller.clock import Clock, SystemClock
+from laneway.controller.config import (
     ENV_REF,
     PipelineConfig,
     placeholders,
@@ -31,8 +31,8 @@ from controller.config import (
     render_argv,
     render_values,
 )
-from controller.durable import make_private_dir
-from controller.errors import PreflightError, UnfinishedRun, UsageError
+from laneway.controller.durable import make_private_dir
+from laneway.controller.errors import PreflightError, UnfinishedRun, UsageError
 
 
 def hash_file(path: str | Path) -> str:

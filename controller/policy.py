@@ -7,8 +7,8 @@ a harness failure, a fatal failure or an unknown outcome is never retried automa
 
 from __future__ import annotations
 
-from controller.config import RetryPolicy, StageConfig, retryable
-from controller.states import JobState, Outcome
+from laneway.controller.config import RetryPolicy, StageConfig, retryable
+from laneway.controller.states import JobState, Outcome
 
 
 def next_job_state(stage: StageConfig, outcome: Outcome, attempts_made: int) -> JobState:

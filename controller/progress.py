@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller import queries
-from controller.rows import Rows, _moment
-from controller.states import JobState
-from controller.status_model import StatusReport
+from laneway.controller import queries
+from laneway.controller.rows import Rows, _moment
+from laneway.controller.states import JobState
+from laneway.controller.status_model import StatusReport
 
 TERMINAL = (
     JobState.SUCCEEDED.value,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from controller.states import AttemptState, EventKind, RunState, Verdict, WorkerState
+from laneway.controller.states import AttemptState, EventKind, RunState, Verdict, WorkerState
 
 
 def _states(*states: str) -> str:

@@ -15,10 +15,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller import db
-from controller.db import _first_line, make_engine
-from controller.errors import LedgerRevisionError, UsageError
-from controller.ledger_open import (
+from laneway.controller import db
+from laneway.controller.db import _first_line, make_engine
+from laneway.controller.errors import LedgerRevisionError, UsageError
+from laneway.controller.ledger_open import (
     _no_version_table,
     existing_ledger_url,
     missing_ledger,
@@ -186,7 +186,7 @@ class ReadOnlyLedger:
         """The ledger's clock (``ledger_now``): this host's on SQLite, the server's on
         PostgreSQL (heartbeat ages judged on a host whose clock is off stay right)."""
         if self.is_sqlite:
-            from controller.clock import SystemClock
+            from laneway.controller.clock import SystemClock
 
             return SystemClock().now()
         found = self.rows("SELECT timezone('UTC', clock_timestamp())")[0][0]
@@ -223,7 +223,7 @@ class ReadOnlyLedger:
                     return headers, [tuple(r) for r in cursor.fetchall()]
                 finally:
                     self._sqlite.set_progress_handler(None, 0)
-            from controller import sqlguard
+            from laneway.controller import sqlguard
 
             assert self._connection is not None
             with self.snapshot():

@@ -25,20 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller import db, evidence, identity, ledger, limits
-from controller.attempt import Delivery, judge_attempt
-from controller.clock import Clock, SystemClock
-from controller.config import StageConfig
-from controller.errors import IllegalTransition, UsageError
-from controller.evidence import Evidence
-from controller.models import Job, Worker
-from controller.outcome import Verdict
-from controller.states import AttemptState, JobState, Outcome
+from laneway.controller import db, evidence, identity, ledger, limits
+from laneway.controller.attempt import Delivery, judge_attempt
+from laneway.controller.clock import Clock, SystemClock
+from laneway.controller.config import StageConfig
+from laneway.controller.errors import IllegalTransition, UsageError
+from laneway.controller.evidence import Evidence
+from laneway.controller.models import Job, Worker
+from laneway.controller.outcome import Verdict
+from laneway.controller.states import AttemptState, JobState, Outcome
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-    from controller.models import Attempt
+    from laneway.controller.models import Attempt
 
 EVIDENCE_REASON = "conclusive evidence: verified exit record, supervisor and child gone"
 """What a settle from evidence records as its reason when the operator gives none."""

@@ -28,9 +28,9 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controller import admission, ledger, oom, spend
-from controller.clock import iso
-from controller.models import (
+from laneway.controller import admission, ledger, oom, spend
+from laneway.controller.clock import iso
+from laneway.controller.models import (
     Artifact,
     Attempt,
     AttemptInput,
@@ -42,8 +42,8 @@ from controller.models import (
     Run,
     Worker,
 )
-from controller.states import EventKind, WorkerState
-from controller.status_nodes import LOST_AFTER_SECONDS
+from laneway.controller.states import EventKind, WorkerState
+from laneway.controller.status_nodes import LOST_AFTER_SECONDS
 
 IDLE_MIN_SECONDS = 1.0
 NO_WORKER_MIN_SECONDS = 1.0

@@ -10,8 +10,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from controller import spend
-from controller.units import byte_size
+from laneway.controller import spend
+from laneway.controller.units import byte_size
 
 COLOURS = {
     "succeeded": "#3a9d5d",

@@ -24,7 +24,7 @@ import hashlib
 import json
 from typing import Any
 
-from controller.config import ItemConfig, PipelineConfig, StageConfig
+from laneway.controller.config import ItemConfig, PipelineConfig, StageConfig
 
 KEY_VERSION = 1
 """Bumped when what goes into a key changes: keys of another version never match."""

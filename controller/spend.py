@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller.ledger.tables import attempt_usage, attempts, items, jobs
-from controller.states import AttemptState, JobState
+from laneway.controller.ledger.tables import attempt_usage, attempts, items, jobs
+from laneway.controller.states import AttemptState, JobState
 
 MISSING_LISTED = 50
 """Attempts without usage listed by id (all are counted)."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from controller.errors import UsageError
+from laneway.controller.errors import UsageError
 
 _PRIVILEGED_ROLES = ("pg_read_server_files", "pg_write_server_files", "pg_execute_server_program")
 _SERVER_FUNCTIONS = re.compile(

@@ -16,14 +16,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from controller import admission, queries
-from controller.clock import iso
-from controller.errors import NotFound
-from controller.explain import explain_job as explain_job
-from controller.explain import stderr_tail as stderr_tail
-from controller.rows import Rows, SessionRows, _json, _moment
-from controller.states import EventKind, JobState, Verdict
-from controller.status_model import (
+from laneway.controller import admission, queries
+from laneway.controller.clock import iso
+from laneway.controller.errors import NotFound
+from laneway.controller.explain import explain_job as explain_job
+from laneway.controller.explain import stderr_tail as stderr_tail
+from laneway.controller.rows import Rows, SessionRows, _json, _moment
+from laneway.controller.states import EventKind, JobState, Verdict
+from laneway.controller.status_model import (
     BackingOff,
     Closeout,
     CloseoutStep,
@@ -38,7 +38,7 @@ from controller.status_model import (
     Throughput,
     UnknownAttempt,
 )
-from controller.status_nodes import (
+from laneway.controller.status_nodes import (
     _last_seen,
     no_worker_reason,
     node_rows,
@@ -50,7 +50,7 @@ from controller.status_nodes import (
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from controller.models import Run
+    from laneway.controller.models import Run
 
 
 def build_status(session: Session, run: Run, *, now: datetime) -> StatusReport:

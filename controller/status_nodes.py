@@ -9,12 +9,12 @@ import shlex
 from datetime import datetime
 from typing import Any
 
-from controller import admission, queries
-from controller.clock import iso
-from controller.errors import NotFound
-from controller.rows import Rows, _moment
-from controller.states import WorkerState
-from controller.status_model import NodeSummary, Placement, Reason, Worker
+from laneway.controller import admission, queries
+from laneway.controller.clock import iso
+from laneway.controller.errors import NotFound
+from laneway.controller.rows import Rows, _moment
+from laneway.controller.states import WorkerState
+from laneway.controller.status_model import NodeSummary, Placement, Reason, Worker
 
 LOST_AFTER_SECONDS = 30.0
 """A worker is live while its row is ``active`` and its heartbeat is at most this old;

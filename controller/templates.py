@@ -18,7 +18,7 @@ import string
 from collections.abc import Callable
 from typing import Any
 
-from controller.config_models import (
+from laneway.controller.config_models import (
     ENV_REF,
     NAME_RE,
     CloseoutStep,
@@ -26,7 +26,7 @@ from controller.config_models import (
     PipelineConfig,
     StageConfig,
 )
-from controller.shell_quoting import (
+from laneway.controller.shell_quoting import (
     PLAIN_NUMBER,
     PLAIN_VALUE,
     ShellScanner,

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
-from controller import db
+from laneway.controller import db
 
 if TYPE_CHECKING:
     import psycopg

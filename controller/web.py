@@ -39,13 +39,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from controller import advice, db, ids, ledger_open, queries, readonly
-from controller import logs as logs_module
-from controller.clock import SystemClock, iso
-from controller.errors import LanewayError, NotFound, UsageError
-from controller.rows import _moment
-from controller.status import status_report
-from controller.status_model import Advice, OnDisk
+from laneway.controller import advice, db, ids, ledger_open, queries, readonly
+from laneway.controller import logs as logs_module
+from laneway.controller.clock import SystemClock, iso
+from laneway.controller.errors import LanewayError, NotFound, UsageError
+from laneway.controller.rows import _moment
+from laneway.controller.status import status_report
+from laneway.controller.status_model import Advice, OnDisk
 
 DEFAULT_BIND = "127.0.0.1:8470"
 TIMELINE_SECONDS = 10.0
@@ -174,7 +174,7 @@ class Dashboard:
         with self.lock, self.source.snapshot():
             status = status_report(self.source, run_id, now=self.now())
             if status.unknown:
-                from controller import evidence
+                from laneway.controller import evidence
 
                 evidence.mark_conclusive(self.source, status)
             pids = {
@@ -195,11 +195,11 @@ class Dashboard:
     def timeline(self, run_id: int | None) -> str:
         """The run's lane timeline (SVG), rebuilt only when the run changed, and at most
         every ``TIMELINE_SECONDS``."""
-        from controller import ledger, report_html
-        from controller import report as report_module
+        from laneway.controller import ledger, report_html
+        from laneway.controller import report as report_module
 
         with self.lock, self.source.snapshot():
-            from controller.status import find_run
+            from laneway.controller.status import find_run
 
             run = find_run(self.source, run_id)
             newest = self.source.rows(queries.NEWEST_RUN_EVENT, {"run": run["id"]})[0][0]
@@ -219,7 +219,7 @@ class Dashboard:
     def explain(self, job: str, run_id: int | None = None) -> dict[str, Any]:
         """``laneway explain`` for a job given by its id or as ``ITEM.STAGE`` (in run
         ``run_id``, default the newest), as the command takes it."""
-        from controller.explain import explain_job
+        from laneway.controller.explain import explain_job
 
         job_id = ids.parse_id(job)
         if job_id is None and "." in job:
@@ -268,7 +268,7 @@ class Dashboard:
         return body
 
     def metrics(self) -> bytes:
-        from controller import metrics
+        from laneway.controller import metrics
 
         with self.lock:
             return metrics.exposition(self.source.snapshot, self.now)
@@ -288,7 +288,7 @@ def make_server(
 ) -> ThreadingHTTPServer:
     """An HTTP server for ``dashboard`` (call ``serve_forever``); ``metrics_only``: just
     ``/metrics`` (the controller's)."""
-    from controller import web_page
+    from laneway.controller import web_page
 
     check_host = is_loopback(host)
 
@@ -350,7 +350,7 @@ def make_server(
 
         def _route(self, path: str, query: dict[str, str]) -> None:
             if path == "/metrics":
-                from controller.metrics import CONTENT_TYPE
+                from laneway.controller.metrics import CONTENT_TYPE
 
                 self._send(HTTPStatus.OK, dashboard.metrics(), CONTENT_TYPE)
             elif metrics_only:

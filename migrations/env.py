@@ -6,7 +6,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from controller.models import Base
+from laneway.controller.models import Base
 
 config = context.config
 target_metadata = Base.metadata

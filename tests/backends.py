@@ -47,7 +47,7 @@ def template() -> str:
     """The name of this session's template database, migrated to head (made once)."""
     global _template
     if _template is None:
-        from controller import db, ledger_open
+        from laneway.controller import db, ledger_open
 
         name = f"lw_tpl_{os.getpid()}"
         with admin() as conn:

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_run(url: str, jobs: int, workers: int, slots: int) -> int:
-    from controller import db, ledger
-    from controller.clock import SystemClock
+    from laneway.controller import db, ledger
+    from laneway.controller.clock import SystemClock
     from tests.support import make_config, py_stage
 
     config = make_config(
@@ -73,10 +73,10 @@ def race(url: str, *, jobs: int, workers: int, slots: int = 4) -> dict[str, Any]
 def _child(url: str, index: int, slots: int) -> dict[str, Any]:
     from sqlalchemy import func, select
 
-    from controller import db, ledger
-    from controller.clock import SystemClock
-    from controller.models import Job
-    from controller.states import JobState, Outcome
+    from laneway.controller import db, ledger
+    from laneway.controller.clock import SystemClock
+    from laneway.controller.models import Job
+    from laneway.controller.states import JobState, Outcome
 
     clock = SystemClock()
     engine = db.make_engine(url)

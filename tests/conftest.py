@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from controller import db, ledger, ledger_open
-from controller.config import PipelineConfig
-from controller.models import Job
+from laneway.controller import db, ledger, ledger_open
+from laneway.controller.config import PipelineConfig
+from laneway.controller.models import Job
 from tests import backends
 from tests.support import FixedClock, make_config
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from controller.status_model import StatusReport
+from laneway.controller.status_model import StatusReport
 
 TOP = {
     "generated_at": None,

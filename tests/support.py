@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from controller.config import PipelineConfig, parse_config
+from laneway.controller.config import PipelineConfig, parse_config
 
 T = TypeVar("T")
 PY = sys.executable
@@ -86,7 +86,7 @@ def claim_on_n1(
     factory: Any, worker: str, clock: Any, *, slots: int = 1, mem: float = 64_000, **kwargs: Any
 ) -> list[Any]:
     """One claim transaction on node n1 (tests' usual arrangement)."""
-    from controller import db, ledger
+    from laneway.controller import db, ledger
 
     with db.transaction(factory) as session:
         return ledger.claim_jobs(
@@ -104,7 +104,7 @@ def settle_one(
     factory: Any, claimed: Any, worker: str, clock: Any, outcome: Any, **kwargs: Any
 ) -> Any:
     """Settle one claimed attempt in its own transaction."""
-    from controller import db, ledger
+    from laneway.controller import db, ledger
 
     with db.transaction(factory) as session:
         return ledger.settle_attempt(
@@ -130,7 +130,7 @@ def heartbeat(
 ) -> int:
     """One heartbeat of ``worker`` reporting ``free`` MiB of ``total``, in its own
     transaction (``kwargs``: the rest of ``ledger.heartbeat``'s)."""
-    from controller import db, ledger
+    from laneway.controller import db, ledger
 
     with db.transaction(factory) as session:
         return ledger.heartbeat(

@@ -23,8 +23,8 @@ import tarfile
 import time
 from typing import IO, Any, cast
 
-from controller import faults
-from controller.durable import AttemptDir, PathRefused
+from laneway.controller import faults
+from laneway.controller.durable import AttemptDir, PathRefused
 
 ARCHIVE = "capture.tar.gz"
 PARTIAL = ARCHIVE + ".partial"

@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
-from controller import db, ledger, oom
-from controller.attempt import Amend, Delivery, ExitRules, Judged, artifacts, judge_attempt
-from controller.crashpoints import crash_point
-from controller.errors import StaleLease
-from controller.ledger import snapshot as ledger_snapshot
-from controller.outcome import Verdict
-from controller.states import Outcome
-from workers import oom as oom_watch
-from workers.capture import capture_workspace
-from workers.flight import InFlight, measurements
+from laneway.controller import db, ledger, oom
+from laneway.controller.attempt import Amend, Delivery, ExitRules, Judged, artifacts, judge_attempt
+from laneway.controller.crashpoints import crash_point
+from laneway.controller.errors import StaleLease
+from laneway.controller.ledger import snapshot as ledger_snapshot
+from laneway.controller.outcome import Verdict
+from laneway.controller.states import Outcome
+from laneway.workers import oom as oom_watch
+from laneway.workers.capture import capture_workspace
+from laneway.workers.flight import InFlight, measurements
 
 if TYPE_CHECKING:
-    from workers.service import WorkerService
+    from laneway.workers.service import WorkerService
 
 
 class Finishing:

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from controller import identity, ledger
-from controller.config import CaptureConfig
-from controller.states import Outcome
-from workers import launcher as launcher_module
-from workers.sampler import Peaks
+from laneway.controller import identity, ledger
+from laneway.controller.config import CaptureConfig
+from laneway.controller.states import Outcome
+from laneway.workers import launcher as launcher_module
+from laneway.workers.sampler import Peaks
 
 
 @dataclass

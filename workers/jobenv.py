@@ -12,7 +12,7 @@ verdict, ``controller.attempt.judge_attempt``).
 
 from __future__ import annotations
 
-from controller.environment import (
+from laneway.controller.environment import (
     BASE_ENV,
     ENV_REF,
     SUPERVISOR_ENV,

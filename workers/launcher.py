@@ -31,14 +31,13 @@ import signal
 import socket
 import sys
 
-from controller import durable
-from workers import supervisor
-from workers.identity import process_start_time
+from laneway.controller import durable
+from laneway.workers import supervisor
+from laneway.workers.identity import process_start_time
 
 MAX_REQUEST = 1 << 22
 BOOTSTRAP = (
-    "import sys; sys.path.insert(0, sys.argv[2]); "
-    "from workers.launcher import serve; serve(int(sys.argv[3]))"
+    supervisor.PACKAGE + "from laneway.workers.launcher import serve; serve(int(sys.argv[3]))"
 )
 
 
@@ -50,7 +49,7 @@ def launcher_argv(fd: int) -> list[str]:
         "-S",
         "-c",
         BOOTSTRAP,
-        "workers.supervisor",  # how a restarted worker recognises what it forked
+        supervisor.MARK,  # how a restarted worker recognises what it forked
         supervisor.ROOT,
         str(fd),
     ]

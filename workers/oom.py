@@ -23,7 +23,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from controller import oom
+from laneway.controller import oom
 
 PROC_SELF = "/proc/self"
 

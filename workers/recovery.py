@@ -18,17 +18,17 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from controller import db, identity, ledger
-from controller.attempt import ExitRules
-from controller.errors import IllegalTransition, StaleLease
-from controller.models import Attempt, Job
-from controller.states import AttemptState
-from workers.flight import AdoptedSupervisor, InFlight
-from workers.jobenv import stage_secrets
-from workers.sampler import Peaks
+from laneway.controller import db, identity, ledger
+from laneway.controller.attempt import ExitRules
+from laneway.controller.errors import IllegalTransition, StaleLease
+from laneway.controller.models import Attempt, Job
+from laneway.controller.states import AttemptState
+from laneway.workers.flight import AdoptedSupervisor, InFlight
+from laneway.workers.jobenv import stage_secrets
+from laneway.workers.sampler import Peaks
 
 if TYPE_CHECKING:
-    from workers.service import WorkerService
+    from laneway.workers.service import WorkerService
 
 
 def find_supervisor(attempt_id: int, attempt_dir: str) -> tuple[int, int | None] | None:
@@ -37,7 +37,7 @@ def find_supervisor(attempt_id: int, attempt_dir: str) -> tuple[int, int | None]
     Both the attempt id and its directory must match: ids repeat across ledgers."""
     for process in psutil.process_iter(["pid", "cmdline"]):
         cmdline = process.info.get("cmdline") or []
-        if "workers.supervisor" not in cmdline:
+        if "laneway.workers.supervisor" not in cmdline:
             continue
         try:
             environ = process.environ()

@@ -16,7 +16,7 @@ from datetime import datetime
 
 import psutil
 
-from workers.gpu import GpuProbe, GpuReading
+from laneway.workers.gpu import GpuProbe, GpuReading
 
 MIB = 1024 * 1024
 
@@ -100,7 +100,7 @@ def attempt_tree(
             ours = (
                 environ.get("LANEWAY_ATTEMPT_ID") == str(attempt_id)
                 and environ.get("LANEWAY_ATTEMPT_DIR") == attempt_dir
-                and "workers.supervisor" not in process.cmdline()
+                and "laneway.workers.supervisor" not in process.cmdline()
             )
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

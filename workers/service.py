@@ -44,19 +44,19 @@ import psutil
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from controller import db, identity, ledger, pipeline
-from controller.clock import Clock, SystemClock
-from controller.crashpoints import crash_point
-from controller.errors import CommitOutcomeUnknown, StaleLease
-from controller.watch import ChangeWatch
-from workers import oom as oom_watch
-from workers.finishing import Finishing
-from workers.flight import InFlight, StageRules, measurements
-from workers.gpu import GpuProbe, GpuReading, NvmlGpu
-from workers.ports import free_ports
-from workers.recovery import Recovery
-from workers.sampler import Sampler
-from workers.spawning import LAUNCHER_ENV, Launcher, Spawning
+from laneway.controller import db, identity, ledger, pipeline
+from laneway.controller.clock import Clock, SystemClock
+from laneway.controller.crashpoints import crash_point
+from laneway.controller.errors import CommitOutcomeUnknown, StaleLease
+from laneway.controller.watch import ChangeWatch
+from laneway.workers import oom as oom_watch
+from laneway.workers.finishing import Finishing
+from laneway.workers.flight import InFlight, StageRules, measurements
+from laneway.workers.gpu import GpuProbe, GpuReading, NvmlGpu
+from laneway.workers.ports import free_ports
+from laneway.workers.recovery import Recovery
+from laneway.workers.sampler import Sampler
+from laneway.workers.spawning import LAUNCHER_ENV, Launcher, Spawning
 
 MIB = 1024 * 1024
 

@@ -24,19 +24,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller import db, durable, identity, ledger
-from controller.attempt import artifacts
-from controller.clock import iso
-from controller.crashpoints import crash_point
-from controller.durable import write_json
-from controller.states import Outcome
-from workers import launcher as launcher_module
-from workers import supervisor as supervisor_module
-from workers.flight import InFlight, LaunchedSupervisor
-from workers.jobenv import SecretMissing, job_environment, secret_values
+from laneway.controller import db, durable, identity, ledger
+from laneway.controller.attempt import artifacts
+from laneway.controller.clock import iso
+from laneway.controller.crashpoints import crash_point
+from laneway.controller.durable import write_json
+from laneway.controller.states import Outcome
+from laneway.workers import launcher as launcher_module
+from laneway.workers import supervisor as supervisor_module
+from laneway.workers.flight import InFlight, LaunchedSupervisor
+from laneway.workers.jobenv import SecretMissing, job_environment, secret_values
 
 if TYPE_CHECKING:
-    from workers.service import WorkerService
+    from laneway.workers.service import WorkerService
 
 LAUNCHER_ENV = "LANEWAY_SUPERVISOR_LAUNCHER"
 """Set to 0 to start every supervisor by exec instead of forking it from the launcher."""

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from controller import db, ledger
-from controller.errors import UsageError
-from controller.states import ControlKind, ControlScope
-from workers import identity
+from laneway.controller import db, ledger
+from laneway.controller.errors import UsageError
+from laneway.controller.states import ControlKind, ControlScope
+from laneway.workers import identity
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine

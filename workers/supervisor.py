@@ -1,4 +1,4 @@
-"""The per-attempt supervisor: ``python -m workers.supervisor SPEC_JSON``.
+"""The per-attempt supervisor: ``python -m laneway.workers.supervisor SPEC_JSON``.
 
 One supervisor per attempt, started by the worker in its own session, so it outlives a
 crash of the worker service (invariant 6; the numbered invariants are in
@@ -33,11 +33,11 @@ import subprocess
 import sys
 import time
 
-from controller import durable, faults
-from controller.crashpoints import crash_point
-from controller.durable import write_json
-from workers.identity import boot_id, process_start_time
-from workers.redact import Redactor
+from laneway.controller import durable, faults
+from laneway.controller.crashpoints import crash_point
+from laneway.controller.durable import write_json
+from laneway.workers.identity import boot_id, process_start_time
+from laneway.workers.redact import Redactor
 
 TYPE_CHECKING = False  # not ``typing.TYPE_CHECKING``: importing typing costs a start
 
@@ -45,20 +45,26 @@ if TYPE_CHECKING:
     from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-"""The directory that holds the ``controller`` and ``workers`` packages."""
-BOOTSTRAP = (
-    "import sys; sys.path.insert(0, sys.argv[2]); "
-    "from workers.supervisor import main; sys.exit(main(sys.argv[3:]))"
+"""The ``laneway`` package's directory, which holds ``controller`` and ``workers``: the
+checkout, or ``site-packages/laneway`` where laneway is installed."""
+PACKAGE = (
+    "import sys; laneway = type(sys)('laneway'); laneway.__path__ = [sys.argv[2]]; "
+    "sys.modules['laneway'] = laneway; "
 )
+"""The start of a lean command line: ``-S`` skips site-packages, and with it the
+installed package finder, so the ``laneway`` namespace is made by hand from ``ROOT``."""
+BOOTSTRAP = PACKAGE + "from laneway.workers.supervisor import main; sys.exit(main(sys.argv[3:]))"
+MARK = "laneway.workers.supervisor"
+"""On the command line of every supervisor and launcher, so a restarted worker knows them."""
 
 
 def launch_argv(spec_json: str) -> list[str]:
     """How the worker starts a supervisor: ``python -I -S``, so the interpreter reads no
     environment variables and skips site-packages (the supervisor needs only the
     standard library and laneway's own small modules, found through ``ROOT``). That
-    keeps its start to a few milliseconds. ``workers.supervisor`` stays in the command
-    line: a restarted worker finds supervisors by it (``recovery.find_supervisor``)."""
-    return [sys.executable, "-I", "-S", "-c", BOOTSTRAP, "workers.supervisor", ROOT, spec_json]
+    keeps its start to a few milliseconds. ``MARK`` stays in the command line: a
+    restarted worker finds supervisors by it (``recovery.find_supervisor``)."""
+    return [sys.executable, "-I", "-S", "-c", BOOTSTRAP, MARK, ROOT, spec_json]
 
 
 EXIT_RECORD = "exit.json"
@@ -385,7 +391,9 @@ class Supervision:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        sys.stderr.write("usage: python -m workers.supervisor SPEC_JSON (started by laneway)\n")
+        sys.stderr.write(
+            "usage: python -m laneway.workers.supervisor SPEC_JSON (started by laneway)\n"
+        )
         return 2
     return Supervision(json.loads(args[0])).run()
 

@@ -7,6 +7,13 @@ call ``judge_attempt``; nothing here touches the ledger. ``artifacts`` finds, st
 and fetches stage outputs.
 """
 
-from controller.attempt.verdict import Amend, Delivery, ExitRules, Judged, classify, judge_attempt
+from laneway.controller.attempt.verdict import (
+    Amend,
+    Delivery,
+    ExitRules,
+    Judged,
+    classify,
+    judge_attempt,
+)
 
 __all__ = ["Amend", "Delivery", "ExitRules", "Judged", "classify", "judge_attempt"]

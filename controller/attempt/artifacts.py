@@ -49,10 +49,16 @@ from typing import IO, Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from controller import faults
-from controller.durable import AttemptDir, PathRefused, fsync_dir, make_private_dir, open_private
-from controller.outcome import Verdict
-from controller.states import Outcome
+from laneway.controller import faults
+from laneway.controller.durable import (
+    AttemptDir,
+    PathRefused,
+    fsync_dir,
+    make_private_dir,
+    open_private,
+)
+from laneway.controller.outcome import Verdict
+from laneway.controller.states import Outcome
 
 CHUNK = 1 << 20
 MIB = 1024 * 1024

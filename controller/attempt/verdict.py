@@ -27,14 +27,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from controller.attempt import artifacts
-from controller.environment import stage_secrets
-from controller.outcome import Verdict, read_outcome
-from controller.redact import Redactor, redact_json
-from controller.states import Outcome
+from laneway.controller.attempt import artifacts
+from laneway.controller.environment import stage_secrets
+from laneway.controller.outcome import Verdict, read_outcome
+from laneway.controller.redact import Redactor, redact_json
+from laneway.controller.states import Outcome
 
 if TYPE_CHECKING:
-    from controller.config import StageConfig
+    from laneway.controller.config import StageConfig
 
 Amend = Callable[[Verdict, "dict[str, Any] | None"], Verdict]
 """Rewords a classified verdict given its exit record, before outputs are delivered."""

@@ -24,11 +24,21 @@ One module per phase of an attempt's life, each importing only those listed befo
 Callers import this package (``from controller import ledger``) and use the names below.
 """
 
-from controller.launch import argv_hash, artifact_store_url, attempt_dir, inputs_dir
-from controller.ledger.artifacts import inputs_for, record_artifacts, record_inputs, run_artifacts
-from controller.ledger.claim import DEFAULT_LEASE_SECONDS, Claim, claim_jobs, record_decisions
-from controller.ledger.controls import clear_controls, run_paused, set_control
-from controller.ledger.operator import (
+from laneway.controller.launch import argv_hash, artifact_store_url, attempt_dir, inputs_dir
+from laneway.controller.ledger.artifacts import (
+    inputs_for,
+    record_artifacts,
+    record_inputs,
+    run_artifacts,
+)
+from laneway.controller.ledger.claim import (
+    DEFAULT_LEASE_SECONDS,
+    Claim,
+    claim_jobs,
+    record_decisions,
+)
+from laneway.controller.ledger.controls import clear_controls, run_paused, set_control
+from laneway.controller.ledger.operator import (
     RECONCILE_AS,
     cancel_pending,
     closeout_candidates,
@@ -43,7 +53,7 @@ from controller.ledger.operator import (
     running_attempts,
     unknown_attempts,
 )
-from controller.ledger.promotion import (
+from laneway.controller.ledger.promotion import (
     Changes,
     changes_after,
     close_run_if_done,
@@ -54,13 +64,13 @@ from controller.ledger.promotion import (
     release_due_retries,
     run_has_open_jobs,
 )
-from controller.ledger.recovery import (
+from laneway.controller.ledger.recovery import (
     adopt_attempt,
     expire_leases,
     expired_leases,
     orphaned_attempts,
 )
-from controller.ledger.runs import (
+from laneway.controller.ledger.runs import (
     active_run_ids,
     active_workers,
     create_run,
@@ -77,7 +87,7 @@ from controller.ledger.runs import (
     unfinished_runs,
     upsert_node,
 )
-from controller.ledger.settle import (
+from laneway.controller.ledger.settle import (
     MEASURED_COLUMNS,
     fold_peaks,
     mark_unknown,
@@ -88,8 +98,13 @@ from controller.ledger.settle import (
     settle_attempt,
     settle_from_verdict,
 )
-from controller.ledger.snapshot import RunInfo, admission_snapshot, reservation_mib, stage_peaks
-from controller.ledger.transitions import (
+from laneway.controller.ledger.snapshot import (
+    RunInfo,
+    admission_snapshot,
+    reservation_mib,
+    stage_peaks,
+)
+from laneway.controller.ledger.transitions import (
     append_event,
     append_events,
     event_row,
@@ -97,7 +112,7 @@ from controller.ledger.transitions import (
     move_attempt,
     move_job,
 )
-from controller.states import ATTEMPT_TRANSITIONS, JOB_TRANSITIONS
+from laneway.controller.states import ATTEMPT_TRANSITIONS, JOB_TRANSITIONS
 
 __all__ = [
     "ATTEMPT_TRANSITIONS",

@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import and_, func, insert, select, text
 from sqlalchemy.orm import Session
 
-from controller.ledger.tables import artifacts, attempt_inputs, attempts, jobs
-from controller.states import Outcome
+from laneway.controller.ledger.tables import artifacts, attempt_inputs, attempts, jobs
+from laneway.controller.states import Outcome
 
 
 def record_artifacts(

@@ -18,17 +18,17 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from controller import admission, launch, usage
-from controller.config import TemplateError
-from controller.errors import IllegalTransition
-from controller.ledger import artifacts as artifact_ledger
-from controller.ledger import statements
-from controller.ledger import usage as usage_ledger
-from controller.ledger.controls import pause_run, set_control
-from controller.ledger.snapshot import RunInfo, admission_snapshot
-from controller.ledger.tables import decisions
-from controller.ledger.transitions import append_events, event_row, move_job
-from controller.states import (
+from laneway.controller import admission, launch, usage
+from laneway.controller.config import TemplateError
+from laneway.controller.errors import IllegalTransition
+from laneway.controller.ledger import artifacts as artifact_ledger
+from laneway.controller.ledger import statements
+from laneway.controller.ledger import usage as usage_ledger
+from laneway.controller.ledger.controls import pause_run, set_control
+from laneway.controller.ledger.snapshot import RunInfo, admission_snapshot
+from laneway.controller.ledger.tables import decisions
+from laneway.controller.ledger.transitions import append_events, event_row, move_job
+from laneway.controller.states import (
     AttemptState,
     ControlKind,
     ControlScope,

@@ -7,10 +7,10 @@ from datetime import datetime
 from sqlalchemy import and_, select, update
 from sqlalchemy.orm import Session
 
-from controller.ledger.tables import controls
-from controller.ledger.transitions import append_event, rowcount
-from controller.models import Control
-from controller.states import (
+from laneway.controller.ledger.tables import controls
+from laneway.controller.ledger.transitions import append_event, rowcount
+from laneway.controller.models import Control
+from laneway.controller.states import (
     CONTROL_CLEARED_EVENT,
     CONTROL_SET_EVENT,
     ControlKind,

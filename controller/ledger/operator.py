@@ -11,15 +11,15 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from controller import usage as usage_math
-from controller.errors import IllegalTransition, NotFound
-from controller.ledger.promotion import promote_item
-from controller.ledger.runs import run_config
-from controller.ledger.settle import fold_peaks, record_result_usage, release
-from controller.ledger.tables import attempts, jobs, runs
-from controller.ledger.transitions import append_event, move_attempt, move_job, rowcount
-from controller.models import Attempt, Control, Job, Run, Worker
-from controller.states import (
+from laneway.controller import usage as usage_math
+from laneway.controller.errors import IllegalTransition, NotFound
+from laneway.controller.ledger.promotion import promote_item
+from laneway.controller.ledger.runs import run_config
+from laneway.controller.ledger.settle import fold_peaks, record_result_usage, release
+from laneway.controller.ledger.tables import attempts, jobs, runs
+from laneway.controller.ledger.transitions import append_event, move_attempt, move_job, rowcount
+from laneway.controller.models import Attempt, Control, Job, Run, Worker
+from laneway.controller.states import (
     AttemptState,
     ControlKind,
     EventKind,

@@ -14,17 +14,17 @@ from datetime import datetime
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from controller.ledger import statements
-from controller.ledger.runs import frozen_config
-from controller.ledger.tables import jobs, runs
-from controller.ledger.transitions import (
+from laneway.controller.ledger import statements
+from laneway.controller.ledger.runs import frozen_config
+from laneway.controller.ledger.tables import jobs, runs
+from laneway.controller.ledger.transitions import (
     append_event,
     append_events,
     event_row,
     move_job,
     rowcount,
 )
-from controller.states import (
+from laneway.controller.states import (
     TERMINAL_JOB_EVENTS,
     TERMINAL_JOB_STATES,
     EventKind,

@@ -22,14 +22,14 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from controller.errors import NotFound, StaleLease
-from controller.ledger import statements
-from controller.ledger.claim import DEFAULT_LEASE_SECONDS
-from controller.ledger.settle import mark_unknown
-from controller.ledger.tables import attempts, jobs
-from controller.ledger.transitions import append_event, rowcount
-from controller.models import Attempt, Worker
-from controller.states import IN_FLIGHT_ATTEMPT_STATES, EventKind, JobState, WorkerState
+from laneway.controller.errors import NotFound, StaleLease
+from laneway.controller.ledger import statements
+from laneway.controller.ledger.claim import DEFAULT_LEASE_SECONDS
+from laneway.controller.ledger.settle import mark_unknown
+from laneway.controller.ledger.tables import attempts, jobs
+from laneway.controller.ledger.transitions import append_event, rowcount
+from laneway.controller.models import Attempt, Worker
+from laneway.controller.states import IN_FLIGHT_ATTEMPT_STATES, EventKind, JobState, WorkerState
 
 SettleFromRecord = Callable[[Session, Attempt, datetime], bool]
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controller.ledger.tables import artifacts, attempt_inputs, attempts, jobs
-from controller.states import JobState, Outcome
+from laneway.controller.ledger.tables import artifacts, attempt_inputs, attempts, jobs
+from laneway.controller.states import JobState, Outcome
 
 CHUNK = 500
 """Keys per lookup statement (bind parameters stay well under every backend's limit)."""

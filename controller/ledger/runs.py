@@ -15,15 +15,15 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from controller import reuse
-from controller.config import PipelineConfig, config_from_frozen
-from controller.errors import IllegalTransition, NotFound, StaleLease
-from controller.ledger import statements
-from controller.ledger.reuse import hand_offs, reusable_attempts
-from controller.ledger.tables import leases, node_low_water, nodes, workers
-from controller.ledger.transitions import append_event, append_events, event_row, rowcount
-from controller.models import Item, Job, Lane, Node, Run, Worker
-from controller.states import EventKind, JobState, RunState, WorkerState
+from laneway.controller import reuse
+from laneway.controller.config import PipelineConfig, config_from_frozen
+from laneway.controller.errors import IllegalTransition, NotFound, StaleLease
+from laneway.controller.ledger import statements
+from laneway.controller.ledger.reuse import hand_offs, reusable_attempts
+from laneway.controller.ledger.tables import leases, node_low_water, nodes, workers
+from laneway.controller.ledger.transitions import append_event, append_events, event_row, rowcount
+from laneway.controller.models import Item, Job, Lane, Node, Run, Worker
+from laneway.controller.states import EventKind, JobState, RunState, WorkerState
 
 _config_cache: dict[str, PipelineConfig] = {}
 

@@ -14,18 +14,18 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from controller import breakers, policy
-from controller import usage as usage_math
-from controller.clock import iso
-from controller.ledger import statements
-from controller.ledger import usage as usage_ledger
-from controller.ledger.controls import pause_run, set_control
-from controller.ledger.promotion import promote_item
-from controller.ledger.runs import frozen_config
-from controller.ledger.tables import attempts, items, jobs
-from controller.ledger.transitions import move_attempt, move_job, rowcount
-from controller.outcome import Verdict as OutcomeVerdict
-from controller.states import (
+from laneway.controller import breakers, policy
+from laneway.controller import usage as usage_math
+from laneway.controller.clock import iso
+from laneway.controller.ledger import statements
+from laneway.controller.ledger import usage as usage_ledger
+from laneway.controller.ledger.controls import pause_run, set_control
+from laneway.controller.ledger.promotion import promote_item
+from laneway.controller.ledger.runs import frozen_config
+from laneway.controller.ledger.tables import attempts, items, jobs
+from laneway.controller.ledger.transitions import move_attempt, move_job, rowcount
+from laneway.controller.outcome import Verdict as OutcomeVerdict
+from laneway.controller.states import (
     IN_FLIGHT_ATTEMPT_STATES,
     AttemptState,
     ControlKind,

@@ -20,14 +20,14 @@ from typing import Any
 from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
-from controller import admission
-from controller.config import PipelineConfig
-from controller.errors import NotFound
-from controller.ledger import statements
-from controller.ledger import usage as usage_ledger
-from controller.ledger.runs import frozen_config
-from controller.ledger.tables import jobs
-from controller.models import Run
+from laneway.controller import admission
+from laneway.controller.config import PipelineConfig
+from laneway.controller.errors import NotFound
+from laneway.controller.ledger import statements
+from laneway.controller.ledger import usage as usage_ledger
+from laneway.controller.ledger.runs import frozen_config
+from laneway.controller.ledger.tables import jobs
+from laneway.controller.models import Run
 
 
 @dataclass(frozen=True)

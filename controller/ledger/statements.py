@@ -26,7 +26,7 @@ from sqlalchemy import (
     update,
 )
 
-from controller.ledger.tables import (
+from laneway.controller.ledger.tables import (
     attempts,
     controls,
     decisions,
@@ -42,7 +42,7 @@ from controller.ledger.tables import (
     stage_stats,
     workers,
 )
-from controller.states import (
+from laneway.controller.states import (
     HELD_ATTEMPT_STATES,
     IN_FLIGHT_ATTEMPT_STATES,
     OPEN_JOB_STATES,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy import Table
 
-from controller.models import (
+from laneway.controller.models import (
     Artifact,
     Attempt,
     AttemptInput,

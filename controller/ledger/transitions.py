@@ -16,10 +16,10 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, Row, bindparam, select, update
 from sqlalchemy.orm import Session
 
-from controller.errors import IllegalTransition, NotFound, StaleLease
-from controller.ledger import statements
-from controller.ledger.tables import attempts, jobs
-from controller.states import (
+from laneway.controller.errors import IllegalTransition, NotFound, StaleLease
+from laneway.controller.ledger import statements
+from laneway.controller.ledger.tables import attempts, jobs
+from laneway.controller.states import (
     ATTEMPT_EVENT,
     ATTEMPT_TRANSITIONS,
     JOB_EVENT,

@@ -22,9 +22,15 @@ from typing import Any
 from sqlalchemy import Float, Integer, String, bindparam, exists, insert, select, update
 from sqlalchemy.orm import Session
 
-from controller import usage as usage_math
-from controller.ledger.tables import attempt_usage, attempts, jobs, reservations, usage_totals
-from controller.ledger.transitions import rowcount
+from laneway.controller import usage as usage_math
+from laneway.controller.ledger.tables import (
+    attempt_usage,
+    attempts,
+    jobs,
+    reservations,
+    usage_totals,
+)
+from laneway.controller.ledger.transitions import rowcount
 
 _RUN = bindparam("b_run_id", type_=Integer)
 _STAGE = bindparam("b_stage", type_=String)

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from controller import db, ledger
-from controller.clock import SystemClock
-from controller.models import Artifact, AttemptInput
-from controller.states import ControlKind, ControlScope
+from laneway.controller import db, ledger
+from laneway.controller.clock import SystemClock
+from laneway.controller.models import Artifact, AttemptInput
+from laneway.controller.states import ControlKind, ControlScope
 from tests.crash.test_crash_points import Harness
 from tests.support import make_config, wait_until
 

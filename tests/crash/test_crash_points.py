@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from controller import db, ledger
-from controller.models import Attempt, Decision, Job, Run, Worker
-from controller.states import Outcome
+from laneway.controller import db, ledger
+from laneway.controller.models import Attempt, Decision, Job, Run, Worker
+from laneway.controller.states import Outcome
 from tests.support import make_config, wait_until
 
 JOB = textwrap.dedent(
@@ -57,7 +57,7 @@ class Harness:
         if crash:
             env["LANEWAY_CRASH_POINT"] = crash
         log = open(self.tmp / f"{command}-{len(self.processes)}.log", "wb")
-        args = [sys.executable, "-m", "cli.main", command, "--runtime-dir", str(self.runtime)]
+        args = [sys.executable, "-m", "laneway", command, "--runtime-dir", str(self.runtime)]
         process = subprocess.Popen([*args, *extra], env=env, stdout=log, stderr=log)
         log.close()
         self.processes.append(process)

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from controller import db, faults
-from controller.daemon import Controller
-from controller.models import Attempt, Control, Event, Run
+from laneway.controller import db, faults
+from laneway.controller.daemon import Controller
+from laneway.controller.models import Attempt, Control, Event, Run
+from laneway.workers.service import WorkerService
 from tests.support import make_config, py_stage, wait_until
-from workers.service import WorkerService
 
 JOB = (
     "import json, os, sys; print('out', flush=True); print('err', file=sys.stderr, flush=True); "
@@ -107,7 +107,7 @@ def test_reconciling_after_a_receipt_failure_keeps_the_known_exit_code(
     holds the exit code. A reconcile records that code (from the verified record)."""
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from laneway.cli.main import app
 
     code_job = JOB + "; raise SystemExit(7)"
     monkeypatch.setenv(faults.ENV, "receipt:1:ENOSPC")

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, text
 
-from controller import db, ledger
-from controller.attempt import artifacts
-from controller.clock import SystemClock
-from controller.models import Artifact, AttemptInput, Control, Run
-from controller.states import ControlKind, ControlScope
+from laneway.controller import db, ledger
+from laneway.controller.attempt import artifacts
+from laneway.controller.clock import SystemClock
+from laneway.controller.models import Artifact, AttemptInput, Control, Run
+from laneway.controller.states import ControlKind, ControlScope
 from tests.integration.test_worker import attempts, drive, start_worker
 from tests.support import escape, make_config, py_stage, wait_until
 

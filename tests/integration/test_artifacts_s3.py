@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from controller import db
-from controller.models import Artifact, Attempt, AttemptInput, Control, Job
+from laneway.controller import db
+from laneway.controller.models import Artifact, Attempt, AttemptInput, Control, Job
 from tests.integration.test_two_nodes import Cluster
 from tests.support import escape, wait_until
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from controller import db
-from controller.models import Attempt, Control, Event, Job
-from controller.web import Dashboard
+from laneway.controller import db
+from laneway.controller.models import Attempt, Control, Event, Job
+from laneway.controller.web import Dashboard
 from tests.integration.test_cli import invoke
 from tests.integration.test_worker import drive, start_worker
 from tests.support import escape, make_config, py_stage, wait_until

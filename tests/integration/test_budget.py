@@ -9,11 +9,11 @@ import textwrap
 import pytest
 from sqlalchemy import select
 
-from controller import db, ledger
-from controller.errors import ConfigError
-from controller.ledger.tables import usage_totals
-from controller.models import Attempt, Control, Decision, Job, Reservation
-from controller.status import explain_job
+from laneway.controller import db, ledger
+from laneway.controller.errors import ConfigError
+from laneway.controller.ledger.tables import usage_totals
+from laneway.controller.models import Attempt, Control, Decision, Job, Reservation
+from laneway.controller.status import explain_job
 from tests.integration.test_worker import start_worker
 from tests.support import claim_on_n1, make_config, py_stage, wait_until
 

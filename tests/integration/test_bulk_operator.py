@@ -8,9 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from controller import db, ledger
-from controller.models import Job
-from controller.states import Outcome
+from laneway.controller import db, ledger
+from laneway.controller.models import Job
+from laneway.controller.states import Outcome
 from tests.integration.test_cli import invoke
 from tests.support import claim_on_n1, make_config, py_stage, settle_one
 

@@ -10,16 +10,16 @@ import pytest
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from cli.main import app
-from controller import db, ledger
-from controller.daemon import Controller
-from controller.errors import UsageError
-from controller.models import Attempt, Control, Event, Job, Run
+from laneway.cli.main import app
+from laneway.controller import db, ledger
+from laneway.controller.daemon import Controller
+from laneway.controller.errors import UsageError
+from laneway.controller.models import Attempt, Control, Event, Job, Run
+from laneway.workers import stopping
+from laneway.workers.gpu import FakeGpu
+from laneway.workers.identity import process_start_time
+from laneway.workers.service import WorkerService
 from tests.support import make_config, py_stage, wait_until
-from workers import stopping
-from workers.gpu import FakeGpu
-from workers.identity import process_start_time
-from workers.service import WorkerService
 
 runner = CliRunner()
 FOREVER = (

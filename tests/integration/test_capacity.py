@@ -9,13 +9,13 @@ import math
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from cli.main import app
-from controller import db
-from controller.daemon import Controller
-from controller.models import Attempt, Job, Reservation
+from laneway.cli.main import app
+from laneway.controller import db
+from laneway.controller.daemon import Controller
+from laneway.controller.models import Attempt, Job, Reservation
+from laneway.workers.gpu import FakeGpu
+from laneway.workers.service import WorkerService
 from tests.support import make_config, py_stage, wait_until
-from workers.gpu import FakeGpu
-from workers.service import WorkerService
 
 runner = CliRunner()
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from controller import db, faults
-from controller.daemon import Controller
-from controller.models import Attempt, Event, Run
+from laneway.controller import db, faults
+from laneway.controller.daemon import Controller
+from laneway.controller.models import Attempt, Event, Run
+from laneway.workers.gpu import FakeGpu
+from laneway.workers.service import WorkerService
 from tests.support import make_config, py_stage, wait_until
-from workers.gpu import FakeGpu
-from workers.service import WorkerService
 
 JOB = (
     "import os, sys\n"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from controller import db
+from laneway.controller import db
 from tests.claim_race import race
 
 pytestmark = pytest.mark.slow

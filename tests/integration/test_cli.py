@@ -11,10 +11,10 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from controller import controller_lock, db, ledger, ledger_open
-from controller.clock import SystemClock
-from controller.states import ControlKind, ControlScope
+from laneway.cli.main import app
+from laneway.controller import controller_lock, db, ledger, ledger_open
+from laneway.controller.clock import SystemClock
+from laneway.controller.states import ControlKind, ControlScope
 from tests.support import escape, wait_until
 
 runner = CliRunner()

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from cli import render
-from controller import db, ledger
-from controller.models import Artifact
-from controller.report import build_report
-from controller.report_html import render_html
-from controller.units import byte_size
+from laneway.cli import render
+from laneway.controller import db, ledger
+from laneway.controller.models import Artifact
+from laneway.controller.report import build_report
+from laneway.controller.report_html import render_html
+from laneway.controller.units import byte_size
 from tests.integration.test_artifacts import rows, stages
 from tests.integration.test_cli import assert_clean_error, invoke
 from tests.integration.test_worker import attempts, drive, start_worker

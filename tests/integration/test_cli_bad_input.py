@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from sqlalchemy import inspect, text
 from typer.testing import CliRunner, Result
 
-from cli.main import app
-from controller import db, ledger_open, limits
+from laneway.cli.main import app
+from laneway.controller import db, ledger_open, limits
 from tests.support import claim_on_n1, make_config
 from tests.unit.test_config_hostile import hostile_configs
 
@@ -195,7 +195,7 @@ def test_a_nul_in_argv_is_a_recorded_spawn_error_not_a_dead_supervisor(tmp_path:
         "secret_env": [],
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.supervisor", json.dumps(spec)],
+        [sys.executable, "-m", "laneway.workers.supervisor", json.dumps(spec)],
         stdout=subprocess.PIPE,
         start_new_session=True,
     )
@@ -252,7 +252,7 @@ def test_the_largest_values_a_config_accepts_are_stored_and_claimed(
         batch_cap=big,
         infra_breaker=big,
     )
-    from controller import ledger
+    from laneway.controller import ledger
 
     with db.transaction(factory) as session:
         run = ledger.create_run(

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from controller import db, ledger
-from controller.states import RunState
+from laneway.controller import db, ledger
+from laneway.controller.states import RunState
 from tests.integration.test_cli import invoke
 from tests.support import make_config
 

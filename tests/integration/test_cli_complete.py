@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.states import Outcome
+from laneway.controller.states import Outcome
 from tests.integration.test_cli import invoke
 from tests.integration.test_cli_services import config_file
 from tests.support import claim_on_n1, make_config, py_stage, settle_one

@@ -7,7 +7,7 @@ import json
 
 from typer.testing import CliRunner
 
-from cli.main import app
+from laneway.cli.main import app
 
 CONFIG = """
 name = "preview"

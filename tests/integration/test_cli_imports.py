@@ -14,14 +14,27 @@ import pytest
 from alembic.script import ScriptDirectory
 from typer.testing import CliRunner
 
-from cli.main import app
-from controller import ledger_open
+from laneway.cli.main import app
+from laneway.controller import ledger_open
 from tests.integration.test_cli import GOOD
 
 ROOT = Path(__file__).resolve().parents[2]
-NEVER = {"workers.service", "psutil", "alembic", "controller.daemon", "controller.report", "rich"}
+NEVER = {
+    "laneway.workers.service",
+    "psutil",
+    "alembic",
+    "laneway.controller.daemon",
+    "laneway.controller.report",
+    "laneway.controller.report_html",
+    "rich",
+}
 """Never imported by a read-only command."""
-FAST = NEVER | {"sqlalchemy", "controller.models", "controller.config", "controller.ledger"}
+FAST = NEVER | {
+    "sqlalchemy",
+    "laneway.controller.models",
+    "laneway.controller.config",
+    "laneway.controller.ledger",
+}
 """Not imported by `status`, `sql` or `--help` either (plain sqlite3 is enough). pydantic
 is not listed: typer itself (0.29) parses parameters with it."""
 
@@ -48,7 +61,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def imported(*args: str) -> tuple[set[str], subprocess.CompletedProcess[str]]:
     """The modules a `laneway ARGS` process imports (from ``-X importtime``)."""
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "cli.main", *args],
+        [sys.executable, "-X", "importtime", "-m", "laneway", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -81,7 +94,7 @@ def test_status_sql_and_help_import_no_heavy_module(runtime, args):
     extra = [] if "--help" in args else ["--runtime-dir", str(runtime)]
     names, done = imported(*args, *extra)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert {"typer", "cli.render"} <= names  # the command line was parsed
+    assert {"typer", "laneway.cli.render"} <= names  # the command line was parsed
     assert heavy(names, FAST) == set()
     if args[:2] == ["sql", "SELECT COUNT(*) AS n FROM jobs"]:
         assert json.loads(done.stdout) == [{"n": 2}]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from controller import db, ledger_open
+from laneway.controller import db, ledger_open
 from tests.integration.test_cli import assert_clean_error, invoke
 from tests.integration.test_cli_services import LANEWAY, ROOT, finish, spawn
 from tests.support import escape, wait_until

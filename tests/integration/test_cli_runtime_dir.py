@@ -93,7 +93,7 @@ def test_a_read_only_runtime_dir_is_refused_in_one_line(tmp_path, argv, words):
     (runtime / "controller.lock").unlink(missing_ok=True)
     before = sorted(p.name for p in runtime.iterdir())
     command = " ".join(
-        [sys.executable, "-m", "cli.main", *argv, "--runtime-dir", str(runtime)]
+        [sys.executable, "-m", "laneway", *argv, "--runtime-dir", str(runtime)]
     ).replace("--reason x", "--reason 'read only'")
     script = (
         f"mount --bind {runtime} {runtime} && mount -o remount,ro,bind {runtime} && "

@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from controller import controller_lock, db, ledger_open
+from laneway.controller import controller_lock, db, ledger_open
 from tests.integration.conftest import tables_in
 from tests.integration.test_cli import assert_clean_error, invoke
 from tests.support import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-LANEWAY = [sys.executable, "-m", "cli.main"]
+LANEWAY = [sys.executable, "-m", "laneway"]
 BOUND = 120  # seconds: a hung `laneway run` fails the test instead of hanging it
 
 
@@ -205,7 +205,7 @@ def test_laneway_run_gives_the_controller_lock_back_when_its_run_ends(tmp_path):
     once a foreground run has ended; before, `laneway run` kept it until it exited."""
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from laneway.cli.main import app
 
     config = tmp_path / "pipeline.toml"
     config.write_text(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import db
+from laneway.controller import db
 from tests.integration.test_cli import assert_clean_error, invoke
 
 

@@ -10,10 +10,10 @@ import sys
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from cli.main import app
-from controller import db, ledger, ledger_open
-from controller.daemon import Controller
-from controller.models import Event
+from laneway.cli.main import app
+from laneway.controller import db, ledger, ledger_open
+from laneway.controller.daemon import Controller
+from laneway.controller.models import Event
 from tests.support import escape, make_config, wait_until
 
 runner = CliRunner()

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from controller import closeout, db, environment, ledger
-from controller.config import config_from_frozen, load_config
-from controller.errors import ConfigError
-from controller.models import Event
-from controller.pipeline import preflight
+from laneway.controller import closeout, db, environment, ledger
+from laneway.controller.config import config_from_frozen, load_config
+from laneway.controller.errors import ConfigError
+from laneway.controller.models import Event
+from laneway.controller.pipeline import preflight
 from tests.support import escape, make_config, py_stage, wait_until
 
 
@@ -181,7 +181,7 @@ def test_preflight_checks_closeout_executables_and_cwds(tmp_path):
 def test_closeout_logs_and_run_dirs_are_owner_only(engine, runtime, make_run, clock, tmp_path):
     import stat
 
-    from controller import pipeline
+    from laneway.controller import pipeline
 
     run_id, _ = pipeline.start_run(
         make_config(closeout=[{"name": "agg", "argv": ["sh", "-c", "echo hi"]}]),

@@ -7,12 +7,12 @@ import sys
 
 from sqlalchemy import func, select
 
-from controller.models import Event
+from laneway.controller.models import Event
 
 WRITER = """
 import sys
-from controller import db, ledger
-from controller.clock import SystemClock
+from laneway.controller import db, ledger
+from laneway.controller.clock import SystemClock
 engine = db.make_engine(db.ledger_url(sys.argv[1]))
 factory = db.session_factory(engine)
 print("ready", flush=True)

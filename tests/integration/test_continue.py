@@ -17,8 +17,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from controller import db, ledger
-from controller.models import Item, Job
+from laneway.controller import db, ledger
+from laneway.controller.models import Item, Job
 from tests.integration.test_cli import invoke
 from tests.integration.test_cli_services import BOUND, LANEWAY, ROOT
 from tests.support import claim_on_n1, make_config, wait_until

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from controller import db, ledger_open
+from laneway.controller import db, ledger_open
 from tests import backends
 from tests.integration.test_cli import GOOD
 
 ROOT = Path(__file__).resolve().parents[2]
-LANEWAY = [sys.executable, "-m", "cli.main"]
+LANEWAY = [sys.executable, "-m", "laneway"]
 PASSWORD = "pw-never-shown-8d1f"
 
 

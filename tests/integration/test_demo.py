@@ -14,7 +14,7 @@ import pytest
 from tests import backends
 
 ROOT = Path(__file__).resolve().parents[2]
-LANEWAY = [sys.executable, "-m", "cli.main"]
+LANEWAY = [sys.executable, "-m", "laneway"]
 LEDGERS: dict[Path, str] = {}
 """runtime dir -> its PostgreSQL ledger's URL (absent: the runtime dir's SQLite file)."""
 

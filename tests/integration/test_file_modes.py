@@ -10,7 +10,7 @@ import sys
 
 from typer.testing import CliRunner
 
-from cli.main import app
+from laneway.cli.main import app
 
 CONFIG = f"""
 name = "modes"

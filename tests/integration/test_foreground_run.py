@@ -13,21 +13,21 @@ from typing import Any
 
 import pytest
 
-from controller import db, ledger
-from controller.clock import SystemClock
-from controller.foreground import (
+from laneway.controller import db, ledger
+from laneway.controller.clock import SystemClock
+from laneway.controller.foreground import (
     Ending,
     ForegroundResult,
     ForegroundRun,
     RunView,
     read_view,
 )
-from controller.states import ControlKind, ControlScope
-from controller.status_model import StatusReport
+from laneway.controller.states import ControlKind, ControlScope
+from laneway.controller.status_model import StatusReport
+from laneway.workers.service import WorkerService
 from tests.integration.test_worker import PLENTY
 from tests.status_bodies import typed
 from tests.support import make_config, py_stage
-from workers.service import WorkerService
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from controller import db, ledger_open
+from laneway.controller import db, ledger_open
 from tests import backends
 from tests.integration.test_cli import invoke
 from tests.support import make_config

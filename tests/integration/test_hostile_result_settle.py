@@ -17,8 +17,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from controller import db, ledger_open
-from controller.models import Attempt, AttemptUsage, Item, Job, Run
+from laneway.controller import db, ledger_open
+from laneway.controller.models import Attempt, AttemptUsage, Item, Job, Run
 from tests.integration.test_cli import invoke
 from tests.integration.test_cli_services import finish, spawn
 from tests.support import escape, wait_until

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from cli.main import app
-from controller import db, ledger, ledger_open
-from controller.daemon import Controller
-from controller.models import Run
+from laneway.cli.main import app
+from laneway.controller import db, ledger, ledger_open
+from laneway.controller.daemon import Controller
+from laneway.controller.models import Run
 from tests.integration.test_worker import attempts, drive, start_worker
 from tests.support import escape, make_config
 

@@ -15,10 +15,10 @@ from contextlib import contextmanager
 
 from sqlalchemy import Engine, event, select
 
-from controller import db, ledger, ledger_open
-from controller.daemon import Controller
-from controller.models import Job, StageStats
-from controller.states import JobState, Outcome
+from laneway.controller import db, ledger, ledger_open
+from laneway.controller.daemon import Controller
+from laneway.controller.models import Job, StageStats
+from laneway.controller.states import JobState, Outcome
 from tests import backends
 from tests.support import claim_on_n1, make_config, py_stage, settle_one
 
@@ -189,21 +189,21 @@ def test_settled_peaks_are_folded_into_the_stage_row(
 def test_the_supervisor_starts_on_the_standard_library_alone():
     """It starts once per attempt: ``launch_argv`` runs it without site-packages, and
     importing it pulls in nothing from outside the standard library and laneway."""
-    from workers import supervisor
+    from laneway.workers import supervisor
 
     argv = supervisor.launch_argv("{}")
-    code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import workers.supervisor; "
+    code = supervisor.PACKAGE + (
+        "import laneway.workers.supervisor; "
         "print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
     )
     out = subprocess.run(
-        [argv[0], "-I", "-S", "-c", code, supervisor.ROOT],
+        [argv[0], "-I", "-S", "-c", code, "-", supervisor.ROOT],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.split()
     foreign = {"sqlalchemy", "pydantic", "psutil", "typer", "alembic", "pynvml", "site"}
     assert foreign.isdisjoint(out), foreign & set(out)
-    assert "workers" in out and argv[1:3] == ["-I", "-S"]
-    assert "workers.supervisor" in argv  # how a restarted worker finds it
+    assert "laneway" in out and argv[1:3] == ["-I", "-S"]
+    assert "laneway.workers.supervisor" in argv  # how a restarted worker finds it
     assert sys.executable == argv[0]

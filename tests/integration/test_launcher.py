@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from laneway.workers import launcher
+from laneway.workers.flight import LaunchedSupervisor
+from laneway.workers.recovery import find_supervisor
+from laneway.workers.spawning import LAUNCHER_ENV, Launcher
 from tests.integration.test_worker import attempts, drive, start_worker
 from tests.support import escape, make_config, wait_until
-from workers import launcher
-from workers.flight import LaunchedSupervisor
-from workers.recovery import find_supervisor
-from workers.spawning import LAUNCHER_ENV, Launcher
 
 JOB = (
     "import json, os, sys; print('hello', flush=True); "

@@ -25,16 +25,16 @@ import psycopg
 import pytest
 from sqlalchemy import select
 
-from controller import db, ledger
-from controller.clock import SystemClock
-from controller.daemon import Controller
-from controller.models import Attempt, Worker
+from laneway.controller import db, ledger
+from laneway.controller.clock import SystemClock
+from laneway.controller.daemon import Controller
+from laneway.controller.models import Attempt, Worker
+from laneway.workers.service import WorkerService
 from tests import backends
 from tests.integration.test_cli_services import BOUND, LANEWAY, ROOT
 from tests.integration.test_ledger_faults import JOB, _restart_command, _server_started
 from tests.integration.test_worker import PLENTY
 from tests.support import PY, escape, make_config, wait_until
-from workers.service import WorkerService
 
 pytestmark = pytest.mark.slow
 

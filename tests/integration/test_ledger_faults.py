@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import event, select
 
-from controller import db, ledger
-from controller.clock import SystemClock
-from controller.daemon import Controller
-from controller.models import Attempt, Event, Lease, Run
+from laneway.controller import db, ledger
+from laneway.controller.clock import SystemClock
+from laneway.controller.daemon import Controller
+from laneway.controller.models import Attempt, Event, Lease, Run
+from laneway.workers.service import WorkerService
 from tests import backends
 from tests.integration.test_worker import PLENTY
 from tests.support import PY, escape, make_config, wait_until
 from tests.tcp_proxy import Proxy
-from workers.service import WorkerService
 
 pytestmark = pytest.mark.slow
 

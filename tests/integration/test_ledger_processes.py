@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from controller import db, ledger_open, readonly
-from controller.models import Attempt, Control, Event, Job, Run
+from laneway.controller import db, ledger_open, readonly
+from laneway.controller.models import Attempt, Control, Event, Job, Run
 from tests.integration.test_cli_services import BOUND, LANEWAY, ROOT
 from tests.integration.test_continue import executions, write_config
 from tests.support import wait_until

@@ -7,12 +7,13 @@ from datetime import timedelta
 
 from sqlalchemy import select, text
 
-from cli import render
-from controller import db, ledger
-from controller.models import Node, NodeLowWater
-from controller.outcome import Outcome
-from controller.report import build_report
-from controller.report_html import render_html
+from laneway.cli import render
+from laneway.controller import db, ledger
+from laneway.controller.models import Node, NodeLowWater
+from laneway.controller.outcome import Outcome
+from laneway.controller.report import build_report
+from laneway.controller.report_html import render_html
+from laneway.workers.service import WorkerService
 from tests.support import (
     claim_on_n1,
     heartbeat,
@@ -21,7 +22,6 @@ from tests.support import (
     settle_one,
     wait_until,
 )
-from workers.service import WorkerService
 
 
 def beat(factory, worker, clock, free, *, runs, low=None, low_at=None):

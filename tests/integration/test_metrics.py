@@ -8,8 +8,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller import db, ledger, metrics, readonly
-from controller.states import Outcome
+from laneway.controller import db, ledger, metrics, readonly
+from laneway.controller.states import Outcome
 from tests.support import claim_on_n1, heartbeat, make_config, py_stage, settle_one
 
 

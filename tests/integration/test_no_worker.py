@@ -14,15 +14,15 @@ from typing import Any
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from cli.main import app
-from controller import db, ledger
-from controller.daemon import Controller
-from controller.models import Job
-from controller.report import build_report
-from controller.report_html import render_html
-from controller.states import ControlKind, ControlScope, Outcome
-from controller.status import build_status, explain_job
-from controller.status_nodes import LOST_AFTER_SECONDS
+from laneway.cli.main import app
+from laneway.controller import db, ledger
+from laneway.controller.daemon import Controller
+from laneway.controller.models import Job
+from laneway.controller.report import build_report
+from laneway.controller.report_html import render_html
+from laneway.controller.states import ControlKind, ControlScope, Outcome
+from laneway.controller.status import build_status, explain_job
+from laneway.controller.status_nodes import LOST_AFTER_SECONDS
 from tests.support import claim_on_n1, heartbeat, make_config, py_stage, settle_one
 
 runner = CliRunner()
@@ -237,7 +237,7 @@ def test_explain_a_killed_job_names_the_signal_and_an_unreadable_log(
     attempt = body["last_attempt"]
     assert attempt["exit_signal"] == 9 and attempt["signal_name"] == "SIGKILL"
     assert attempt["stderr_tail"] is None and "cannot read it here" in attempt["stderr_unreadable"]
-    from cli.render import explain_text
+    from laneway.cli.render import explain_text
 
     text = explain_text(body)
     assert "failed, signal 9 (SIGKILL)" in text and "stderr.log: " in text

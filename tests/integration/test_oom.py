@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from cli import oom_text
-from controller import db, ledger, oom
-from controller.daemon import Controller
-from controller.models import Attempt, Reservation
-from controller.report import build_report
-from controller.report_html import render_html
+from laneway.cli import oom_text
+from laneway.controller import db, ledger, oom
+from laneway.controller.daemon import Controller
+from laneway.controller.models import Attempt, Reservation
+from laneway.controller.report import build_report
+from laneway.controller.report_html import render_html
+from laneway.workers.gpu import FakeGpu
+from laneway.workers.oom import OomCounter
+from laneway.workers.service import WorkerService
 from tests.support import make_config, py_stage, wait_until
-from workers.gpu import FakeGpu
-from workers.oom import OomCounter
-from workers.service import WorkerService
 
 MIB = 2**20
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from controller import db, ledger_open
-from controller.models import Artifact, Attempt, Job
+from laneway.controller import db, ledger_open
+from laneway.controller.models import Artifact, Attempt, Job
 from tests.integration.test_cli_services import LANEWAY, ROOT
 from tests.support import escape
 

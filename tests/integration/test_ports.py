@@ -8,13 +8,13 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from controller import db
-from controller.daemon import Controller
-from controller.models import Attempt, Run
+from laneway.controller import db
+from laneway.controller.daemon import Controller
+from laneway.controller.models import Attempt, Run
+from laneway.workers.gpu import FakeGpu
+from laneway.workers.ports import free_ports
+from laneway.workers.service import WorkerService
 from tests.support import make_config, py_stage, wait_until
-from workers.gpu import FakeGpu
-from workers.ports import free_ports
-from workers.service import WorkerService
 
 
 def test_free_ports_are_distinct_and_avoid_taken():

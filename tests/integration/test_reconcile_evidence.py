@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from cli.main import app
-from controller import db, evidence, ledger, reconcile
-from controller.durable import make_private_dir, write_json
-from controller.errors import IllegalTransition
-from controller.models import Artifact, Attempt, Job
-from controller.rows import SessionRows
-from controller.states import JobState, Outcome
-from controller.status import status_report
+from laneway.cli.main import app
+from laneway.controller import db, evidence, ledger, reconcile
+from laneway.controller.durable import make_private_dir, write_json
+from laneway.controller.errors import IllegalTransition
+from laneway.controller.models import Artifact, Attempt, Job
+from laneway.controller.rows import SessionRows
+from laneway.controller.states import JobState, Outcome
+from laneway.controller.status import status_report
+from laneway.workers import identity
 from tests.integration.test_cli import invoke, runner
 from tests.support import claim_on_n1, make_config, py_stage
-from workers import identity
 
 
 def dead_process() -> tuple[int, int]:

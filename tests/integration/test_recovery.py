@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from controller import db, ledger, pipeline
-from controller.daemon import Controller
-from controller.errors import IllegalTransition, StaleLease
-from controller.models import Attempt, Control, Decision, Job, Run
-from controller.outcome import read_outcome
-from controller.states import ControlKind, ControlScope, Outcome
+from laneway.controller import db, ledger, pipeline
+from laneway.controller.daemon import Controller
+from laneway.controller.errors import IllegalTransition, StaleLease
+from laneway.controller.models import Attempt, Control, Decision, Job, Run
+from laneway.controller.outcome import read_outcome
+from laneway.controller.states import ControlKind, ControlScope, Outcome
+from laneway.workers.recovery import Recovery
+from laneway.workers.service import WorkerService
 from tests.support import make_config, py_stage
-from workers.recovery import Recovery
-from workers.service import WorkerService
 
 PLENTY = (64_000.0, 128_000.0)
 
@@ -129,7 +129,7 @@ def test_recorded_pid_owned_by_another_process_is_never_adopted(
     engine, factory, make_run, register_worker, clock
 ):
     """Same boot, but the recorded start time differs: a recycled pid, not our supervisor."""
-    from workers import identity
+    from laneway.workers import identity
 
     make_run(make_config())
     dead = register_worker()

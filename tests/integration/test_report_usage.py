@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from cli import render
-from controller import db, ledger
-from controller.clock import SystemClock
-from controller.report import build_report
-from controller.report_html import render_html
+from laneway.cli import render
+from laneway.controller import db, ledger
+from laneway.controller.clock import SystemClock
+from laneway.controller.report import build_report
+from laneway.controller.report_html import render_html
 from tests.integration.test_usage import REPORTER
 from tests.integration.test_worker import drive, start_worker
 from tests.support import make_config, py_stage

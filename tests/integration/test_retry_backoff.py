@@ -10,12 +10,12 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-from controller import db, ledger, policy
-from controller.clock import iso
-from controller.config import RetryPolicy
-from controller.rows import SessionRows
-from controller.states import JobState, Outcome
-from controller.status import explain_job, status_report
+from laneway.controller import db, ledger, policy
+from laneway.controller.clock import iso
+from laneway.controller.config import RetryPolicy
+from laneway.controller.rows import SessionRows
+from laneway.controller.states import JobState, Outcome
+from laneway.controller.status import explain_job, status_report
 from tests.integration.test_cli import invoke
 from tests.support import claim_on_n1, make_config, py_stage, settle_one
 

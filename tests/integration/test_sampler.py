@@ -17,13 +17,13 @@ import psutil
 import pytest
 from sqlalchemy import select
 
-from controller import db
-from controller.daemon import Controller
-from controller.models import Attempt, Run
+from laneway.controller import db
+from laneway.controller.daemon import Controller
+from laneway.controller.models import Attempt, Run
+from laneway.workers.gpu import FakeGpu, GpuDevice, GpuReading, NvmlGpu
+from laneway.workers.sampler import Peaks, Sampler, TreeSample, attempt_tree, sample_tree
+from laneway.workers.service import WorkerService
 from tests.support import make_config, py_stage, wait_until
-from workers.gpu import FakeGpu, GpuDevice, GpuReading, NvmlGpu
-from workers.sampler import Peaks, Sampler, TreeSample, attempt_tree, sample_tree
-from workers.service import WorkerService
 
 ATTEMPT_ID = 1
 
@@ -60,7 +60,7 @@ JOB = textwrap.dedent(
 
 
 def start_supervisor(tmp_path: Path, argv: list[str]) -> tuple[subprocess.Popen[bytes], Path, int]:
-    """Start ``python -m workers.supervisor SPEC_JSON`` the way the worker does (its own
+    """Start ``python -m laneway.workers.supervisor SPEC_JSON`` the way the worker does (its own
     session); returns the supervisor, the attempt directory and the child's pid."""
     attempt = tmp_path / "attempt"
     attempt.mkdir()
@@ -74,7 +74,7 @@ def start_supervisor(tmp_path: Path, argv: list[str]) -> tuple[subprocess.Popen[
         "secret_env": [],
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.supervisor", json.dumps(spec)],
+        [sys.executable, "-m", "laneway.workers.supervisor", json.dumps(spec)],
         stdout=subprocess.PIPE,
         start_new_session=True,
     )
@@ -489,7 +489,7 @@ def test_gpu_pids_from_another_pid_namespace_give_none_not_zero():
 def test_the_tree_of_a_process_exiting_right_now_is_gone_not_an_error(monkeypatch):
     """Regression: /proc/PID/task of a process in the middle of exiting answers ESRCH
     (ProcessLookupError), which crashed `laneway run` from the sampler."""
-    from workers import sampler as sampler_module
+    from laneway.workers import sampler as sampler_module
 
     real_listdir = os.listdir
 

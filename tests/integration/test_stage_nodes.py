@@ -14,16 +14,16 @@ import pytest
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from cli.main import app
-from controller import db, ledger
-from controller.clock import SystemClock
-from controller.daemon import Controller
-from controller.models import Attempt, Decision, Job, Reservation
-from controller.status import explain_job
+from laneway.cli.main import app
+from laneway.controller import db, ledger
+from laneway.controller.clock import SystemClock
+from laneway.controller.daemon import Controller
+from laneway.controller.models import Attempt, Decision, Job, Reservation
+from laneway.controller.status import explain_job
+from laneway.workers.gpu import FakeGpu
+from laneway.workers.service import WorkerService
 from tests.integration.test_two_nodes import Cluster
 from tests.support import escape, make_config, py_stage, wait_until
-from workers.gpu import FakeGpu
-from workers.service import WorkerService
 
 runner = CliRunner()
 

@@ -11,8 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from laneway.workers.identity import process_start_time
 from tests.support import wait_until
-from workers.identity import process_start_time
 
 GRANDCHILD = textwrap.dedent(
     """
@@ -39,7 +39,7 @@ def start(tmp_path: Path, argv: list[str], *, timeout=30.0, grace=5.0, secret_en
         "secret_env": list(secret_env),
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.supervisor", json.dumps(spec)],
+        [sys.executable, "-m", "laneway.workers.supervisor", json.dumps(spec)],
         stdout=subprocess.PIPE,
         start_new_session=True,
         env={**os.environ, **(env or {})},
@@ -198,7 +198,7 @@ def test_log_cap_keeps_a_marker_and_the_exit_code(tmp_path):
         "log_cap_bytes": 1000,
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.supervisor", json.dumps(spec)],
+        [sys.executable, "-m", "laneway.workers.supervisor", json.dumps(spec)],
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
@@ -232,7 +232,7 @@ def test_output_that_meets_the_cap_exactly_then_goes_on_is_marked_truncated(tmp_
         "log_cap_bytes": 1000,
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.supervisor", json.dumps(spec)],
+        [sys.executable, "-m", "laneway.workers.supervisor", json.dumps(spec)],
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
@@ -263,7 +263,7 @@ def test_a_log_planted_as_a_link_is_never_written_through(tmp_path):
         "secret_env": [],
     }
     done = subprocess.run(
-        [sys.executable, "-m", "workers.supervisor", json.dumps(spec)],
+        [sys.executable, "-m", "laneway.workers.supervisor", json.dumps(spec)],
         capture_output=True,
         timeout=60,
     )

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from controller import db
-from controller.models import Attempt, Decision
+from laneway.controller import db
+from laneway.controller.models import Attempt, Decision
 from tests.support import escape, wait_until
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-LANEWAY = [sys.executable, "-m", "cli.main"]
+LANEWAY = [sys.executable, "-m", "laneway"]
 
 JOB = """
 import os, pathlib, sys, time

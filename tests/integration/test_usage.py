@@ -8,11 +8,11 @@ import textwrap
 import pytest
 from sqlalchemy import select, text
 
-from controller import db, ledger
-from controller.ledger.tables import usage_totals
-from controller.models import Attempt, AttemptUsage, Item, Job
-from controller.states import Outcome
-from controller.usage import p90, read_usage
+from laneway.controller import db, ledger
+from laneway.controller.ledger.tables import usage_totals
+from laneway.controller.models import Attempt, AttemptUsage, Item, Job
+from laneway.controller.states import Outcome
+from laneway.controller.usage import p90, read_usage
 from tests.integration.test_worker import drive, start_worker
 from tests.support import claim_on_n1, make_config, py_stage, settle_one
 

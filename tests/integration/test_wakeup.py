@@ -14,13 +14,13 @@ from contextlib import contextmanager
 import pytest
 from sqlalchemy import Engine, event, select
 
-from controller import db, ledger, ledger_open
-from controller.models import Attempt
-from controller.states import EventKind
-from controller.watch import CHANNEL, ChangeWatch
+from laneway.controller import db, ledger, ledger_open
+from laneway.controller.models import Attempt
+from laneway.controller.states import EventKind
+from laneway.controller.watch import CHANNEL, ChangeWatch
+from laneway.workers.service import WorkerService
 from tests import backends
 from tests.support import FixedClock, make_config, py_stage, wait_until
-from workers.service import WorkerService
 
 PLENTY = (64_000.0, 128_000.0)
 FOREVER = 3600.0

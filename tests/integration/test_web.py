@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller import db, ledger, ledger_open
-from controller.clock import SystemClock
+from laneway.controller import db, ledger, ledger_open
+from laneway.controller.clock import SystemClock
 from tests.integration.test_cli import assert_clean_error, invoke
 from tests.integration.test_cli_services import LANEWAY, ROOT, finish, spawn
 from tests.support import escape, wait_until
@@ -288,10 +288,10 @@ def test_state_marks_an_unknown_attempt_whose_evidence_is_conclusive(
     command; one whose supervisor still runs is not. The page's script shows it."""
     import shlex
 
-    from controller.durable import make_private_dir, write_json
+    from laneway.controller.durable import make_private_dir, write_json
+    from laneway.workers import identity
     from tests.integration.test_reconcile_evidence import dead_process, unknown_attempts
     from tests.support import make_config, py_stage
-    from workers import identity
 
     stage = py_stage("call", "pass", exit_codes={"0": "succeeded", "3": "infra_failure"})
     run_id = make_run(make_config([stage], items=2))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import web
+from laneway.controller import web
 from tests.integration.test_web import pipeline
 
 TOKEN = "t0k3n-" + "z" * 32

@@ -14,12 +14,12 @@ import pytest
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
-from cli.main import app
-from controller import db, ledger
-from controller.daemon import Controller
-from controller.models import Attempt, Control, Decision, Job, Run
+from laneway.cli.main import app
+from laneway.controller import db, ledger
+from laneway.controller.daemon import Controller
+from laneway.controller.models import Attempt, Control, Decision, Job, Run
+from laneway.workers.service import WorkerService
 from tests.support import escape, make_config, py_stage, wait_until
-from workers.service import WorkerService
 
 PLENTY = (64_000.0, 128_000.0)
 
@@ -260,8 +260,8 @@ def test_controller_writes_status_and_summary_snapshots(engine, runtime, make_ru
 RACER = textwrap.dedent(
     """
     import json, os, sys
-    from controller import db, ledger
-    from controller.clock import SystemClock
+    from laneway.controller import db, ledger
+    from laneway.controller.clock import SystemClock
     runtime = sys.argv[1]
     engine = db.make_engine(db.ledger_url(runtime))
     factory = db.session_factory(engine)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import signal
 from dataclasses import replace
 
-from controller import db
-from controller.models import Attempt
-from controller.states import AttemptState, Outcome
+from laneway.controller import db
+from laneway.controller.models import Attempt
+from laneway.controller.states import AttemptState, Outcome
+from laneway.workers.flight import AdoptedSupervisor, InFlight
+from laneway.workers.oom import OomCounter
 from tests.integration.worker_parts import claimed, host
 from tests.support import make_config
-from workers.flight import AdoptedSupervisor, InFlight
-from workers.oom import OomCounter
 
 GONE = (999_999, 1)  # a supervisor that has exited: poll() says so, exit.json is the record
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from controller import db, identity, ledger
-from controller.attempt import artifacts
-from controller.models import Attempt
-from controller.states import AttemptState
+from laneway.controller import db, identity, ledger
+from laneway.controller.attempt import artifacts
+from laneway.controller.models import Attempt
+from laneway.controller.states import AttemptState
+from laneway.workers.flight import AdoptedSupervisor
 from tests.integration.worker_parts import claimed, host
 from tests.support import make_config
-from workers.flight import AdoptedSupervisor
 
 
 def orphan(factory, old: str, new: str, clock) -> Attempt:

@@ -8,9 +8,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from controller import db
-from controller.models import Attempt
-from controller.states import AttemptState, Outcome
+from laneway.controller import db
+from laneway.controller.models import Attempt
+from laneway.controller.states import AttemptState, Outcome
 from tests.integration.worker_parts import host
 from tests.support import claim_on_n1, make_config
 

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from controller import db, identity, ledger
+from laneway.controller import db, identity, ledger
+from laneway.workers.gpu import FakeGpu
+from laneway.workers.service import WorkerService
 from tests.support import claim_on_n1
-from workers.gpu import FakeGpu
-from workers.service import WorkerService
 
 PLENTY = (64_000.0, 128_000.0)
 

@@ -12,9 +12,9 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
-from controller import db, ledger_open
-from controller.errors import LedgerRevisionError
-from controller.models import Base
+from laneway.controller import db, ledger_open
+from laneway.controller.errors import LedgerRevisionError
+from laneway.controller.models import Base
 from tests import backends
 
 REVISIONS = [

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controller.admission import (
+from laneway.controller.admission import (
     Admission,
     Candidate,
     ControlView,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.attempt import artifacts
-from controller.outcome import Verdict
-from controller.states import Outcome
+from laneway.controller.attempt import artifacts
+from laneway.controller.outcome import Verdict
+from laneway.controller.states import Outcome
 
 pytestmark = pytest.mark.no_ledger
 
@@ -286,7 +286,7 @@ def test_a_store_that_still_reads_back_wrong_is_a_store_error(tmp_path, monkeypa
 
 
 def test_fetch_under_an_attempt_dir_refuses_a_planted_link_and_writes_nothing_outside(tmp_path):
-    from controller import durable
+    from laneway.controller import durable
 
     source = write(tmp_path / "object", b"payload")
     good = hashlib.sha256(b"payload").hexdigest()

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from controller import breakers
-from controller.models import Control
-from controller.states import Outcome
+from laneway.controller import breakers
+from laneway.controller.models import Control
+from laneway.controller.states import Outcome
 from tests.support import claim_on_n1, make_config, py_stage, settle_one
 
 OUTCOMES = [

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from controller.config import (
+from laneway.controller.config import (
     PipelineConfig,
     json_schema,
     load_config,
@@ -18,8 +18,8 @@ from controller.config import (
     render,
     retryable,
 )
-from controller.errors import ConfigError
-from controller.states import Outcome
+from laneway.controller.errors import ConfigError
+from laneway.controller.states import Outcome
 
 GOOD_TOML = """
 name = "demo"

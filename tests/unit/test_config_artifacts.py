@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import PREVIEW_INPUTS_ROOT, preview_argv
-from controller.errors import ConfigError
-from controller.launch import render_command
+from laneway.controller.config import PREVIEW_INPUTS_ROOT, preview_argv
+from laneway.controller.errors import ConfigError
+from laneway.controller.launch import render_command
 from tests.support import make_config
 
 pytestmark = pytest.mark.no_ledger

@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from cli.main import app
-from controller import limits, pipeline
-from controller.config import config_from_frozen, load_config, parse_config
-from controller.errors import ConfigError
+from laneway.cli.main import app
+from laneway.controller import limits, pipeline
+from laneway.controller.config import config_from_frozen, load_config, parse_config
+from laneway.controller.errors import ConfigError
 
 pytestmark = pytest.mark.no_ledger
 

@@ -6,9 +6,9 @@ import json
 
 from sqlalchemy import select, text
 
-from controller import db, ledger
-from controller.models import Decision
-from controller.states import Outcome
+from laneway.controller import db, ledger
+from laneway.controller.models import Decision
+from laneway.controller.states import Outcome
 from tests.support import claim_on_n1, make_config, py_stage, settle_one
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import durable
+from laneway.controller import durable
 
 
 def mode(path: Path) -> int:

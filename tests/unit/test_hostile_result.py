@@ -24,11 +24,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from controller import db, ledger, usage
-from controller.attempt import classify
-from controller.models import Attempt, AttemptUsage, Job
-from controller.outcome import RESULT_MAX_BYTES, read_outcome
-from controller.states import Outcome
+from laneway.controller import db, ledger, usage
+from laneway.controller.attempt import classify
+from laneway.controller.models import Attempt, AttemptUsage, Job
+from laneway.controller.outcome import RESULT_MAX_BYTES, read_outcome
+from laneway.controller.states import Outcome
 from tests.support import claim_on_n1, make_config
 
 JOB_ID = 42

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller import logs, web
-from controller.errors import LanewayError, UsageError
-from controller.ids import ID_LIMIT, parse_id
+from laneway.controller import logs, web
+from laneway.controller.errors import LanewayError, UsageError
+from laneway.controller.ids import ID_LIMIT, parse_id
 
 ARABIC_ONE, SUPERSCRIPT_TWO = "\u0661", "\u00b2"
 NOT_WRITTEN_AS_IDS = [
@@ -59,7 +59,7 @@ class NoRows:
 
 @pytest.mark.parametrize("text", [ARABIC_ONE, SUPERSCRIPT_TWO])
 def test_logs_and_web_and_cli_take_no_unicode_digit_for_an_id(text: str):
-    from cli.common import job_id as _job_id
+    from laneway.cli.common import job_id as _job_id
 
     # Before: U+0661 was attempt/job 1; U+00B2 raised ValueError out of int().
     with pytest.raises(UsageError):
@@ -73,7 +73,7 @@ def test_logs_and_web_and_cli_take_no_unicode_digit_for_an_id(text: str):
 
 
 def test_run_continue_reads_a_unicode_digit_as_a_config_path(engine: Any, tmp_path: Any):
-    from controller.foreground import run_to_continue as _run_to_continue
+    from laneway.controller.foreground import run_to_continue as _run_to_continue
 
     # Before: U+0661 was run 1 (here: no such run); now it names a file, which is missing.
     with pytest.raises(LanewayError) as caught:

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.no_ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 ROOMS = ("controller", "workers", "cli")
+BARE = {*ROOMS, "migrations"}
 ROW = re.compile(r"^\| `((?:controller|workers|cli)/[\w/]+\.py)` \| (\d) [^|]*\|", re.M)
-SUPERVISOR = "workers.supervisor"
+SUPERVISOR = "laneway.workers.supervisor"
 SERVICES = 5
 STDLIB = sys.stdlib_module_names | {"__future__"}
 
@@ -30,7 +31,9 @@ EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def dotted(path: str) -> str:
-    parts = Path(path).with_suffix("").parts
+    """``controller/ledger/claim.py`` → ``laneway.controller.ledger.claim``: the name it is
+    imported by (the checkout is the ``laneway`` package)."""
+    parts = ("laneway", *Path(path).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -51,8 +54,8 @@ def modules() -> dict[str, Path]:
 
 def imports(module: str, source: str, known: Collection[str]) -> list[tuple[int, str]]:
     """(line, name) of every import in ``source``, wherever it is: a laneway module as
-    the module it names (``from controller import ledger`` is ``controller.ledger``),
-    anything else as its top-level name."""
+    the module it names (``from laneway.controller import ledger`` is
+    ``laneway.controller.ledger``), anything else as its top-level name."""
     package = module.split(".")  # where a relative import starts: a package, or the
     if not any(name.startswith(f"{module}.") for name in known):  # module's parent
         package.pop()
@@ -129,21 +132,21 @@ def test_nothing_below_the_services_imports_workers():
         for module, path in modules().items()
         if floor_of.get(module, SERVICES) < SERVICES
         for line, name in imports(module, path.read_text(encoding="utf-8"), floor_of)
-        if name.split(".")[0] == "workers"
+        if name == "laneway.workers" or name.startswith("laneway.workers.")
     ]
     assert found == []
 
 
 PLANTED = """\
-from controller import durable, ledger
+from laneway.controller import durable, ledger
 from .ledger import claim
 
 if TYPE_CHECKING:
-    import cli.main
+    import laneway.cli.main
 
 
 def later():
-    from controller.daemon import Controller
+    from laneway.controller.daemon import Controller
 """
 
 
@@ -151,10 +154,43 @@ def test_the_check_fails_on_a_planted_upward_import():
     """Planted in floor 0's clock: every form of an upward import is found, at its line;
     the same source on floor 6 points nowhere up."""
     floor_of = floors()
-    assert upward("controller.clock", PLANTED, floor_of) == [
-        "controller.clock:1 (floor 0) imports controller.ledger (floor 3)",
-        "controller.clock:2 (floor 0) imports controller.ledger.claim (floor 3)",
-        "controller.clock:5 (floor 0) imports cli.main (floor 6)",
-        "controller.clock:9 (floor 0) imports controller.daemon (floor 5)",
+    assert upward("laneway.controller.clock", PLANTED, floor_of) == [
+        "laneway.controller.clock:1 (floor 0) imports laneway.controller.ledger (floor 3)",
+        "laneway.controller.clock:2 (floor 0) imports laneway.controller.ledger.claim (floor 3)",
+        "laneway.controller.clock:5 (floor 0) imports laneway.cli.main (floor 6)",
+        "laneway.controller.clock:9 (floor 0) imports laneway.controller.daemon (floor 5)",
     ]
-    assert upward("cli.main", PLANTED, floor_of) == []
+    assert upward("laneway.cli.main", PLANTED, floor_of) == []
+
+
+def bare_names(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each absolute import of a room by its bare name (``controller``,
+    not ``laneway.controller``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found += [(node.lineno, name) for name in names if name.split(".")[0] in BARE]
+    return found
+
+
+def test_every_import_of_laneway_names_the_laneway_namespace():
+    """``from controller.db import ...`` would load a second copy of every module (with
+    its own enums and state) where the checkout is on ``sys.path``; each package's
+    ``__init__`` refuses it at run time, this finds it before."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in sorted(ROOT.glob("**/*.py"))
+        if not {".venv", ".git", "build"} & set(path.relative_to(ROOT).parts)
+        for line, name in bare_names(path.read_text(encoding="utf-8"))
+    ]
+    assert found == []
+    assert bare_names(PLANTED.replace("laneway.", "")) == [
+        (1, "controller"),
+        (5, "cli.main"),
+        (9, "controller.daemon"),
+    ]

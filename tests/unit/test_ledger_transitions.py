@@ -8,10 +8,10 @@ import pytest
 from sqlalchemy import select, text, update
 from sqlalchemy.exc import IntegrityError, StatementError
 
-from controller import db, ledger
-from controller.errors import IllegalTransition, StaleLease
-from controller.models import Attempt, Decision, Event, Job, Lease, Reservation
-from controller.states import AttemptState, JobState, Outcome
+from laneway.controller import db, ledger
+from laneway.controller.errors import IllegalTransition, StaleLease
+from laneway.controller.models import Attempt, Decision, Event, Job, Lease, Reservation
+from laneway.controller.states import AttemptState, JobState, Outcome
 from tests.conftest import force_job_state
 from tests.support import FixedClock, claim_on_n1, make_config, py_stage, settle_one
 

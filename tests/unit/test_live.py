@@ -11,8 +11,8 @@ from typing import Any
 
 from rich.console import Console
 
-from cli import live
-from controller import progress
+from laneway.cli import live
+from laneway.controller import progress
 from tests.status_bodies import typed
 
 RECONCILE = "laneway reconcile 7 --as succeeded|failed|not-run --reason '...' --runtime-dir /rt"

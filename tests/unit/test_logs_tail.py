@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import logs
+from laneway.controller import logs
 
 
 @pytest.mark.parametrize("final_newline", [True, False])

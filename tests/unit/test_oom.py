@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller import oom
-from workers.oom import OomCounter, locate, name_oom
+from laneway.controller import oom
+from laneway.workers.oom import OomCounter, locate, name_oom
 
 V2_CGROUP = "0::/workers/w1\n"
 V1_CGROUP = "5:cpu:/\n4:memory:/box/w1\n0::/\n"

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from controller.outcome import Verdict, check_result, classify
-from controller.states import Outcome
+from laneway.controller.outcome import Verdict, check_result, classify
+from laneway.controller.states import Outcome
 
 JOB_ID = 42
 DEFAULT_CODES = {0: Outcome.SUCCEEDED}

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.redact import MASK, Redactor
+from laneway.workers.redact import MASK, Redactor
 
 SECRET = "s3cr3t-value-123"
 
@@ -157,7 +157,7 @@ def test_forms_documented_as_not_covered_still_pass_through():
 
 
 def test_redact_json_masks_strings_keys_and_numbers_recursively():
-    from workers.redact import redact_json
+    from laneway.workers.redact import redact_json
 
     pin = "90210417"
     result = {
@@ -181,7 +181,7 @@ def test_redact_json_masks_strings_keys_and_numbers_recursively():
 
 
 def test_redact_json_keeps_keys_that_collide_after_masking_and_handles_depth():
-    from workers.redact import redact_json
+    from laneway.workers.redact import redact_json
 
     out = redact_json({CANARY: 1, "[REDACTED]": 2}, [CANARY])
     assert sorted(out.values()) == [1, 2] and len(out) == 2
@@ -196,7 +196,7 @@ def test_redact_json_keeps_keys_that_collide_after_masking_and_handles_depth():
 
 
 def test_redact_json_leaves_other_text_exactly_as_it_was():
-    from workers.redact import redact_json
+    from laneway.workers.redact import redact_json
 
     value = {"lone": "\ud800 ok", "é": ["ünïcödé", "Bearer short"], "n": 1.5}
     assert redact_json(value, [CANARY]) == value

@@ -3,7 +3,7 @@ in what `status` prints."""
 
 from __future__ import annotations
 
-from cli import render
+from laneway.cli import render
 from tests.status_bodies import typed
 
 

@@ -11,11 +11,11 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from controller import db, ledger
-from controller.clock import iso
-from controller.report import build_report
-from controller.report_html import render_html, text_width
-from controller.states import Outcome
+from laneway.controller import db, ledger
+from laneway.controller.clock import iso
+from laneway.controller.report import build_report
+from laneway.controller.report_html import render_html, text_width
+from laneway.controller.states import Outcome
 from tests.support import claim_on_n1, make_config
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from controller.outcome import read_outcome
-from controller.states import Outcome
+from laneway.controller.outcome import read_outcome
+from laneway.controller.states import Outcome
 from tests.support import make_config
 
 JOB = 7
@@ -94,7 +94,7 @@ def test_stage_option_defaults_to_optional_and_is_validated():
     config = make_config(stages=[{"name": "s", "argv": ["true"], "result": "required"}])
     assert config.stage("s").result == "required"
     assert make_config().stages[0].result == "optional"
-    from controller.errors import ConfigError
+    from laneway.controller.errors import ConfigError
 
     with pytest.raises(ConfigError) as caught:
         make_config(stages=[{"name": "s", "argv": ["true"], "result": "always"}])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import (
+from laneway.controller.config import (
     TemplateError,
     config_from_frozen,
     preview_argv,
@@ -18,7 +18,7 @@ from controller.config import (
     render_command,
     shell_script_index,
 )
-from controller.errors import ConfigError
+from laneway.controller.errors import ConfigError
 from tests.support import make_config
 
 NASTY = [

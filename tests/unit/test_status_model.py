@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from controller.status_model import Advice, OnDisk, Reason, StatusReport
+from laneway.controller.status_model import Advice, OnDisk, Reason, StatusReport
 from tests.status_bodies import typed
 
 GOLDEN = Path(__file__).with_name("status_golden.json")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.units import byte_size
+from laneway.controller.units import byte_size
 
 
 @pytest.mark.parametrize(
