@@ -6,12 +6,12 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck unit clean
 
+# The checkout is the `laneway` package (pyproject's package-dir). mypy cannot follow the
+# editable install's import hook, so it reads the package through .venv/mypy-path/laneway.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,s3]'
-	# The checkout is the `laneway` package (pyproject's package-dir); mypy cannot follow
-	# the editable install's import hook, so it reads the package through this link.
 	mkdir -p $(VENV)/mypy-path && ln -sfn "$(CURDIR)" $(VENV)/mypy-path/laneway
 	touch $(STAMP)
 
