@@ -26,6 +26,7 @@ from laneway.controller.states import AttemptState
 from laneway.workers.flight import AdoptedSupervisor, InFlight
 from laneway.workers.jobenv import stage_secrets
 from laneway.workers.sampler import Peaks
+from laneway.workers.supervisor import MARK
 
 if TYPE_CHECKING:
     from laneway.workers.service import WorkerService
@@ -37,7 +38,7 @@ def find_supervisor(attempt_id: int, attempt_dir: str) -> tuple[int, int | None]
     Both the attempt id and its directory must match: ids repeat across ledgers."""
     for process in psutil.process_iter(["pid", "cmdline"]):
         cmdline = process.info.get("cmdline") or []
-        if "laneway.workers.supervisor" not in cmdline:
+        if MARK not in cmdline:
             continue
         try:
             environ = process.environ()

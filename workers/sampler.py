@@ -17,6 +17,7 @@ from datetime import datetime
 import psutil
 
 from laneway.workers.gpu import GpuProbe, GpuReading
+from laneway.workers.supervisor import MARK
 
 MIB = 1024 * 1024
 
@@ -100,7 +101,7 @@ def attempt_tree(
             ours = (
                 environ.get("LANEWAY_ATTEMPT_ID") == str(attempt_id)
                 and environ.get("LANEWAY_ATTEMPT_DIR") == attempt_dir
-                and "laneway.workers.supervisor" not in process.cmdline()
+                and MARK not in process.cmdline()
             )
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
