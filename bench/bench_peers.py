@@ -9,7 +9,7 @@ For each size N and each repetition, in one invocation and interleaved, it runs:
 
 - laneway: `laneway run CONFIG --runtime-dir DIR --json` on a generated TOML config (one
   node max_jobs=2, memory_floor_mib=0, one lane, one stage argv=["true"], N items), a
-  fresh runtime dir per repetition. Started as the console script does (`from cli.main
+  fresh runtime dir per repetition. Started as the console script does (`from laneway.cli.main
   import main`) under the checkout's Python, wrapped so that it reports its own and its
   children's rusage: the CPU split "laneway process" (controller + worker service in
   one process, imports and migration included) vs "supervisors + jobs". The ledger is

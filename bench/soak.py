@@ -183,7 +183,7 @@ def reconcile_unknowns(runtime: Path, root: Path, counts: Counter[str]) -> None:
             [
                 sys.executable,
                 "-m",
-                "cli.main",
+                "laneway",
                 "reconcile",
                 str(attempt_id),
                 "--as",
@@ -211,7 +211,7 @@ def soak(kills: int, items: int, seed: int, root: Path, say=print) -> dict[str, 
         [
             sys.executable,
             "-m",
-            "cli.main",
+            "laneway",
             "start-pipeline",
             str(config),
             "--runtime-dir",

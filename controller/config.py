@@ -11,7 +11,7 @@ A config is validated whole before anything is written. Every problem becomes on
   so that each value inserted into one is quoted for where it lands;
 - this module: reading a file, resolving its relative paths, the problem lines.
 
-Every public name of the parts is importable from here (``from controller.config import
+Every public name of the parts is importable from here (``from laneway.controller.config import
 StageConfig, render_argv, load_config``).
 """
 

@@ -21,7 +21,7 @@ One module per phase of an attempt's life, each importing only those listed befo
 - ``recovery``: expired leases, orphans, adoption (the lease design note is there);
 - ``operator``: reconcile, retry, cancel, closeout bookkeeping.
 
-Callers import this package (``from controller import ledger``) and use the names below.
+Callers import this package (``from laneway.controller import ledger``) and use the names below.
 """
 
 from laneway.controller.launch import argv_hash, artifact_store_url, attempt_dir, inputs_dir

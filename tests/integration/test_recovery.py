@@ -206,7 +206,8 @@ def test_reconcile_then_retry(factory, make_run, register_worker, clock):
 
 
 RECONCILER = (
-    "import sys; from cli.main import main; sys.argv = ['laneway', 'reconcile', sys.argv[1], "
+    "import sys; from laneway.cli.main import main; "
+    "sys.argv = ['laneway', 'reconcile', sys.argv[1], "
     "'--as', sys.argv[2], '--reason', 'race', '--runtime-dir', sys.argv[3]]; main()"
 )
 
