@@ -21,6 +21,9 @@ pytestmark = pytest.mark.no_ledger
 ROOT = Path(__file__).resolve().parents[2]
 ROOMS = ("controller", "workers", "cli")
 BARE = {*ROOMS, "migrations"}
+IN_A_STRING = re.compile(
+    r"(?:^|[;:\s])(?:from|import) ((?:controller|workers|cli|migrations)\b[\w.]*)"
+)
 ROW = re.compile(r"^\| `((?:controller|workers|cli)/[\w/]+\.py)` \| (\d) [^|]*\|", re.M)
 SUPERVISOR = "laneway.workers.supervisor"
 SERVICES = 5
@@ -175,7 +178,12 @@ def bare_names(source: str) -> list[tuple[int, str]]:
         else:
             continue
         found += [(node.lineno, name) for name in names if name.split(".")[0] in BARE]
-    return found
+    for node in ast.walk(ast.parse(source)):  # code run by ``python -c`` / ``-m`` strings
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found += [(node.lineno, name) for name in IN_A_STRING.findall(node.value)]
+            if node.value in {f"{room}.main" for room in BARE} | {"workers.supervisor"}:
+                found.append((node.lineno, node.value))  # a ``"-m", "cli.main"`` argument
+    return sorted(found)
 
 
 def test_every_import_of_laneway_names_the_laneway_namespace():
@@ -186,6 +194,7 @@ def test_every_import_of_laneway_names_the_laneway_namespace():
         f"{path.relative_to(ROOT)}:{line} imports {name}"
         for path in sorted(ROOT.glob("**/*.py"))
         if not {".venv", ".git", "build"} & set(path.relative_to(ROOT).parts)
+        and path != Path(__file__).resolve()  # this file plants them
         for line, name in bare_names(path.read_text(encoding="utf-8"))
     ]
     assert found == []
@@ -194,3 +203,7 @@ def test_every_import_of_laneway_names_the_laneway_namespace():
         (5, "cli.main"),
         (9, "controller.daemon"),
     ]
+    in_strings = (
+        'CODE = "import sys; from cli.main import main; main()"\nARGV = ["-m", "cli.main"]\n'
+    )
+    assert bare_names(in_strings) == [(1, "cli.main"), (2, "cli.main")]
