@@ -28,7 +28,9 @@ def show(
     as_json: bool,
 ) -> None:
     """Print the attempt's ``stream`` (its last ``tail`` lines, or all of it), then, with
-    ``follow``, what is appended until the attempt leaves intent/running. Raises
+    ``follow``, what is appended until the attempt leaves intent/running. A job reused
+    from an earlier run shows the attempt that produced its result, after a line on
+    stderr that says so (with ``--json``: the attempt's ``reused_by_job``). Raises
     LanewayError for the caller to print."""
     with readonly.ReadOnlyLedger(runtime_dir) as source:
         with source.snapshot():
@@ -44,6 +46,12 @@ def show(
             }
             sys.stdout.write(render.as_json(body) + "\n")
             return
+        note = logs_module.reused_note(attempt)
+        if note is not None and not as_json:
+            # On stderr, so that stdout stays the attempt's bytes (a pipe gets them as
+            # they were written); a terminal shows it as the first line.
+            sys.stderr.write(f"laneway: {note}\n")
+            sys.stderr.flush()
         out = _Writer(attempt.attempt_id, stream, as_json)
         out.write(data)
         if not follow:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,9 @@ class AttemptRef:
     attempt_dir: str
     peak_rss_mib: float | None
     peak_gpu_mib: float | None
+    reused_by_job: int | None = None
+    """The job of a later run that was asked for and reused this attempt's result
+    (``jobs.reused_from``); None when the attempt is the job's own."""
 
     def path(self, stream: str) -> Path:
         return Path(self.attempt_dir) / f"{stream}.log"
@@ -109,7 +112,9 @@ def get_attempt(source: Rows, attempt_id: int) -> AttemptRef:
 
 
 def newest_attempt(source: Rows, job_id: int) -> AttemptRef:
-    """The job's newest attempt (NotFound if the job is unknown or has none yet)."""
+    """The job's newest attempt; for a job reused from an earlier run (it has no attempt
+    of its own), the attempt that produced its result (``jobs.reused_from``), with
+    ``reused_by_job`` set. NotFound if the job is unknown or has no attempt yet."""
     found = source.rows(
         f"SELECT {_COLUMNS} {_FROM} WHERE a.job_id = :job ORDER BY a.number DESC LIMIT 1",
         {"job": job_id},
@@ -117,14 +122,33 @@ def newest_attempt(source: Rows, job_id: int) -> AttemptRef:
     if found:
         return _ref(found[0])
     job = source.rows(
-        "SELECT i.key, j.stage, j.state FROM jobs j JOIN items i ON i.id = j.item_id "
-        "WHERE j.id = :job",
+        "SELECT i.key, j.stage, j.state, j.reused_from FROM jobs j "
+        "JOIN items i ON i.id = j.item_id WHERE j.id = :job",
         {"job": job_id},
     )
     if not job:
         raise NotFound(f"job {job_id} is not in the ledger; `laneway status` lists the run's jobs")
-    item, stage, state = job[0]
+    item, stage, state, reused_from = job[0]
+    if reused_from is not None:
+        producer = source.rows(f"SELECT {_COLUMNS} {_FROM} WHERE a.id = :id", {"id": reused_from})
+        if producer:
+            return replace(_ref(producer[0]), reused_by_job=job_id)
+        raise NotFound(
+            f"job {job_id} ({item}.{stage}) was reused from attempt {reused_from}, which is "
+            "no longer in the ledger"
+        )
     raise NotFound(f"job {job_id} ({item}.{stage}) has no attempt yet: it is {state}")
+
+
+def reused_note(attempt: AttemptRef) -> str | None:
+    """The line that says a reused job's logs are an earlier run's attempt's, e.g.
+    ``i01.solve was reused from run 1, attempt 7:``; None for a job's own attempt."""
+    if attempt.reused_by_job is None:
+        return None
+    return (
+        f"{attempt.item}.{attempt.stage} was reused from run {attempt.run_id}, "
+        f"attempt {attempt.attempt_id}:"
+    )
 
 
 def job_by_name(source: Rows, name: str, run_id: int | None) -> int:
@@ -147,12 +171,11 @@ def resolve(
     source: Rows, target: str, *, job: bool = False, run_id: int | None = None
 ) -> AttemptRef:
     """``target``: an attempt id; a job id when ``job``; or a job as ``ITEM.STAGE`` (in
-    run ``run_id``, default the newest), whose newest attempt is meant."""
+    run ``run_id``, default the newest; with or without ``job``), whose newest attempt
+    is meant (for a reused job, the attempt that produced its result)."""
     number = parse_id(target)
     if number is not None:
         return newest_attempt(source, number) if job else get_attempt(source, number)
-    if job:
-        raise UsageError(f"--job {target!r}: a job id is a number (or name it as ITEM.STAGE)")
     return newest_attempt(source, job_by_name(source, target, run_id))
 
 

@@ -68,6 +68,37 @@ def test_logs_by_attempt_job_and_name_with_tail(finished_run: Path):
     assert body["path"].endswith("attempt-1/stdout.log")
 
 
+def test_job_names_item_stage_as_the_positional_form_does(finished_run: Path):
+    rt = ["--runtime-dir", str(finished_run)]
+    named = invoke("logs", "x0.only", "--job", "--tail", "2", *rt)
+    assert named.exit_code == 0, named.output
+    assert named.stdout.splitlines() == ["line 28", "line 29"]
+    assert (
+        invoke("logs", "x0.only", "--job", "--run", "1", *rt).stdout
+        == invoke("logs", "1", *rt).stdout
+    )
+    assert_clean_error(invoke("logs", "nodot", "--job", *rt), 2)
+
+
+def test_a_reused_job_shows_the_attempt_that_produced_its_result(
+    finished_run: Path, tmp_path: Path
+):
+    rt = ["--runtime-dir", str(finished_run)]
+    again = invoke("run", str(tmp_path / "logs.json"), *rt)
+    assert again.exit_code == 0, again.output
+    # Run 2's job 2 was reused from run 1's attempt 1: it has no attempt of its own.
+    for asked in (["x0.only"], ["2", "--job"], ["x0.only", "--job", "--run", "2"]):
+        shown = invoke("logs", *asked, *rt)
+        assert shown.exit_code == 0, shown.output
+        assert shown.stderr == "laneway: x0.only was reused from run 1, attempt 1:\n"
+        assert shown.stdout.splitlines() == [f"line {i}" for i in range(30)]
+    body = json.loads(invoke("logs", "2", "--job", "--json", *rt).stdout)
+    assert body["attempt"]["reused_by_job"] == 2
+    assert (body["attempt"]["run_id"], body["attempt"]["attempt_id"]) == (1, 1)
+    own = invoke("logs", "1", "--job", *rt)  # run 1's own job: no note
+    assert own.exit_code == 0 and own.stderr == ""
+
+
 def test_stderr_is_shown_redacted(finished_run: Path):
     shown = invoke("logs", "x0.only", "--stderr", "--runtime-dir", str(finished_run))
     assert shown.exit_code == 0, shown.output
