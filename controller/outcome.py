@@ -6,7 +6,8 @@ Pure policy over what the supervisor and the job left on disk. The rules, in ord
 
 1. No readable exit record → the outcome cannot be established: ``None`` (unknown).
 2. The command could not be started → ``harness_failure``.
-3. Stopped by an operator → ``cancelled``; killed by its timeout → ``timed_out``.
+3. Stopped by an operator → ``cancelled``; killed by its timeout → ``timed_out``, its
+   reason naming the limit and its field (``timeout_reason``).
 4. The supervisor could not write the logs, or laneway could not read result.json (an
    I/O error, not bad content) → ``harness_failure`` (the exit code is kept).
 5. A valid result JSON with ``fatal_failure: true`` → ``fatal``; with
@@ -170,6 +171,16 @@ def missing_fields(result: dict[str, Any]) -> str | None:
     return None
 
 
+def timeout_reason(stage: str | None, timeout_seconds: int | None) -> str:
+    """The reason of an attempt killed by its timeout: the limit and the config field
+    that set it, e.g. ``timed out after 30 s (stages.solve.timeout_seconds = 30)``;
+    without the limit known, ``killed by its timeout``."""
+    if timeout_seconds is None:
+        return "killed by its timeout"
+    field_name = f"stages.{stage}.timeout_seconds" if stage else "timeout_seconds"
+    return f"timed out after {timeout_seconds} s ({field_name} = {timeout_seconds})"
+
+
 def classify(
     exit_record: dict[str, Any] | None,
     *,
@@ -179,8 +190,11 @@ def classify(
     exit_codes: dict[int, Outcome],
     result_unreadable: bool = False,
     required_problem: str | None = None,
+    stage: str | None = None,
+    timeout_seconds: int | None = None,
 ) -> Verdict:
-    """The outcome of one attempt; see the module docstring for the rules."""
+    """The outcome of one attempt; see the module docstring for the rules. ``stage``
+    and ``timeout_seconds`` (the stage's limit) name a timeout in its reason."""
     if exit_record is None:
         return Verdict(None, exit_problem or "no exit record")
     diagnostics = [result_problem] if result_problem else []
@@ -193,7 +207,7 @@ def classify(
     if exit_record.get("stopped"):
         return Verdict(Outcome.CANCELLED, "stopped by an operator", diagnostics)
     if exit_record.get("timed_out"):
-        return Verdict(Outcome.TIMED_OUT, "killed by its timeout", diagnostics)
+        return Verdict(Outcome.TIMED_OUT, timeout_reason(stage, timeout_seconds), diagnostics)
     log_errors = exit_record.get("log_errors") or []
     if log_errors:
         return Verdict(
@@ -237,12 +251,15 @@ def read_outcome(
     exit_codes: dict[int, Outcome],
     missing_exit: str,
     result_requirement: ResultRequirement = "optional",
+    stage: str | None = None,
+    timeout_seconds: int | None = None,
 ) -> tuple[Verdict, dict[str, Any] | None, dict[str, Any] | None]:
     """Classify an attempt from what its supervisor and job left in ``attempt_dir``.
 
     Returns (verdict, exit record, result). ``missing_exit`` is the reason used when
     there is no exit.json. A torn or unreadable exit.json is never trusted: unknown.
-    ``result_requirement`` is the stage's ``result`` option (rule 9).
+    ``result_requirement`` is the stage's ``result`` option (rule 9); ``stage`` and
+    ``timeout_seconds`` name the limit in a timeout's reason.
     """
     if result_requirement not in ("optional", "required"):
         raise ValueError(
@@ -305,5 +322,7 @@ def read_outcome(
         exit_codes=exit_codes,
         result_unreadable=result_unreadable,
         required_problem=required_problem,
+        stage=stage,
+        timeout_seconds=timeout_seconds,
     )
     return verdict, exit_record, valid

@@ -66,6 +66,8 @@ class Finishing:
                 + (f" with status {returncode}" if returncode is not None else "")
                 + " and left no exit.json"
             ),
+            stage=flight.claim.stage,
+            timeout_seconds=flight.claim.timeout_seconds,
         )
         return self.deliver(
             flight.claim,

@@ -50,6 +50,9 @@ class ExitRules:
     result_requirement: Literal["optional", "required"]
     secrets: Sequence[str]
     missing_exit: str
+    stage: str | None = None
+    timeout_seconds: int | None = None
+    """The stage's limit: a timeout's reason names it and its field."""
 
     @classmethod
     def of_stage(
@@ -68,6 +71,8 @@ class ExitRules:
             result_requirement=stage.result,
             secrets=stage_secrets(stage, dict(os.environ if environ is None else environ)),
             missing_exit=missing_exit,
+            stage=stage.name,
+            timeout_seconds=stage.timeout_seconds,
         )
 
 
@@ -122,6 +127,8 @@ def judge_attempt(
             result_requirement=reading.result_requirement,
             secrets=list(reading.secrets),
             missing_exit=reading.missing_exit,
+            stage=reading.stage,
+            timeout_seconds=reading.timeout_seconds,
         )
         if amend is not None:
             verdict = amend(verdict, exit_record)
@@ -147,6 +154,8 @@ def classify(
     result_requirement: Literal["optional", "required"],
     secrets: list[str],
     missing_exit: str,
+    stage: str | None = None,
+    timeout_seconds: int | None = None,
 ) -> tuple[Verdict, dict[str, Any] | None, Any]:
     """``read_outcome``, then the secrets redacted from everything that reaches the
     ledger: the result (keys, strings, numbers), the reason and the diagnostics."""
@@ -156,6 +165,8 @@ def classify(
         exit_codes=exit_codes,
         missing_exit=missing_exit,
         result_requirement=result_requirement,
+        stage=stage,
+        timeout_seconds=timeout_seconds,
     )
     if secrets:
         redactor = Redactor(secrets)

@@ -197,6 +197,7 @@ def test_timeout_settles_timed_out(engine, make_run):
     drive(engine, [start_worker(engine)], run_id)
     (attempt,) = attempts(engine, run_id)
     assert attempt.outcome == "timed_out" and attempt.exit_signal is not None
+    assert attempt.state_reason == "timed out after 1 s (stages.slow.timeout_seconds = 1)"
 
 
 def test_missing_secret_settles_harness_failure_without_starting(engine, make_run):

@@ -103,6 +103,20 @@ def test_timed_out_is_timed_out() -> None:
     assert result.outcome is Outcome.TIMED_OUT
 
 
+def test_a_timeout_names_its_limit_and_the_field_that_set_it() -> None:
+    result = classify(
+        {"timed_out": True, "signal": 15, "exit_code": None},
+        exit_problem=None,
+        result=None,
+        result_problem=None,
+        exit_codes=DEFAULT_CODES,
+        stage="solve",
+        timeout_seconds=30,
+    )
+    assert result.outcome is Outcome.TIMED_OUT
+    assert result.reason == "timed out after 30 s (stages.solve.timeout_seconds = 30)"
+
+
 def test_log_errors_are_harness_failure_with_diagnostics() -> None:
     result = verdict({"exit_code": 0, "log_errors": ["stdout.log: ENOSPC", "stderr.log: EIO"]})
     assert result.outcome is Outcome.HARNESS_FAILURE

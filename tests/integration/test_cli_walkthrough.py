@@ -1,0 +1,39 @@
+"""Messages a new user met in the walk-through, each saying what happened and what to do:
+a timeout names its limit and the field that set it. Real `laneway` commands, on each
+ledger backend."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.integration.test_cli import invoke
+
+
+def write_config(tmp_path: Path, stages: list[dict[str, Any]], **extra: Any) -> Path:
+    body: dict[str, Any] = {
+        "name": "walk",
+        "nodes": [{"name": "n1", "memory_floor_mib": 0, "max_jobs": 2}],
+        "lanes": [{"name": "a", "node": "n1"}],
+        "stages": stages,
+        "items": [{"key": "x0", "lane": "a"}],
+        **extra,
+    }
+    path = tmp_path / "walk.json"
+    path.write_text(json.dumps(body))
+    return path
+
+
+def test_a_timeout_names_its_limit_and_field_in_explain_and_status(tmp_path: Path):
+    stage = {"name": "solve", "argv": ["sleep", "600"], "timeout_seconds": 1, "grace_seconds": 0}
+    runtime = tmp_path / "rt"
+    ran = invoke("run", str(write_config(tmp_path, [stage])), "--runtime-dir", str(runtime))
+    assert ran.exit_code == 0, ran.output
+    said = "timed out after 1 s (stages.solve.timeout_seconds = 1)"
+    explained = invoke("explain", "x0.solve", "--runtime-dir", str(runtime))
+    assert explained.exit_code == 0, explained.output
+    assert f"timed_out, signal 15 (SIGTERM) — {said}" in explained.stdout
+    body = json.loads(invoke("explain", "x0.solve", "--json", "--runtime-dir", str(runtime)).stdout)
+    assert body["last_attempt"]["reason"] == said
+    assert said in invoke("status", "--runtime-dir", str(runtime)).stdout
