@@ -75,6 +75,22 @@ def taken_items(config: PipelineConfig) -> int:
     return min(len(config.items), config.batch_cap or len(config.items))
 
 
+def no_items_reason(config: PipelineConfig) -> str:
+    """Why a config without items cannot start, naming its items file when it has one
+    (that file holds no items: empty, or blank lines only) and what to write there."""
+    lane = config.lanes[0].name if config.lanes else "LANE"
+    example = json.dumps({"key": "i01", "lane": lane})
+    if config.items_file:
+        return (
+            f"items_file: {config.items_file} holds no items; write one JSON object per "
+            f"line, e.g. {example}"
+        )
+    return (
+        "items: the pipeline has no items; add items (each a key and a lane) or an "
+        f"items_file of JSON lines, e.g. {example}"
+    )
+
+
 def preflight(
     config: PipelineConfig, environ: dict[str, str] | None = None
 ) -> tuple[list[str], dict[str, str]]:
@@ -82,7 +98,7 @@ def preflight(
     environ = dict(os.environ) if environ is None else environ
     reasons: list[str] = []
     if not config.items:
-        reasons.append("items: the pipeline has no items; add items or items_file")
+        reasons.append(no_items_reason(config))
     items = config.items[: taken_items(config)]
     for stage in config.stages:
         checked: set[tuple[str, str | None]] = set()

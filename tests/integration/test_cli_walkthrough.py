@@ -1,6 +1,6 @@
 """Messages a new user met in the walk-through, each saying what happened and what to do:
-a timeout names its limit and the field that set it. Real `laneway` commands, on each
-ledger backend."""
+a timeout names its limit and the field that set it; an empty items file is named, with
+what to write in it. Real `laneway` commands, on each ledger backend."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.integration.test_cli import invoke
+from tests.integration.test_cli import assert_clean_error, invoke
 
 
 def write_config(tmp_path: Path, stages: list[dict[str, Any]], **extra: Any) -> Path:
@@ -37,3 +37,25 @@ def test_a_timeout_names_its_limit_and_field_in_explain_and_status(tmp_path: Pat
     body = json.loads(invoke("explain", "x0.solve", "--json", "--runtime-dir", str(runtime)).stdout)
     assert body["last_attempt"]["reason"] == said
     assert said in invoke("status", "--runtime-dir", str(runtime)).stdout
+
+
+def test_an_empty_items_file_is_named_with_the_fix(tmp_path: Path):
+    items = tmp_path / "items.jsonl"
+    items.write_text("\n\n")  # blank lines only: no items
+    stage = {"name": "solve", "argv": ["true"]}
+    config = write_config(tmp_path, [stage], items_file="items.jsonl")
+    body = json.loads(config.read_text())
+    del body["items"]
+    config.write_text(json.dumps(body))
+    said = (
+        f"items_file: {items} holds no items; write one JSON object per line, e.g. "
+        '{"key": "i01", "lane": "a"}'
+    )
+    runtime = tmp_path / "rt"
+    for command in ("start-pipeline", "run"):
+        refused = invoke(command, str(config), "--runtime-dir", str(runtime))
+        assert_clean_error(refused, 1)
+        assert refused.stderr == f"laneway: {said}\n"
+        assert not runtime.exists()  # nothing created
+    plan = json.loads(invoke("dry-run", str(config), "--json").stdout)
+    assert plan["preflight"] == {"ok": False, "reasons": [said]}
