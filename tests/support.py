@@ -142,3 +142,86 @@ def heartbeat(
             mem_total_mib=total,
             **kwargs,
         )
+
+
+def record_spawn(
+    session: Any,
+    claim: Any,
+    worker: str,
+    now: Any,
+    *,
+    boot_id: str,
+    supervisor_pid: int,
+    supervisor_start_time: int | None = 1,
+) -> None:
+    """In ``session``: ``claim``'s supervisor recorded as spawned (intent -> running) on
+    boot ``boot_id`` as ``supervisor_pid`` started at ``supervisor_start_time``; no child."""
+    from laneway.controller import ledger
+
+    ledger.record_spawn(
+        session,
+        claim.attempt_id,
+        fence=claim.fence,
+        actor=worker,
+        now=now,
+        boot_id=boot_id,
+        supervisor_pid=supervisor_pid,
+        supervisor_start_time=supervisor_start_time,
+        child_pid=None,
+        child_start_time=None,
+    )
+
+
+def claim_one_on_n1(
+    factory: Any,
+    worker: str,
+    clock: Any,
+    *,
+    slots: int = 1,
+    mem: float = 64_000,
+    spawn: tuple[str, int, int | None] | None = None,
+    settle: Any = None,
+    unknown: str | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Claim exactly one attempt on n1 (it fails unless the claim returns just one) and, in
+    the same transaction, in this order: record its spawn (``spawn``: boot id, supervisor
+    pid, supervisor start time), settle it with outcome ``settle``, mark it unknown with
+    reason ``unknown``. ``kwargs``: the rest of ``ledger.claim_jobs``'s. Returns the claim."""
+    from laneway.controller import db, ledger
+
+    with db.transaction(factory) as session:
+        (claim,) = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=slots,
+            mem_available_mib=mem,
+            now=clock.now(),
+            **kwargs,
+        )
+        if spawn is not None:
+            boot_id, pid, start = spawn
+            record_spawn(
+                session,
+                claim,
+                worker,
+                clock.now(),
+                boot_id=boot_id,
+                supervisor_pid=pid,
+                supervisor_start_time=start,
+            )
+        if settle is not None:
+            ledger.settle_attempt(
+                session,
+                claim.attempt_id,
+                fence=claim.fence,
+                outcome=settle,
+                actor=worker,
+                now=clock.now(),
+            )
+        if unknown is not None:
+            ledger.mark_unknown(
+                session, claim.attempt_id, reason=unknown, actor="t", now=clock.now()
+            )
+    return claim

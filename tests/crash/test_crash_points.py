@@ -17,7 +17,7 @@ from sqlalchemy import select
 from laneway.controller import db, ledger
 from laneway.controller.models import Attempt, Decision, Job, Run, Worker
 from laneway.controller.states import Outcome
-from tests.support import make_config, wait_until
+from tests.support import claim_one_on_n1, make_config, wait_until
 
 JOB = textwrap.dedent(
     """
@@ -218,23 +218,7 @@ def test_controller_killed_mid_tick_rolls_back_and_next_tick_completes(
     run_id = one_job_run(harness, make_run)
     worker = register_worker()
     factory = db.session_factory(harness.engine)
-    with db.transaction(factory) as session:
-        (claim,) = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=1,
-            mem_available_mib=64_000,
-            now=clock.now(),
-        )
-        ledger.settle_attempt(
-            session,
-            claim.attempt_id,
-            fence=claim.fence,
-            outcome=Outcome.SUCCEEDED,
-            actor=worker,
-            now=clock.now(),
-        )
+    claim_one_on_n1(factory, worker, clock, settle=Outcome.SUCCEEDED)
     harness.killed(harness.spawn("controller", "controller_mid_tick"))
     with factory() as session:
         assert session.get(Run, run_id).state == "active"  # the tick's close rolled back

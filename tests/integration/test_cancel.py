@@ -11,7 +11,7 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from laneway.cli.main import app
-from laneway.controller import db, ledger
+from laneway.controller import db
 from laneway.controller.daemon import Controller
 from laneway.controller.errors import UsageError
 from laneway.controller.models import Attempt, Control, Event, Job, Run
@@ -19,7 +19,7 @@ from laneway.workers import stopping
 from laneway.workers.gpu import FakeGpu
 from laneway.workers.identity import process_start_time
 from laneway.workers.service import WorkerService
-from tests.support import make_config, py_stage, wait_until
+from tests.support import claim_one_on_n1, make_config, py_stage, wait_until
 
 runner = CliRunner()
 FOREVER = (
@@ -133,28 +133,7 @@ def test_cancel_refuses_what_is_not_running(engine, runtime, make_run):
 
 def spawned_elsewhere(factory, worker, clock):
     """One claimed attempt whose supervisor was recorded on another machine (boot id)."""
-    with db.transaction(factory) as session:
-        (claim,) = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=1,
-            mem_available_mib=64_000,
-            now=clock.now(),
-        )
-        ledger.record_spawn(
-            session,
-            claim.attempt_id,
-            fence=claim.fence,
-            actor=worker,
-            now=clock.now(),
-            boot_id="another-machine",
-            supervisor_pid=1,
-            supervisor_start_time=1,
-            child_pid=None,
-            child_start_time=None,
-        )
-    return claim
+    return claim_one_on_n1(factory, worker, clock, spawn=("another-machine", 1, 1))
 
 
 def test_cancel_of_a_supervisor_elsewhere_is_refused_and_records_nothing(

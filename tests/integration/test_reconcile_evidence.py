@@ -22,7 +22,7 @@ from laneway.controller.states import JobState, Outcome
 from laneway.controller.status import status_report
 from laneway.workers import identity
 from tests.integration.test_cli import invoke, runner
-from tests.support import claim_on_n1, make_config, py_stage
+from tests.support import claim_on_n1, make_config, py_stage, record_spawn
 
 
 def dead_process() -> tuple[int, int]:
@@ -50,29 +50,18 @@ def unknown_attempts(factory, clock, count: int, supervisors) -> list:
             slots=count,
             now=clock.now(),
         )
-    with db.transaction(factory) as session:
-        claims = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=count,
-            mem_available_mib=64_000,
-            now=clock.now(),
-        )
+    claims = claim_on_n1(factory, worker, clock, slots=count)
     assert len(claims) == count
     for claim, (pid, start) in zip(claims, supervisors, strict=True):
         with db.transaction(factory) as session:
-            ledger.record_spawn(
+            record_spawn(
                 session,
-                claim.attempt_id,
-                fence=claim.fence,
-                actor=worker,
-                now=clock.now(),
+                claim,
+                worker,
+                clock.now(),
                 boot_id=identity.boot_id(),
                 supervisor_pid=pid,
                 supervisor_start_time=start,
-                child_pid=None,
-                child_start_time=None,
             )
             ledger.mark_unknown(
                 session, claim.attempt_id, reason="lease expired", actor="t", now=clock.now()

@@ -19,35 +19,18 @@ from laneway.controller.outcome import read_outcome
 from laneway.controller.states import ControlKind, ControlScope, Outcome
 from laneway.workers.recovery import Recovery
 from laneway.workers.service import WorkerService
-from tests.support import make_config, py_stage
+from tests.support import claim_on_n1, claim_one_on_n1, make_config, py_stage, settle_one
 
 PLENTY = (64_000.0, 128_000.0)
+OLD_BOOT_SUPERVISOR = ("old-boot", 999_999, 1)  # boot id, supervisor pid, its start time
 
 
 def claim_one(factory, worker, clock, spawn=True):
-    with db.transaction(factory) as session:
-        (claim,) = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=1,
-            mem_available_mib=64_000,
-            now=clock.now(),
-            lease_seconds=60,
-        )
-        if spawn:
-            ledger.record_spawn(
-                session,
-                claim.attempt_id,
-                fence=claim.fence,
-                actor=worker,
-                now=clock.now(),
-                boot_id="old-boot",
-                supervisor_pid=999_999,
-                supervisor_start_time=1,
-                child_pid=None,
-                child_start_time=None,
-            )
+    """One attempt claimed on n1 with a 60 s lease and its directory made; ``spawn``: its
+    supervisor recorded as spawned on a boot that is not this one."""
+    claim = claim_one_on_n1(
+        factory, worker, clock, lease_seconds=60, spawn=OLD_BOOT_SUPERVISOR if spawn else None
+    )
     Path(claim.attempt_dir).mkdir(parents=True, exist_ok=True)
     return claim
 
@@ -73,25 +56,10 @@ def test_expired_lease_makes_unknown_on_the_ledger_clock_and_rejects_the_zombie(
     attempt = attempt_row(factory, claim.attempt_id)
     assert attempt.state == "unknown" and "lease expired" in attempt.state_reason
     # The worker comes back late (a zombie): it can write nothing about the job.
-    with factory() as session, session.begin(), pytest.raises(StaleLease):
-        ledger.settle_attempt(
-            session,
-            claim.attempt_id,
-            fence=claim.fence,
-            outcome=Outcome.SUCCEEDED,
-            actor=worker,
-            now=clock.now(),
-        )
-    with factory() as session, session.begin():
-        claims = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=4,
-            mem_available_mib=64_000,
-            now=clock.now(),
-        )
-    assert claims == []  # the run is halted by its unknown attempt
+    with pytest.raises(StaleLease):
+        settle_one(factory, claim, worker, clock, Outcome.SUCCEEDED)
+    # The run is halted by its unknown attempt.
+    assert claim_on_n1(factory, worker, clock, slots=4) == []
 
 
 def test_expired_lease_with_exit_record_is_settled_not_unknown(
@@ -133,27 +101,8 @@ def test_recorded_pid_owned_by_another_process_is_never_adopted(
 
     make_run(make_config())
     dead = register_worker()
-    with db.transaction(factory) as session:
-        (claim,) = ledger.claim_jobs(
-            session,
-            worker_id=dead,
-            node="n1",
-            free_slots=1,
-            mem_available_mib=64_000,
-            now=clock.now(),
-        )
-        ledger.record_spawn(
-            session,
-            claim.attempt_id,
-            fence=claim.fence,
-            actor=dead,
-            now=clock.now(),
-            boot_id=identity.boot_id(),
-            supervisor_pid=identity.current()[0],
-            supervisor_start_time=12345,
-            child_pid=None,
-            child_start_time=None,
-        )
+    recycled = (identity.boot_id(), identity.current()[0], 12345)  # this boot, our pid
+    claim = claim_one_on_n1(factory, dead, clock, spawn=recycled)
     service = WorkerService(engine, node="n1", slots=1, memory_probe=lambda: PLENTY)
     service.start()
     assert service.in_flight == {}
@@ -241,29 +190,12 @@ def test_two_concurrent_reconciles_exactly_one_wins(
 def _unknown_in_new_run(factory, make_run, register_worker, clock, **config):
     make_run(make_config(items=1, **config))
     worker = register_worker()
-    with db.transaction(factory) as session:
-        (claim,) = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=1,
-            mem_available_mib=64_000,
-            now=clock.now(),
-        )
-        ledger.mark_unknown(session, claim.attempt_id, reason="lost", actor="t", now=clock.now())
+    claim = claim_one_on_n1(factory, worker, clock, unknown="lost")
     return claim, worker
 
 
 def _claims(factory, worker, clock):
-    with db.transaction(factory) as session:
-        return ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=4,
-            mem_available_mib=64_000,
-            now=clock.now(),
-        )
+    return claim_on_n1(factory, worker, clock, slots=4)
 
 
 @pytest.mark.parametrize(("scope", "other_run_blocked"), [("run", False), ("everything", True)])
@@ -342,16 +274,9 @@ def test_changed_source_halts_dispatch_naming_file_and_hashes(
     worker = register_worker()
 
     def claim():
-        with db.transaction(factory) as session:
-            return ledger.claim_jobs(
-                session,
-                worker_id=worker,
-                node="n1",
-                free_slots=1,
-                mem_available_mib=64_000,
-                now=clock.now(),
-                check_sources=lambda r: pipeline.source_drift(r.source_hashes),
-            )
+        return claim_on_n1(
+            factory, worker, clock, check_sources=lambda r: pipeline.source_drift(r.source_hashes)
+        )
 
     assert len(claim()) == 1  # unchanged: dispatch goes on
     source.write_text("VERSION = 2  # edited under a running experiment\n")

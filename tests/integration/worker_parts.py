@@ -11,7 +11,7 @@ from typing import Any
 from laneway.controller import db, identity, ledger
 from laneway.workers.gpu import FakeGpu
 from laneway.workers.service import WorkerService
-from tests.support import claim_on_n1
+from tests.support import claim_on_n1, record_spawn
 
 PLENTY = (64_000.0, 128_000.0)
 
@@ -51,17 +51,15 @@ def claimed(
             (Path(claim.attempt_dir) / "exit.json").write_text(json.dumps(exit_record))
         if supervisor is None:
             continue
+        pid, start = supervisor
         with db.transaction(factory) as session:
-            ledger.record_spawn(
+            record_spawn(
                 session,
-                claim.attempt_id,
-                fence=claim.fence,
-                actor=worker,
-                now=clock.now(),
+                claim,
+                worker,
+                clock.now(),
                 boot_id=identity.boot_id(),
-                supervisor_pid=supervisor[0],
-                supervisor_start_time=supervisor[1],
-                child_pid=None,
-                child_start_time=None,
+                supervisor_pid=pid,
+                supervisor_start_time=start,
             )
     return claims
