@@ -32,8 +32,9 @@ def two_node_config():
     )
 
 
-def test_lane_held_by_memory_floor_is_named_while_the_other_runs(engine, runtime, make_run):
-    run_id = make_run(two_node_config())
+def run_until_lane_b_is_done(engine):
+    """Run ``two_node_config``'s run with n1 below its memory floor (900 MiB free) and n2
+    roomy, until every job of lane b (on n2) has succeeded."""
     tight = WorkerService(
         engine, node="n1", slots=2, memory_probe=lambda: (900.0, 16_000.0), gpu=FakeGpu()
     )
@@ -53,6 +54,11 @@ def test_lane_held_by_memory_floor_is_named_while_the_other_runs(engine, runtime
         return all(state == "succeeded" for state in states)
 
     wait_until(lane_b_done)
+
+
+def test_lane_held_by_memory_floor_is_named_while_the_other_runs(engine, runtime, make_run):
+    run_id = make_run(two_node_config())
+    run_until_lane_b_is_done(engine)
     result = runner.invoke(app, ["status", str(run_id), "--runtime-dir", str(runtime), "--json"])
     assert result.exit_code == 0, result.output
     lanes = {lane["lane"]: lane for lane in json.loads(result.stdout)["lanes"]}
@@ -131,25 +137,7 @@ def test_report_shows_the_held_lanes_idle_period_with_its_reason(
     engine, runtime, make_run, tmp_path
 ):
     run_id = make_run(two_node_config())
-    tight = WorkerService(
-        engine, node="n1", slots=2, memory_probe=lambda: (900.0, 16_000.0), gpu=FakeGpu()
-    )
-    roomy = WorkerService(
-        engine, node="n2", slots=2, memory_probe=lambda: (64e3, 128e3), gpu=FakeGpu()
-    )
-    tight.start()
-    roomy.start()
-    controller = Controller(engine)
-
-    def lane_b_done():
-        controller.tick()
-        tight.tick()
-        roomy.tick()
-        with db.session_factory(engine)() as session:
-            states = session.scalars(select(Job.state).where(Job.lane == "b")).all()
-        return all(state == "succeeded" for state in states)
-
-    wait_until(lane_b_done)
+    run_until_lane_b_is_done(engine)
     page = tmp_path / "report.html"
     result = runner.invoke(
         app,

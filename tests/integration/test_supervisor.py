@@ -26,20 +26,29 @@ GRANDCHILD = textwrap.dedent(
 )
 
 
-def start(tmp_path: Path, argv: list[str], *, timeout=30.0, grace=5.0, secret_env=(), env=None):
-    attempt = tmp_path / "attempt"
-    attempt.mkdir(exist_ok=True)
+def supervisor_argv(
+    tmp_path: Path, argv: list[str], *, timeout=30.0, grace=5.0, secret_env=(), **extra
+) -> list[str]:
+    """The command line of a supervisor for attempt 1 in tmp_path/attempt (which must
+    exist) running ``argv`` in tmp_path; ``extra``: more of the spec (``log_cap_bytes``)."""
     spec = {
         "attempt_id": 1,
-        "attempt_dir": str(attempt),
+        "attempt_dir": str(tmp_path / "attempt"),
         "argv": argv,
         "cwd": str(tmp_path),
         "timeout_seconds": timeout,
         "grace_seconds": grace,
         "secret_env": list(secret_env),
+        **extra,
     }
+    return [sys.executable, "-m", "laneway.workers.supervisor", json.dumps(spec)]
+
+
+def start(tmp_path: Path, argv: list[str], *, timeout=30.0, grace=5.0, secret_env=(), env=None):
+    attempt = tmp_path / "attempt"
+    attempt.mkdir(exist_ok=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "laneway.workers.supervisor", json.dumps(spec)],
+        supervisor_argv(tmp_path, argv, timeout=timeout, grace=grace, secret_env=secret_env),
         stdout=subprocess.PIPE,
         start_new_session=True,
         env={**os.environ, **(env or {})},
@@ -187,18 +196,8 @@ def test_log_cap_keeps_a_marker_and_the_exit_code(tmp_path):
     attempt = tmp_path / "attempt"
     attempt.mkdir()
     code = "import sys\nfor _ in range(200): print('x' * 99)\nsys.exit(4)"
-    spec = {
-        "attempt_id": 1,
-        "attempt_dir": str(attempt),
-        "argv": [sys.executable, "-c", code],
-        "cwd": str(tmp_path),
-        "timeout_seconds": 30,
-        "grace_seconds": 1,
-        "secret_env": [],
-        "log_cap_bytes": 1000,
-    }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "laneway.workers.supervisor", json.dumps(spec)],
+        supervisor_argv(tmp_path, [sys.executable, "-c", code], grace=1, log_cap_bytes=1000),
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
@@ -221,18 +220,8 @@ def test_output_that_meets_the_cap_exactly_then_goes_on_is_marked_truncated(tmp_
         "import sys, time\nsys.stdout.write('x' * 1000)\nsys.stdout.flush()\n"
         "time.sleep(0.3)\nprint('y' * 10)"
     )
-    spec = {
-        "attempt_id": 1,
-        "attempt_dir": str(attempt),
-        "argv": [sys.executable, "-c", code],
-        "cwd": str(tmp_path),
-        "timeout_seconds": 30,
-        "grace_seconds": 1,
-        "secret_env": [],
-        "log_cap_bytes": 1000,
-    }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "laneway.workers.supervisor", json.dumps(spec)],
+        supervisor_argv(tmp_path, [sys.executable, "-c", code], grace=1, log_cap_bytes=1000),
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
@@ -253,17 +242,9 @@ def test_a_log_planted_as_a_link_is_never_written_through(tmp_path):
     attempt.mkdir()
     (attempt / "stdout.log").symlink_to(outside)
     marker = tmp_path / "ran"
-    spec = {
-        "attempt_id": 1,
-        "attempt_dir": str(attempt),
-        "argv": [sys.executable, "-c", f"open({str(marker)!r}, 'w'); print('x' * 100)"],
-        "cwd": str(tmp_path),
-        "timeout_seconds": 30,
-        "grace_seconds": 5,
-        "secret_env": [],
-    }
+    child = [sys.executable, "-c", f"open({str(marker)!r}, 'w'); print('x' * 100)"]
     done = subprocess.run(
-        [sys.executable, "-m", "laneway.workers.supervisor", json.dumps(spec)],
+        supervisor_argv(tmp_path, child),
         capture_output=True,
         timeout=60,
     )
