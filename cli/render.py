@@ -456,10 +456,14 @@ def _settled_lines(report: dict[str, Any]) -> list[str]:
 
 
 def report_text(report: dict[str, Any]) -> str:
+    from laneway.controller.report import window_text
+
     run = report["run"]
     out = [
-        f"run {run['id']} ({run['name']}) — {run['state']}, "
-        f"window {duration(report['window_seconds'])}"
+        clean(
+            f"run {run['id']} ({run['name']}) — {run['state']}; {window_text(report)}, "
+            f"window {duration(report['window_seconds'])}"
+        )
     ]
     rows = []
     for name, lane in report["lanes"].items():

@@ -1,8 +1,10 @@
 """The run report as HTML (read nothing: it renders ``controller.report.build_report``'s
-dict): a self-contained page with the per-lane summary, the memory, OOM, artifact and
-usage parts, and the SVG lane-occupancy timeline (``timeline_svg``, which ``laneway web``
-shows alone): one row per slot, attempts as bars coloured by outcome, a time axis, idle
-gaps labelled with their reason where the label fits (every gap has it as a tooltip).
+dict): a self-contained page with its window in words (``report.window_text``:
+``created → finished``, ``created → end (paused)``, ``created → now (active)``), the
+per-lane summary, the memory, OOM, artifact and usage parts, and the SVG lane-occupancy
+timeline (``timeline_svg``, which ``laneway web`` shows alone): one row per slot,
+attempts as bars coloured by outcome, a time axis, idle gaps labelled with their reason
+where the label fits (every gap has it as a tooltip).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import html
 from typing import Any
 
 from laneway.controller import spend
+from laneway.controller.report import window_text
 from laneway.controller.units import byte_size
 
 COLOURS = {
@@ -286,8 +289,7 @@ td, th {{ border: 1px solid #ddd; padding: 4px 8px; text-align: left; }}
 .key i {{ display: inline-block; width: 10px; height: 10px; margin-right: 4px; }}
 </style></head><body>
 <h1>Run {run["id"]} ({html.escape(run["name"])}) — {html.escape(run["state"])}</h1>
-<p>{html.escape(str(run["created_at"]))} → {html.escape(str(run["finished_at"]))},
-window {report["window_seconds"]:.1f} s</p>
+<p>{html.escape(window_text(report))}, window {report["window_seconds"]:.1f} s</p>
 <table><tr><th>lane</th><th>node</th><th>attempts</th><th>per hour</th>
 <th>all slots idle</th><th>failures</th></tr>{rows}</table>
 {reused_html(report.get("reused") or {})}

@@ -162,6 +162,15 @@ def test_usage_is_recorded_and_reported_with_each_nodes_low_water(demo):
     local = report["node_memory"]["local"]
     assert local["memory_floor_mib"] == 256 and local["low_free_mib"] > 0
     assert local["running"]  # what ran when the node had least memory free
+    # Paused at its budget with nothing in flight: the window ends at the run's last
+    # settle or control, however long after the report is read.
+    assert report["window"]["ends_at"] in ("last_settle", "last_control")
+    assert report["window"]["held"] == "paused"
+    text = laneway(runtime, "report", "1")
+    assert text.returncode == 0, text.stderr
+    assert "(paused), window" in text.stdout and "None" not in text.stdout
+    page = Path(text.stdout.rsplit("HTML timeline: ", 1)[1].strip()).read_text()
+    assert "(paused), window" in page and "None" not in page
 
 
 def test_one_paid_call_line_per_succeeded_paid_attempt(demo):

@@ -1,19 +1,22 @@
 """The run report: durations are the commands' own (from exit.json), not settle times;
-the HTML timeline labels only what fits, never two labels on top of each other, and has
-a time axis."""
+the window ends where the run did (``report_window``); the HTML timeline labels only
+what fits, never two labels on top of each other, and has a time axis."""
 
 from __future__ import annotations
 
 import json
 import re
 import xml.etree.ElementTree as ET
+from datetime import datetime, timedelta
 from itertools import combinations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from laneway.controller import db, ledger
 from laneway.controller.clock import iso
-from laneway.controller.report import build_report
+from laneway.controller.report import WindowFacts, build_report, report_window, window_text
 from laneway.controller.report_html import render_html, text_width
 from laneway.controller.states import Outcome
 from tests.support import claim_on_n1, make_config
@@ -32,6 +35,83 @@ def write_exit_record(attempt_dir: str, started: Any, seconds: float) -> None:
         "exit_code": 0,
     }
     (directory / "exit.json").write_text(json.dumps(record))
+
+
+CREATED = datetime(2026, 1, 1, 12, 0, 0)
+LATER = CREATED + timedelta(minutes=30)
+
+
+def at(seconds: float) -> datetime:
+    return CREATED + timedelta(seconds=seconds)
+
+
+def facts(**given: object) -> WindowFacts:
+    values: dict[str, object] = {
+        "created_at": CREATED,
+        "finished_at": None,
+        "in_flight": False,
+        "unknown": False,
+        "runnable": False,
+        "last_settle": None,
+        "last_control": None,
+    }
+    values.update(given)
+    return WindowFacts(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("given", "end", "why"),
+    [
+        # A finished run ends where it finished, whatever else was recorded after.
+        (
+            {"finished_at": at(90), "last_settle": at(90), "last_control": at(120)},
+            at(90),
+            "finished",
+        ),
+        # Still under way: an attempt in flight, one of unknown outcome (it may still
+        # run), or work it could run (no control holds it).
+        ({"in_flight": True, "last_settle": at(10)}, LATER, "now"),
+        ({"unknown": True, "last_control": at(10)}, LATER, "now"),
+        ({"runnable": True, "last_control": at(10)}, LATER, "now"),
+        # Standing (stopped, paused, halted; nothing in flight, nothing it could run):
+        # its last settle or control, whichever is later, not now.
+        ({"last_settle": at(200), "last_control": at(50)}, at(200), "last_settle"),
+        ({"last_settle": at(200), "last_control": at(260)}, at(260), "last_control"),
+        ({"last_settle": at(200), "last_control": at(200)}, at(200), "last_settle"),
+        ({"last_control": at(5)}, at(5), "last_control"),
+        # Nothing settled and no control of its own: where it was created.
+        ({}, CREATED, "created"),
+        ({"last_control": CREATED - timedelta(hours=1)}, CREATED, "created"),
+    ],
+)
+def test_report_window_ends_where_the_run_did(given, end, why):
+    assert report_window(facts(**given), LATER) == (end, why)
+
+
+def test_report_window_never_ends_after_now_nor_before_the_run():
+    # A settle stamped by a clock ahead of this one's: the window stops at now.
+    assert report_window(facts(last_settle=LATER + timedelta(seconds=5)), LATER) == (
+        LATER,
+        "last_settle",
+    )
+    # A now behind the run's creation (another host's clock): an empty window, not a
+    # negative one.
+    assert report_window(facts(in_flight=True), CREATED - timedelta(seconds=5)) == (
+        CREATED,
+        "now",
+    )
+
+
+def test_window_text_says_where_and_why_it_ends():
+    def text(ends_at: str, held: str | None = None) -> str:
+        window = {"start": "S", "end": "E", "ends_at": ends_at, "held": held}
+        return window_text({"window": window})
+
+    assert text("finished") == "S → E"
+    assert text("now") == "S → now (active)"
+    assert text("last_settle", "paused") == "S → E (paused)"
+    assert text("last_control", "stopped") == "S → E (stopped)"
+    assert text("last_control", "halted") == "S → E (halted)"
 
 
 def test_durations_come_from_exit_records_and_skip_unknown_and_not_run(
@@ -146,6 +226,12 @@ def busy_report(gaps: int, *, long_every: int = 30) -> dict[str, Any]:
             "state": "finished",
             "created_at": "2026-01-01T00:00:00.000Z",
             "finished_at": "2026-01-01T01:00:00.000Z",
+        },
+        "window": {
+            "start": "2026-01-01T00:00:00.000Z",
+            "end": "2026-01-01T01:00:00.000Z",
+            "ends_at": "finished",
+            "held": None,
         },
         "window_seconds": t,
         "generated_at": "2026-01-01T01:00:00.000Z",
