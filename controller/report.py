@@ -293,8 +293,8 @@ def build_report(
             exit_times(attempt.attempt_dir) if attempt.state == "settled" else (None, None)
         )
         begun = command_start or attempt.started_at or attempt.intent_at
-        # An attempt without a settle lasts to the window's end: ``now`` while one is
-        # in flight (report_window), the run's end for an unknown one.
+        # An attempt without a settle lasts to the window's end, which is ``now`` while
+        # one is in flight or of unknown outcome (report_window).
         ended = command_end or attempt.settled_at or end
         duration = None
         if state not in NO_DURATION and command_end is not None:
@@ -321,7 +321,8 @@ def build_report(
         starts = [b["start"] for b in lane_bars]
         intervals = [b - a for a, b in itertools.pairwise(starts)]
         busy = _union([(b["start"], b["end"]) for b in lane_bars])
-        lane_end = _lane_end(lanes_done.get(lane.name), lane_bars, start, window)
+        done = lanes_done.get(lane.name)
+        lane_end = _lane_end(done, lane_bars, start, window)
         idle = _gaps(busy, 0.0, lane_end)
         durations: dict[str, list[float]] = defaultdict(list)
         for b in lane_bars:
@@ -331,7 +332,7 @@ def build_report(
         lanes[lane.name] = {
             "node": lane.node,
             "attempts": len(lane_bars),
-            "done_at_seconds": None if lane_end >= window else round(lane_end, 3),
+            "done_at_seconds": None if done is None else round(lane_end, 3),
             "start_interval_seconds": _percentiles(intervals),
             "all_idle_share": round(sum(b - a for a, b in idle) / window, 4),
             "throughput_per_hour": round(settled / (window / 3600), 2),

@@ -190,6 +190,8 @@ def test_a_lane_done_early_is_not_idle_after_its_last_job(
     assert report["window_seconds"] == 100.0
     assert report["lanes"]["a"]["idle_periods"] == []
     assert report["lanes"]["a"]["all_idle_share"] == 0.0
+    assert report["lanes"]["a"]["done_at_seconds"] == 10.0
+    assert report["lanes"]["b"]["done_at_seconds"] == 100.0
     assert report["window"] == {
         "start": iso(created),
         "end": iso(finished),
