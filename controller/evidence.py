@@ -44,6 +44,7 @@ _UNKNOWN_COLUMNS = (
     "supervisor_start_time",
     "child_pid",
     "child_start_time",
+    "node",
 )
 
 
@@ -69,22 +70,58 @@ class Evidence:
         }
 
 
-def judge(attempt: Any, stage: StageConfig, *, worker_host: str | None) -> Evidence:
+def by_hand(attempt_id: int, runtime_dir: str | None = None) -> str:
+    """The command an operator settles an attempt with once they know what happened."""
+    where = f" --runtime-dir {shlex.quote(runtime_dir)}" if runtime_dir else ""
+    return f"`laneway reconcile {attempt_id} --as succeeded|failed|not-run --reason '...'{where}`"
+
+
+def judge(
+    attempt: Any, stage: StageConfig, *, worker_host: str | None, runtime_dir: str | None = None
+) -> Evidence:
     """The evidence for one unknown attempt (an ``attempts`` row, its stage, the host of
-    the worker that claimed it)."""
+    the worker that claimed it). When it is not conclusive, its words say in plain terms
+    what is missing, where to look and the command that settles it by hand (with
+    ``runtime_dir``'s ``--runtime-dir`` when given)."""
     aid = attempt.id
+    node = getattr(attempt, "node", None)
+    on = f"node {node}" if node else "its node"
+    then = f"then {by_hand(aid, runtime_dir)}"
     if worker_host is not None and worker_host != identity.host():
-        return Evidence(aid, False, f"it ran on host {worker_host}; judge it there")
+        return Evidence(
+            aid,
+            False,
+            f"it ran on {on} (host {worker_host}), whose processes and files this machine "
+            f"cannot see; run this on {worker_host}, or check there, {then}",
+        )
     alive = _alive(attempt)
     if alive:
-        return Evidence(aid, False, f"its {alive} is still running")
+        return Evidence(
+            aid,
+            False,
+            f"its {alive} is still running on {on}: the attempt has not finished; run this "
+            "again once it has",
+        )
     path = Path(attempt.attempt_dir) / "exit.json"
     try:
         record = read_json(path)
+    except FileNotFoundError:
+        return Evidence(aid, False, _no_exit_record(attempt, path, on, then))
     except (OSError, ValueError) as exc:
-        return Evidence(aid, False, f"no whole exit record ({path}: {exc})")
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return Evidence(
+            aid,
+            False,
+            f"its exit record {path} cannot be read ({why}); check it and the job's output "
+            f"(`laneway logs {aid}`) on {on}, {then}",
+        )
     if not isinstance(record, dict) or record.get("attempt_id") != aid:
-        return Evidence(aid, False, f"{path} does not name attempt {aid}")
+        return Evidence(
+            aid,
+            False,
+            f"{path} is not attempt {aid}'s exit record (it does not name it); check the "
+            f"attempt on {on}, {then}",
+        )
     judged = judge_attempt(  # judged only: the read side stores nothing
         attempt.attempt_dir,
         ExitRules.of_stage(stage, job_id=attempt.job_id, missing_exit="no exit.json"),
@@ -92,7 +129,10 @@ def judge(attempt: Any, stage: StageConfig, *, worker_host: str | None) -> Evide
     verdict, result = judged.verdict, judged.result
     if verdict.outcome is None:
         return Evidence(
-            aid, False, f"the exit record does not establish an outcome: {verdict.reason}"
+            aid,
+            False,
+            f"its exit record does not establish an outcome ({verdict.reason}); check the "
+            f"job's output (`laneway logs {aid}`), {then}",
         )
     record = judged.exit_record or {}
     code, signum = record.get("exit_code"), record.get("signal")
@@ -104,6 +144,23 @@ def judge(attempt: Any, stage: StageConfig, *, worker_host: str | None) -> Evide
         exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
         exit_signal=signum if isinstance(signum, int) and not isinstance(signum, bool) else None,
         result=result if isinstance(result, dict) else None,
+    )
+
+
+def _no_exit_record(attempt: Any, path: Path, on: str, then: str) -> str:
+    """What is missing for an attempt without an exit record, and what to do."""
+    if attempt.supervisor_pid is None and attempt.child_pid is None:
+        return (
+            f"no exit record ({path}) and no supervisor status (its worker never recorded "
+            f"a supervisor pid); the job may still be running on {on} — check there, {then}"
+        )
+    if attempt.boot_id is not None and attempt.boot_id != identity.boot_id():
+        gone = "the machine has rebooted since it started, so nothing of it runs"
+    else:
+        gone = "neither its supervisor nor its child is running"
+    return (
+        f"no exit record ({path}), and {gone}: it ended without writing one, so its "
+        f"outcome is not known — read its output (`laneway logs {attempt.id}`), {then}"
     )
 
 
@@ -119,13 +176,16 @@ class _UnknownRow:
     supervisor_start_time: int | None
     child_pid: int | None
     child_start_time: int | None
+    node: str | None
 
 
 def judge_unknowns(source: Rows, run_id: int) -> dict[int, Evidence]:
     """The evidence for every unknown attempt of run ``run_id``, by attempt id, read
     through ``source`` (a ``readonly.ReadOnlyLedger`` or ``rows.SessionRows``: plain SQL, no
     ORM) with the stage config the run froze."""
-    [(frozen,)] = source.rows("SELECT config_json FROM runs WHERE id = :run", {"run": run_id})
+    [(frozen, runtime_dir)] = source.rows(
+        "SELECT config_json, runtime_dir FROM runs WHERE id = :run", {"run": run_id}
+    )
     config = config_from_frozen(frozen)
     columns = ", ".join(f"a.{name}" for name in _UNKNOWN_COLUMNS)
     rows = source.rows(
@@ -139,7 +199,9 @@ def judge_unknowns(source: Rows, run_id: int) -> dict[int, Evidence]:
     for row in rows:
         attempt = _UnknownRow(*row[:width])
         stage, host = row[width], row[width + 1]
-        judged[attempt.id] = judge(attempt, config.stage(stage), worker_host=host)
+        judged[attempt.id] = judge(
+            attempt, config.stage(stage), worker_host=host, runtime_dir=runtime_dir
+        )
     return judged
 
 

@@ -116,7 +116,7 @@ def review_evidence(engine: Engine, run_id: int) -> Review:
         store_url = ledger.artifact_store_url(config.artifact_store, run.runtime_dir)
         unknown = list(ledger.unknown_attempts(session, run_id))
         judged = tuple(
-            evidence.judge(row, config.stage(stage), worker_host=host)
+            evidence.judge(row, config.stage(stage), worker_host=host, runtime_dir=run.runtime_dir)
             for row, stage, host in unknown
         )
     attempts = {row.id: (row, config.stage(stage)) for row, stage, _ in unknown}

@@ -275,3 +275,56 @@ def test_judge_review_and_settle_are_callable_without_the_cli(
     assert reconcile.review_evidence(engine, run_id).conclusive == []
     with pytest.raises(IllegalTransition):
         reconcile.settle_from_evidence(engine, review, actor="tester", clock=clock)
+
+
+def test_evidence_that_is_not_conclusive_says_what_is_missing_and_what_to_do(
+    factory, make_run, register_worker, runtime: Path, clock
+):
+    run_id = make_run(make_config([py_stage("call", "pass")], items=3))
+    # Its worker never recorded a supervisor: it may still run.
+    with db.transaction(factory) as session:
+        here = ledger.register_worker(
+            session,
+            node="n1",
+            host=identity.host(),
+            pid=2,
+            boot_id=identity.boot_id(),
+            process_start_time=2,
+            slots=1,
+            now=clock.now(),
+        )
+    (silent,) = claim_on_n1(factory, here, clock)
+    # It ran on another machine.
+    (far,) = claim_on_n1(factory, register_worker(), clock)
+    # Its supervisor ran here and is gone, and it left no exit record.
+    (ended,) = unknown_attempts(factory, clock, 1, [dead_process()])
+    with db.transaction(factory) as session:
+        for claim in (silent, far):
+            ledger.mark_unknown(
+                session, claim.attempt_id, reason="lost", actor="t", now=clock.now()
+            )
+    rt = ["--runtime-dir", str(runtime)]
+    shown = invoke("reconcile", "--run", str(run_id), "--from-evidence", *rt)
+    assert shown.exit_code == 0, shown.output
+
+    def by_hand(aid: int) -> str:
+        return (
+            f"then `laneway reconcile {aid} --as succeeded|failed|not-run --reason '...' "
+            f"--runtime-dir {runtime}`"
+        )
+
+    lines = shown.stdout.splitlines()
+    assert lines == [
+        f"attempt {silent.attempt_id}: left unknown — no exit record "
+        f"({silent.attempt_dir}/exit.json) and no supervisor status (its worker never "
+        "recorded a supervisor pid); the job may still be running on node n1 — check "
+        f"there, {by_hand(silent.attempt_id)}",
+        f"attempt {far.attempt_id}: left unknown — it ran on node n1 (host test), whose "
+        "processes and files this machine cannot see; run this on test, or check there, "
+        f"{by_hand(far.attempt_id)}",
+        f"attempt {ended.attempt_id}: left unknown — no exit record "
+        f"({ended.attempt_dir}/exit.json), and neither its supervisor nor its child is "
+        "running: it ended without writing one, so its outcome is not known — read its "
+        f"output (`laneway logs {ended.attempt_id}`), {by_hand(ended.attempt_id)}",
+        "0 attempt(s) settled from evidence; 3 left unknown",
+    ]
