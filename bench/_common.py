@@ -246,3 +246,118 @@ def rolled_back_claim(engine, counter) -> tuple[float, int, list]:
     finally:
         session.rollback()
         session.close()
+
+
+# ---------------------------------------------------------------------- ledger
+
+
+def create_run(factory, config, runtime: Path | str, now=None) -> int:
+    """One run of ``config`` (runtime dir ``runtime``, no sources), created by actor
+    "bench" in its own transaction at ``now`` (default: the system clock's); its id."""
+    from laneway.controller import db, ledger
+    from laneway.controller.clock import SystemClock
+
+    with db.transaction(factory) as session:
+        run = ledger.create_run(
+            session,
+            config,
+            runtime_dir=str(runtime),
+            source_hashes={},
+            actor="bench",
+            now=SystemClock().now() if now is None else now,
+        )
+        return int(run.id)
+
+
+def open_with_run(runtime: Path | str, config, now=None) -> tuple:
+    """The ledger of ``runtime`` opened (made and migrated if new) with one run of
+    ``config`` in it (``create_run``): (engine, session factory, run id)."""
+    from laneway.controller import db, ledger_open
+
+    engine = ledger_open.open_ledger(runtime)
+    factory = db.session_factory(engine)
+    return engine, factory, create_run(factory, config, runtime, now)
+
+
+def register_worker(factory, now, *, slots: int, host: str = "h", pid: int = 1) -> str:
+    """A worker on node n1 (boot "b", no start time) registered in its own transaction;
+    its id."""
+    from laneway.controller import db, ledger
+
+    with db.transaction(factory) as session:
+        return str(
+            ledger.register_worker(
+                session,
+                node="n1",
+                host=host,
+                pid=pid,
+                boot_id="b",
+                process_start_time=None,
+                slots=slots,
+                now=now,
+            )
+        )
+
+
+def kernel_round(factory, worker: str, clock, slots: int) -> int:
+    """One round of a worker that starts no processes, as the kernel's commits would
+    have it: claim up to ``slots`` on n1 (one transaction), record every claim's spawn
+    (supervisor 1, child 2, boot "b"; one transaction), settle each succeeded with exit
+    code 0 (a transaction each). Returns how many it claimed (0: nothing was ready)."""
+    from laneway.controller import db, ledger
+    from laneway.controller.states import Outcome
+
+    with db.transaction(factory) as session:
+        claims = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=slots,
+            mem_available_mib=64_000,
+            now=clock.now(),
+        )
+    if not claims:
+        return 0
+    with db.transaction(factory) as session:
+        for claim in claims:
+            ledger.record_spawn(
+                session,
+                claim.attempt_id,
+                fence=claim.fence,
+                actor=worker,
+                now=clock.now(),
+                boot_id="b",
+                supervisor_pid=1,
+                supervisor_start_time=1,
+                child_pid=2,
+                child_start_time=2,
+            )
+    for claim in claims:
+        with db.transaction(factory) as session:
+            ledger.settle_attempt(
+                session,
+                claim.attempt_id,
+                fence=claim.fence,
+                outcome=Outcome.SUCCEEDED,
+                actor=worker,
+                now=clock.now(),
+                exit_code=0,
+            )
+    return len(claims)
+
+
+def stopped_worker_row(worker_id: str, at) -> dict:
+    """A ``workers`` row for bulk-inserted history: a worker on n1 that stopped at ``at``."""
+    return {
+        "id": worker_id,
+        "node": "n1",
+        "host": "bench",
+        "pid": 1,
+        "boot_id": "bench",
+        "process_start_time": None,
+        "slots": 2,
+        "state": "stopped",
+        "started_at": at,
+        "heartbeat_at": at,
+        "stopped_at": at,
+    }

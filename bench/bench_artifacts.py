@@ -335,7 +335,7 @@ def build(runtime: Path, size: int) -> dict:
     measurements need."""
     from sqlalchemy import insert, select, update
 
-    from laneway.controller import db, ledger, ledger_open
+    from laneway.controller import db
     from laneway.controller.clock import SystemClock
     from laneway.controller.ledger.tables import (
         artifacts,
@@ -347,38 +347,13 @@ def build(runtime: Path, size: int) -> dict:
     )
 
     started = time.perf_counter()
-    engine = ledger_open.open_ledger(runtime)
-    factory = db.session_factory(engine)
     now = SystemClock().now()
-    with db.transaction(factory) as session:
-        run = ledger.create_run(
-            session,
-            ledger_config(CONFIG_ITEMS),
-            runtime_dir=str(runtime),
-            source_hashes={},
-            actor="bench",
-            now=now,
-        )
-        run_id = run.id
+    engine, _, run_id = common.open_with_run(runtime, ledger_config(CONFIG_ITEMS), now)
     earlier = now - timedelta(hours=1)
     with engine.begin() as conn:
         conn.execute(
             insert(workers),
-            [
-                {
-                    "id": BULK_WORKER,
-                    "node": "n1",
-                    "host": "bench",
-                    "pid": 1,
-                    "boot_id": "bench",
-                    "process_start_time": None,
-                    "slots": 2,
-                    "state": "stopped",
-                    "started_at": earlier,
-                    "heartbeat_at": earlier,
-                    "stopped_at": earlier,
-                }
-            ],
+            [common.stopped_worker_row(BULK_WORKER, earlier)],
         )
         # The config's items: producer succeeded (attempt + artifacts), consumer ready.
         config_jobs = conn.execute(
@@ -736,8 +711,6 @@ def end_to_end(root: Path, items: int, outputs: bool) -> tuple[float, float, int
     """(wall seconds, CPU seconds, succeeded attempts, artifacts) of one run."""
     from sqlalchemy import func, select
 
-    from laneway.controller import db, ledger, ledger_open
-    from laneway.controller.clock import SystemClock
     from laneway.controller.daemon import Controller
     from laneway.controller.ledger.tables import artifacts, attempts, jobs
     from laneway.controller.models import Run
@@ -747,17 +720,7 @@ def end_to_end(root: Path, items: int, outputs: bool) -> tuple[float, float, int
     # process's life, so a ledger deleted and re-created at the same path would be read
     # through the old file's open connection.
     runtime = root / f"e2e-{items}-{'outputs' if outputs else 'plain'}-{uuid.uuid4().hex[:8]}"
-    engine = ledger_open.open_ledger(runtime)
-    factory = db.session_factory(engine)
-    with db.transaction(factory) as session:
-        run_id = ledger.create_run(
-            session,
-            e2e_config(items, outputs),
-            runtime_dir=str(runtime),
-            source_hashes={},
-            actor="bench",
-            now=SystemClock().now(),
-        ).id
+    engine, factory, run_id = common.open_with_run(runtime, e2e_config(items, outputs))
     cpu_before = os.times()
     started = time.perf_counter()
     service = WorkerService(engine, node="n1", slots=4, memory_probe=lambda: (64e3, 128e3))

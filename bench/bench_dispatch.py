@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,8 +29,10 @@ from laneway.controller.clock import SystemClock
 from laneway.controller.config import parse_config
 from laneway.controller.daemon import Controller
 from laneway.controller.models import Event, Run
-from laneway.controller.states import Outcome
 from laneway.workers.service import WorkerService
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as common
 
 
 def config(attempts: int, slots: int):
@@ -69,80 +72,19 @@ def kernel(root: Path, attempts: int, slots: int) -> float:
     directory, engine = fresh(root, "kernel")
     factory = db.session_factory(engine)
     clock = SystemClock()
-    with db.transaction(factory) as session:
-        ledger.create_run(
-            session,
-            config(attempts, slots),
-            runtime_dir=str(directory),
-            source_hashes={},
-            actor="bench",
-            now=clock.now(),
-        )
-    with db.transaction(factory) as session:
-        worker = ledger.register_worker(
-            session,
-            node="n1",
-            host="h",
-            pid=1,
-            boot_id="b",
-            process_start_time=None,
-            slots=slots,
-            now=clock.now(),
-        )
+    common.create_run(factory, config(attempts, slots), directory, clock.now())
+    worker = common.register_worker(factory, clock.now(), slots=slots)
     done = 0
     started = time.perf_counter()
     while done < attempts:
-        with db.transaction(factory) as session:
-            claims = ledger.claim_jobs(
-                session,
-                worker_id=worker,
-                node="n1",
-                free_slots=slots,
-                mem_available_mib=64_000,
-                now=clock.now(),
-            )
-        with db.transaction(factory) as session:
-            for claim in claims:
-                ledger.record_spawn(
-                    session,
-                    claim.attempt_id,
-                    fence=claim.fence,
-                    actor=worker,
-                    now=clock.now(),
-                    boot_id="b",
-                    supervisor_pid=1,
-                    supervisor_start_time=1,
-                    child_pid=2,
-                    child_start_time=2,
-                )
-        for claim in claims:
-            with db.transaction(factory) as session:
-                ledger.settle_attempt(
-                    session,
-                    claim.attempt_id,
-                    fence=claim.fence,
-                    outcome=Outcome.SUCCEEDED,
-                    actor=worker,
-                    now=clock.now(),
-                    exit_code=0,
-                )
-        done += len(claims)
+        done += common.kernel_round(factory, worker, clock, slots)
     return attempts / (time.perf_counter() - started)
 
 
 def end_to_end(root: Path, attempts: int, slots: int) -> tuple[float, float]:
     directory, engine = fresh(root, "e2e")
     factory = db.session_factory(engine)
-    with db.transaction(factory) as session:
-        run = ledger.create_run(
-            session,
-            config(attempts, slots),
-            runtime_dir=str(directory),
-            source_hashes={},
-            actor="bench",
-            now=SystemClock().now(),
-        )
-        run_id = run.id
+    run_id = common.create_run(factory, config(attempts, slots), directory)
     service = WorkerService(engine, node="n1", slots=slots, memory_probe=lambda: (64e3, 128e3))
     service.start()
     controller = Controller(engine, snapshot_seconds=3600)

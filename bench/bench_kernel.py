@@ -77,27 +77,13 @@ def laneway_config(jobs: int, max_jobs: int):
 
 
 def laneway_setup(runtime: Path, jobs: int, writers: int) -> None:
-    from laneway.controller import db, ledger, ledger_open
-    from laneway.controller.clock import SystemClock
-
-    engine = ledger_open.open_ledger(runtime)
-    factory = db.session_factory(engine)
-    with db.transaction(factory) as session:
-        ledger.create_run(
-            session,
-            laneway_config(jobs, writers),
-            runtime_dir=str(runtime),
-            source_hashes={},
-            actor="bench",
-            now=SystemClock().now(),
-        )
+    engine, _, _ = common.open_with_run(runtime, laneway_config(jobs, writers))
     engine.dispose()
 
 
 def laneway_writer(runtime: str, barrier, queue) -> None:
-    from laneway.controller import db, ledger, ledger_open
+    from laneway.controller import db, ledger_open
     from laneway.controller.clock import SystemClock
-    from laneway.controller.states import Outcome
 
     errors: list[str] = []
     done = 0
@@ -105,17 +91,9 @@ def laneway_writer(runtime: str, barrier, queue) -> None:
         engine = ledger_open.open_ledger(runtime)
         factory = db.session_factory(engine)
         clock = SystemClock()
-        with db.transaction(factory) as session:
-            worker = ledger.register_worker(
-                session,
-                node="n1",
-                host="bench",
-                pid=os.getpid(),
-                boot_id="b",
-                process_start_time=None,
-                slots=1,
-                now=clock.now(),
-            )
+        worker = common.register_worker(
+            factory, clock.now(), slots=1, host="bench", pid=os.getpid()
+        )
     except Exception as exc:  # reported, never hidden
         barrier.wait()
         queue.put({"done": 0, "errors": [f"setup: {exc!r}"[:200]], "end": time.monotonic()})
@@ -123,43 +101,10 @@ def laneway_writer(runtime: str, barrier, queue) -> None:
     barrier.wait()
     while len(errors) < MAX_ERRORS:
         try:
-            with db.transaction(factory) as session:
-                claims = ledger.claim_jobs(
-                    session,
-                    worker_id=worker,
-                    node="n1",
-                    free_slots=1,
-                    mem_available_mib=64_000,
-                    now=clock.now(),
-                )
-            if not claims:
+            claimed = common.kernel_round(factory, worker, clock, 1)
+            if not claimed:
                 break
-            with db.transaction(factory) as session:
-                for claim in claims:
-                    ledger.record_spawn(
-                        session,
-                        claim.attempt_id,
-                        fence=claim.fence,
-                        actor=worker,
-                        now=clock.now(),
-                        boot_id="b",
-                        supervisor_pid=1,
-                        supervisor_start_time=1,
-                        child_pid=2,
-                        child_start_time=2,
-                    )
-            for claim in claims:
-                with db.transaction(factory) as session:
-                    ledger.settle_attempt(
-                        session,
-                        claim.attempt_id,
-                        fence=claim.fence,
-                        outcome=Outcome.SUCCEEDED,
-                        actor=worker,
-                        now=clock.now(),
-                        exit_code=0,
-                    )
-            done += len(claims)
+            done += claimed
         except Exception as exc:
             errors.append(f"{type(exc).__name__}: {exc}"[:200])
     queue.put({"done": done, "errors": errors, "end": time.monotonic()})

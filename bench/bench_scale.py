@@ -90,24 +90,12 @@ def build(runtime: Path, size: int, backlog_share: float) -> dict:
     """A ledger of ~``size`` jobs; returns what the measurements need."""
     from sqlalchemy import insert, select
 
-    from laneway.controller import db, ledger, ledger_open
     from laneway.controller.clock import SystemClock
     from laneway.controller.models import Attempt, Event, Item, Job, Worker
 
     started = time.perf_counter()
-    engine = ledger_open.open_ledger(runtime)
-    factory = db.session_factory(engine)
     now = SystemClock().now()
-    with db.transaction(factory) as session:
-        run = ledger.create_run(
-            session,
-            small_config(CONFIG_ITEMS),
-            runtime_dir=str(runtime),
-            source_hashes={},
-            actor="bench",
-            now=now,
-        )
-        run_id = run.id
+    engine, _, run_id = common.open_with_run(runtime, small_config(CONFIG_ITEMS), now)
     extra_items = max(0, (size - 2 * CONFIG_ITEMS) // 2)
     backlog = round(extra_items * backlog_share)
     done_items = extra_items - backlog
@@ -118,21 +106,7 @@ def build(runtime: Path, size: int, backlog_share: float) -> dict:
             insert(Worker.__table__),
             only_columns(
                 Worker.__table__,
-                [
-                    {
-                        "id": BULK_WORKER,
-                        "node": "n1",
-                        "host": "bench",
-                        "pid": 1,
-                        "boot_id": "bench",
-                        "process_start_time": None,
-                        "slots": 2,
-                        "state": "stopped",
-                        "started_at": earlier,
-                        "heartbeat_at": earlier,
-                        "stopped_at": earlier,
-                    }
-                ],
+                [common.stopped_worker_row(BULK_WORKER, earlier)],
             ),
         )
         with_attempts = True

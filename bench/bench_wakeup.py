@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from _common import percentile, table
+import _common as common
 from sqlalchemy import Engine, event, select
 from sqlalchemy.engine import make_url
 
@@ -88,15 +88,8 @@ def config(name: str) -> Any:
 
 def create_run(engine: Engine, runtime: Path, name: str) -> tuple[int, datetime]:
     """A run of one ready job; returns its id and when its commit returned (naive UTC)."""
-    with db.transaction(db.session_factory(engine)) as session:
-        run_id = ledger.create_run(
-            session,
-            config(name),
-            runtime_dir=str(runtime),
-            source_hashes={},
-            actor="bench",
-            now=datetime.now(UTC).replace(tzinfo=None),
-        ).id
+    now = datetime.now(UTC).replace(tzinfo=None)
+    run_id = common.create_run(db.session_factory(engine), config(name), runtime, now)
     return run_id, datetime.now(UTC).replace(tzinfo=None)
 
 
@@ -197,8 +190,8 @@ def latencies(runtime: Path, env: dict[str, str], watch: str, samples: int) -> d
     claim.sort()
     spawn.sort()
     return {
-        "claim": (percentile(claim, 50), percentile(claim, 99)),
-        "spawn": (percentile(spawn, 50), percentile(spawn, 99)),
+        "claim": (common.percentile(claim, 50), common.percentile(claim, 99)),
+        "spawn": (common.percentile(spawn, 50), common.percentile(spawn, 99)),
     }
 
 
@@ -320,7 +313,7 @@ def main() -> None:
             ]
         )
     headers = ["watch", "claim p50", "p99", "spawn p50", "p99", "idle stmts/s", "changed() us"]
-    print(table(headers, rows))
+    print(common.table(headers, rows))
     sqlite = results["sqlite: stat each poll"]
     print(f"SQLite PRAGMA data_version on a kept connection: {sqlite['data_version']:.1f} us/call")
     print(
