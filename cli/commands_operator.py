@@ -71,6 +71,8 @@ def _control(
                         lane_config.name for lane_config in ledger.run_config(run_row).lanes
                     }:
                         raise UsageError(f"run {run} has no lane {lane!r}")
+                    if kind is ControlKind.PAUSE and not clear:
+                        ledger.check_pausable(session, run, lane=lane)
                 if clear:
                     count = ledger.clear_controls(
                         session,
@@ -123,7 +125,11 @@ def pause(
     database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Pause dispatch (resumable): running attempts go on; nothing new starts."""
+    """Pause dispatch (resumable): running attempts go on; nothing new starts.
+
+    A pause of a finished run (or of one of its lanes) is refused, nothing written:
+    nothing of it is dispatched any more (`retry` reopens a job of it).
+    """
     _control(ControlKind.PAUSE, run, everything, reason, runtime_dir, as_json, lane=lane)
 
 

@@ -37,7 +37,12 @@ from laneway.controller.ledger.claim import (
     claim_jobs,
     record_decisions,
 )
-from laneway.controller.ledger.controls import clear_controls, run_paused, set_control
+from laneway.controller.ledger.controls import (
+    check_pausable,
+    clear_controls,
+    run_paused,
+    set_control,
+)
 from laneway.controller.ledger.operator import (
     RECONCILE_AS,
     cancel_pending,
@@ -134,6 +139,7 @@ __all__ = [
     "attempt_dir",
     "cancel_pending",
     "changes_after",
+    "check_pausable",
     "claim_jobs",
     "clear_controls",
     "close_run_if_done",

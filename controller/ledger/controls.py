@@ -7,14 +7,17 @@ from datetime import datetime
 from sqlalchemy import and_, select, update
 from sqlalchemy.orm import Session
 
+from laneway.controller.clock import iso
+from laneway.controller.errors import IllegalTransition, NotFound
 from laneway.controller.ledger.tables import controls
 from laneway.controller.ledger.transitions import append_event, rowcount
-from laneway.controller.models import Control
+from laneway.controller.models import Control, Run
 from laneway.controller.states import (
     CONTROL_CLEARED_EVENT,
     CONTROL_SET_EVENT,
     ControlKind,
     ControlScope,
+    RunState,
 )
 
 
@@ -53,6 +56,25 @@ def set_control(
         control_id=control.id,
     )
     return control.id
+
+
+def check_pausable(session: Session, run_id: int, *, lane: str | None = None) -> None:
+    """Refuse an operator's pause of a finished run (IllegalTransition, nothing written):
+    none of its jobs is dispatched any more, so a pause would hold nothing, and it would
+    stay in force, unseen, over the jobs a later ``laneway retry`` reopens. NotFound
+    for an unknown run."""
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} is not in the ledger; `laneway status` lists the newest")
+    if run.state != RunState.FINISHED:
+        return
+    what = f"run {run_id}" + (f" lane {lane}" if lane else "")
+    when = f" at {iso(run.finished_at)}" if run.finished_at is not None else ""
+    raise IllegalTransition(
+        f"run {run_id} finished{when}: nothing of it is dispatched any more, so {what} is "
+        f"not paused (nothing written); `laneway retry JOB --run {run_id} --reason '...'` "
+        "reopens a job of it"
+    )
 
 
 def run_paused(session: Session, run_id: int) -> bool:

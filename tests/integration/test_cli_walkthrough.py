@@ -1,6 +1,7 @@
 """Messages a new user met in the walk-through, each saying what happened and what to do:
 a timeout names its limit and the field that set it; an empty items file is named, with
-what to write in it. Real `laneway` commands, on each ledger backend."""
+what to write in it; a pause of a finished run is refused. Real `laneway` commands, on
+each ledger backend."""
 
 from __future__ import annotations
 
@@ -59,3 +60,31 @@ def test_an_empty_items_file_is_named_with_the_fix(tmp_path: Path):
         assert not runtime.exists()  # nothing created
     plan = json.loads(invoke("dry-run", str(config), "--json").stdout)
     assert plan["preflight"] == {"ok": False, "reasons": [said]}
+
+
+def sql(runtime: Path, query: str) -> list[dict[str, Any]]:
+    result = invoke("sql", query, "--runtime-dir", str(runtime), "--json")
+    assert result.exit_code == 0, result.output
+    rows: list[dict[str, Any]] = json.loads(result.stdout)
+    return rows
+
+
+def test_a_pause_of_a_finished_run_is_refused_and_writes_nothing(tmp_path: Path):
+    runtime = tmp_path / "rt"
+    config = write_config(tmp_path, [{"name": "solve", "argv": ["true"]}])
+    ran = invoke("run", str(config), "--runtime-dir", str(runtime))
+    assert ran.exit_code == 0, ran.output
+    before = sql(runtime, "SELECT COUNT(*) AS n FROM events")
+    for lane in ([], ["--lane", "a"]):
+        refused = invoke("pause", "1", *lane, "--reason", "look", "--runtime-dir", str(runtime))
+        assert_clean_error(refused, 1)
+        assert len(refused.stderr.splitlines()) == 1
+        assert "run 1 finished at " in refused.stderr and "not paused (nothing written)" in (
+            refused.stderr
+        )
+        assert "`laneway retry JOB --run 1 --reason '...'` reopens a job of it" in refused.stderr
+    as_json = invoke("pause", "1", "--reason", "look", "--json", "--runtime-dir", str(runtime))
+    assert as_json.exit_code == 1
+    assert json.loads(as_json.stdout)["error"] == "IllegalTransition"
+    assert sql(runtime, "SELECT COUNT(*) AS n FROM controls") == [{"n": 0}]
+    assert sql(runtime, "SELECT COUNT(*) AS n FROM events") == before
