@@ -71,9 +71,9 @@ def migrate(
 def dry_run(config: ConfigPath, as_json: JsonFlag = False) -> None:
     """Validate a config and print its plan; writes nothing.
 
-    The plan: items, jobs per stage and lane, capacity arithmetic, and the first
-    admission decisions with their reasons. Exit 1 if preflight refuses, 2 if the
-    config is invalid.
+    The plan: items, jobs per stage and lane, each stage's retry policy, the closeout
+    steps, capacity arithmetic, and the first admission decisions with their reasons.
+    Exit 1 if preflight refuses, 2 if the config is invalid.
     """
     from laneway.controller import config as config_module
     from laneway.controller import pipeline, usage

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from typing import Any
 
 from laneway.cli import artifacts_text, oom_text, spend_text
@@ -284,6 +285,41 @@ def artifact_plan_lines(artifacts: dict[str, Any] | None) -> list[str]:
     return out
 
 
+def retry_words(retry: dict[str, Any]) -> str:
+    """A stage's retry policy (``RetryPolicy`` as a dict) in words, for ``dry-run``."""
+    attempts, on = retry["max_attempts"], retry["on"]
+    if attempts <= 1 or not on:
+        if attempts > 1:
+            return f"no automatic retry (max_attempts {attempts}, but retry.on names no outcome)"
+        return "no automatic retry (max_attempts 1): a failed job waits for `laneway retry`"
+    words = f"up to {attempts} attempts, retried on {' or '.join(on)}"
+    if retry["backoff_seconds"] <= 0:
+        return words + ", at once"
+    words += f"; the first retry waits {duration(retry['backoff_seconds'])}"
+    if retry["backoff_multiplier"] != 1 and attempts > 2:
+        words += f", x{retry['backoff_multiplier']:g} each time"
+    return words + f", at most {duration(retry['backoff_max_seconds'])}"
+
+
+def plan_retry_lines(stages: list[dict[str, Any]]) -> list[str]:
+    """``dry-run``'s retry policy per stage."""
+    return ["", "retry:", *(f"  {s['name']}: {retry_words(s['retry'])}" for s in stages)]
+
+
+def plan_closeout_lines(steps: list[dict[str, Any]]) -> list[str]:
+    """``dry-run``'s closeout steps, in order, with their timeouts."""
+    if not steps:
+        return ["", "closeout: none"]
+    out = ["", "closeout (once the run finishes, or is stopped and drained), in order:"]
+    for step in steps:
+        where = f", cwd {clean(step['cwd'])}" if step.get("cwd") else ""
+        out.append(
+            f"  {step['name']}: {clean(shlex.join(step['argv']))} "
+            f"(timeout {duration(step['timeout_seconds'])}{where})"
+        )
+    return out
+
+
 def plan_text(plan: dict[str, Any]) -> str:
     items = plan["items"]
     out = [
@@ -330,6 +366,8 @@ def plan_text(plan: dict[str, Any]) -> str:
             for stage in plan["stages"]
         ]
     )
+    out += plan_retry_lines(plan["stages"])
+    out += plan_closeout_lines(plan.get("closeout") or [])
     out += artifact_plan_lines(plan.get("artifacts"))
     out.append("")
     out.append("capacity:")

@@ -370,6 +370,17 @@ def plan(config: PipelineConfig, *, mem_available_mib: float | None) -> dict[str
             for stage in config.stages
         ],
         "artifacts": artifact_plan(config),
+        # Run once when the run finishes, or is stopped and drained
+        # (controller/closeout.py); argv and cwd as configured ({run} is not known yet).
+        "closeout": [
+            {
+                "name": step.name,
+                "argv": list(step.argv),
+                "cwd": step.cwd,
+                "timeout_seconds": step.timeout_seconds,
+            }
+            for step in config.closeout
+        ],
         "jobs_per_stage_and_lane": jobs,
         "jobs_total": count * len(config.stages),
         "capacity": [

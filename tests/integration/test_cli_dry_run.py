@@ -1,5 +1,6 @@
 """`laneway dry-run` shows what would run: each stage's argv for the first item, with
-item values quoted where they land in a shell script, and writes nothing."""
+item values quoted where they land in a shell script, each stage's retry policy and the
+closeout steps, and writes nothing."""
 
 from __future__ import annotations
 
@@ -112,3 +113,47 @@ def test_dry_run_shows_the_hand_offs_and_warns_of_a_per_machine_store(tmp_path, 
     plan = json.loads(CliRunner().invoke(app, ["dry-run", str(config), "--json"]).output)
     assert plan["artifacts"]["store"] == "s3://bucket/prefix"
     assert plan["artifacts"]["warnings"] == []
+
+
+def test_dry_run_shows_each_stages_retry_policy_and_the_closeout_steps(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "pipeline.toml"
+    retried = CONFIG.replace(
+        'argv = ["sh", "-c", "echo {who}"]',
+        'argv = ["sh", "-c", "echo {who}"]\n'
+        'retry = { max_attempts = 3, on = ["failed", "timed_out"], backoff_seconds = 30, '
+        "backoff_max_seconds = 600 }",
+    )
+    retried += (
+        '\n[[stages]]\nname = "check"\nargv = ["true"]\nneeds = ["greet"]\n'
+        '\n[[closeout]]\nname = "aggregate"\nargv = ["sh", "-c", "ls {runtime_dir}/runs/{run}"]\n'
+        "timeout_seconds = 120\n"
+    )
+    config.write_text(retried)
+    shown = CliRunner().invoke(app, ["dry-run", str(config)])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    start = lines.index("retry:")
+    assert lines[start : start + 7] == [
+        "retry:",
+        "  greet: up to 3 attempts, retried on failed or timed_out; the first retry waits "
+        "30 s, x2 each time, at most 10 m 00 s",
+        "  check: no automatic retry (max_attempts 1): a failed job waits for `laneway retry`",
+        "",
+        "closeout (once the run finishes, or is stopped and drained), in order:",
+        "  aggregate: sh -c 'ls {runtime_dir}/runs/{run}' (timeout 2 m 00 s)",
+        "",
+    ]
+    plan = json.loads(CliRunner().invoke(app, ["dry-run", str(config), "--json"]).output)
+    assert plan["closeout"] == [
+        {
+            "name": "aggregate",
+            "argv": ["sh", "-c", "ls {runtime_dir}/runs/{run}"],
+            "cwd": None,
+            "timeout_seconds": 120,
+        }
+    ]
+    assert [s["retry"]["max_attempts"] for s in plan["stages"]] == [3, 1]
+    plain = tmp_path / "plain.toml"
+    plain.write_text(CONFIG)
+    assert "\ncloseout: none\n" in CliRunner().invoke(app, ["dry-run", str(plain)]).output
