@@ -494,7 +494,7 @@ def _settled_lines(report: dict[str, Any]) -> list[str]:
 
 
 def report_text(report: dict[str, Any]) -> str:
-    from laneway.controller.report import window_text
+    from laneway.controller.report_window import window_text
 
     run = report["run"]
     out = [

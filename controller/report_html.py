@@ -1,5 +1,5 @@
 """The run report as HTML (read nothing: it renders ``controller.report.build_report``'s
-dict): a self-contained page with its window in words (``report.window_text``:
+dict): a self-contained page with its window in words (``report_window.window_text``:
 ``created → finished``, ``created → end (paused)``, ``created → now (active)``), the
 per-lane summary, the memory, OOM, artifact and usage parts, and the SVG lane-occupancy
 timeline (``timeline_svg``, which ``laneway web`` shows alone): one row per slot,
@@ -13,7 +13,7 @@ import html
 from typing import Any
 
 from laneway.controller import spend
-from laneway.controller.report import window_text
+from laneway.controller.report_window import window_text
 from laneway.controller.units import byte_size
 
 COLOURS = {

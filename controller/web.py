@@ -9,7 +9,7 @@ build step, no CDN) that polls small JSON endpoints. Every read goes through one
 ``status_report`` (and, while the run has unknown attempts, judging their evidence on
 this machine: ``controller.evidence``); the timeline (``report.build_report``, which
 reads every attempt of the run, so it ends where ``laneway report``'s window does:
-``report.report_window``) is rebuilt at most every ``TIMELINE_SECONDS`` and only when
+``report_window.report_window``) is rebuilt at most every ``TIMELINE_SECONDS`` and only when
 the run's newest event changed. Nothing here writes.
 
 Bound to loopback, no token is needed, and a request is answered only when its ``Host``

@@ -16,8 +16,9 @@ import pytest
 
 from laneway.controller import db, ledger
 from laneway.controller.clock import iso
-from laneway.controller.report import WindowFacts, build_report, report_window, window_text
+from laneway.controller.report import build_report
 from laneway.controller.report_html import render_html, text_width
+from laneway.controller.report_window import WindowFacts, report_window, window_text
 from laneway.controller.states import Outcome
 from tests.support import claim_on_n1, make_config
 
