@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -86,36 +90,55 @@ def claim_on_n1(
     factory: Any, worker: str, clock: Any, *, slots: int = 1, mem: float = 64_000, **kwargs: Any
 ) -> list[Any]:
     """One claim transaction on node n1 (tests' usual arrangement)."""
-    from laneway.controller import db, ledger
+    from laneway.controller import db
 
     with db.transaction(factory) as session:
-        return ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=slots,
-            mem_available_mib=mem,
-            now=clock.now(),
-            **kwargs,
-        )
+        return claim_in(session, worker, clock, slots=slots, mem=mem, **kwargs)
+
+
+def claim_in(
+    session: Any, worker: str, clock: Any, *, slots: int, mem: float, **kwargs: Any
+) -> list[Any]:
+    """``ledger.claim_jobs`` on node n1 in ``session`` (a transaction of the caller's)."""
+    from laneway.controller import ledger
+
+    return ledger.claim_jobs(
+        session,
+        worker_id=worker,
+        node="n1",
+        free_slots=slots,
+        mem_available_mib=mem,
+        now=clock.now(),
+        **kwargs,
+    )
 
 
 def settle_one(
     factory: Any, claimed: Any, worker: str, clock: Any, outcome: Any, **kwargs: Any
 ) -> Any:
     """Settle one claimed attempt in its own transaction."""
-    from laneway.controller import db, ledger
+    from laneway.controller import db
 
     with db.transaction(factory) as session:
-        return ledger.settle_attempt(
-            session,
-            claimed.attempt_id,
-            fence=claimed.fence,
-            outcome=outcome,
-            actor=worker,
-            now=clock.now(),
-            **kwargs,
-        )
+        return settle_in(session, claimed, worker, clock, outcome, **kwargs)
+
+
+def settle_in(
+    session: Any, claimed: Any, worker: str, clock: Any, outcome: Any, **kwargs: Any
+) -> Any:
+    """``ledger.settle_attempt`` of ``claimed`` in ``session`` (a transaction of the
+    caller's); its job's new state."""
+    from laneway.controller import ledger
+
+    return ledger.settle_attempt(
+        session,
+        claimed.attempt_id,
+        fence=claimed.fence,
+        outcome=outcome,
+        actor=worker,
+        now=clock.now(),
+        **kwargs,
+    )
 
 
 def heartbeat(
@@ -145,19 +168,13 @@ def heartbeat(
 
 
 def record_spawn(
-    session: Any,
-    claim: Any,
-    worker: str,
-    now: Any,
-    *,
-    boot_id: str,
-    supervisor_pid: int,
-    supervisor_start_time: int | None = 1,
+    session: Any, claim: Any, worker: str, now: Any, supervisor: tuple[str, int, int | None]
 ) -> None:
-    """In ``session``: ``claim``'s supervisor recorded as spawned (intent -> running) on
-    boot ``boot_id`` as ``supervisor_pid`` started at ``supervisor_start_time``; no child."""
+    """In ``session``: ``claim``'s supervisor recorded as spawned (intent -> running),
+    ``supervisor`` being (boot id, its pid, its start time); no child yet."""
     from laneway.controller import ledger
 
+    boot_id, pid, start_time = supervisor
     ledger.record_spawn(
         session,
         claim.attempt_id,
@@ -165,8 +182,8 @@ def record_spawn(
         actor=worker,
         now=now,
         boot_id=boot_id,
-        supervisor_pid=supervisor_pid,
-        supervisor_start_time=supervisor_start_time,
+        supervisor_pid=pid,
+        supervisor_start_time=start_time,
         child_pid=None,
         child_start_time=None,
     )
@@ -191,37 +208,81 @@ def claim_one_on_n1(
     from laneway.controller import db, ledger
 
     with db.transaction(factory) as session:
-        (claim,) = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=slots,
-            mem_available_mib=mem,
-            now=clock.now(),
-            **kwargs,
-        )
+        (claim,) = claim_in(session, worker, clock, slots=slots, mem=mem, **kwargs)
         if spawn is not None:
-            boot_id, pid, start = spawn
-            record_spawn(
-                session,
-                claim,
-                worker,
-                clock.now(),
-                boot_id=boot_id,
-                supervisor_pid=pid,
-                supervisor_start_time=start,
-            )
+            record_spawn(session, claim, worker, clock.now(), spawn)
         if settle is not None:
-            ledger.settle_attempt(
-                session,
-                claim.attempt_id,
-                fence=claim.fence,
-                outcome=settle,
-                actor=worker,
-                now=clock.now(),
-            )
+            settle_in(session, claim, worker, clock, settle)
         if unknown is not None:
             ledger.mark_unknown(
                 session, claim.attempt_id, reason=unknown, actor="t", now=clock.now()
             )
     return claim
+
+
+def supervisor_argv(
+    tmp_path: Path,
+    argv: list[str],
+    *,
+    attempt_id: int = 1,
+    timeout: float = 30.0,
+    grace: float = 5.0,
+    secret_env: Any = (),
+    **extra: Any,
+) -> list[str]:
+    """``python -m laneway.workers.supervisor SPEC_JSON`` for attempt ``attempt_id`` in
+    tmp_path/attempt (the caller makes it) running ``argv`` in tmp_path; ``extra``: more
+    of the spec (``log_cap_bytes``)."""
+    spec = {
+        "attempt_id": attempt_id,
+        "attempt_dir": str(tmp_path / "attempt"),
+        "argv": argv,
+        "cwd": str(tmp_path),
+        "timeout_seconds": timeout,
+        "grace_seconds": grace,
+        "secret_env": list(secret_env),
+        **extra,
+    }
+    return [PY, "-m", "laneway.workers.supervisor", json.dumps(spec)]
+
+
+def launch_supervisor(
+    tmp_path: Path, argv: list[str], *, env: dict[str, str] | None = None, **spec: Any
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """Start a supervisor (``supervisor_argv(tmp_path, argv, **spec)``) the way the worker
+    does, in its own session (``env``: added to this process's environment), and read the
+    report it prints first; returns the supervisor and that report."""
+    proc = subprocess.Popen(
+        supervisor_argv(tmp_path, argv, **spec),
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
+    assert proc.stdout is not None
+    report: dict[str, Any] = json.loads(proc.stdout.readline())
+    proc.stdout.close()
+    return proc, report
+
+
+@contextmanager
+def statements(engine: Any) -> Iterator[Counter[str]]:
+    """Count the SQL statements run inside the block, by their text (white space folded):
+    on ``engine`` and on its read-only twin (``db.reader``), which the daemons read
+    through."""
+    from sqlalchemy import event
+
+    from laneway.controller import db
+
+    counted: Counter[str] = Counter()
+    engines = {engine, db.reader(engine).kw["bind"]}
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        counted[" ".join(statement.split())] += 1
+
+    for each in engines:
+        event.listen(each, "before_cursor_execute", count)
+    try:
+        yield counted
+    finally:
+        for each in engines:
+            event.remove(each, "before_cursor_execute", count)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -21,7 +20,7 @@ from typer.testing import CliRunner, Result
 
 from laneway.cli.main import app
 from laneway.controller import db, ledger_open, limits
-from tests.support import claim_on_n1, make_config
+from tests.support import claim_on_n1, launch_supervisor, make_config
 from tests.unit.test_config_hostile import hostile_configs
 
 runner = CliRunner()
@@ -185,23 +184,7 @@ def test_a_nul_in_argv_is_a_recorded_spawn_error_not_a_dead_supervisor(tmp_path:
     attempt went unknown."""
     attempt = tmp_path / "attempt"
     attempt.mkdir()
-    spec = {
-        "attempt_id": 1,
-        "attempt_dir": str(attempt),
-        "argv": ["echo", "a\x00b"],
-        "cwd": str(tmp_path),
-        "timeout_seconds": 30,
-        "grace_seconds": 1,
-        "secret_env": [],
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "laneway.workers.supervisor", json.dumps(spec)],
-        stdout=subprocess.PIPE,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    report = json.loads(proc.stdout.readline())
-    proc.stdout.close()
+    proc, report = launch_supervisor(tmp_path, ["echo", "a\x00b"], grace=1)
     assert proc.wait(timeout=30) == 0
     record = json.loads((attempt / "exit.json").read_text())
     assert "embedded null byte" in record["spawn_error"] and "error" in report

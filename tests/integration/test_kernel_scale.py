@@ -9,43 +9,21 @@ import os
 import shutil
 import subprocess
 import sys
-from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 
-from sqlalchemy import Engine, event, select
+from sqlalchemy import select
 
 from laneway.controller import db, ledger, ledger_open
 from laneway.controller.daemon import Controller
 from laneway.controller.models import Job, StageStats
 from laneway.controller.states import JobState, Outcome
 from tests import backends
-from tests.support import claim_on_n1, make_config, py_stage, settle_one
+from tests.support import claim_on_n1, make_config, py_stage, settle_one, statements
 
 THREE_STAGES = [
     py_stage("prepare", "pass"),
     py_stage("solve", "pass", needs=["prepare"]),
     py_stage("judge", "pass", needs=["solve"]),
 ]
-
-
-@contextmanager
-def statements(engine: Engine) -> Iterator[Counter[str]]:
-    """Count the SQL statements run inside the block, by their text: on ``engine`` and
-    on its read-only twin (``db.reader``), which the daemons read through."""
-    counted: Counter[str] = Counter()
-    engines = {engine, db.reader(engine).kw["bind"]}
-
-    def count(_conn, _cursor, statement, _params, _context, _many) -> None:
-        counted[" ".join(statement.split())] += 1
-
-    for each in engines:
-        event.listen(each, "before_cursor_execute", count)
-    try:
-        yield counted
-    finally:
-        for each in engines:
-            event.remove(each, "before_cursor_execute", count)
 
 
 def backlog(make_run, items: int) -> int:

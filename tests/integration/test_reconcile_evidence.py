@@ -54,15 +54,7 @@ def unknown_attempts(factory, clock, count: int, supervisors) -> list:
     assert len(claims) == count
     for claim, (pid, start) in zip(claims, supervisors, strict=True):
         with db.transaction(factory) as session:
-            record_spawn(
-                session,
-                claim,
-                worker,
-                clock.now(),
-                boot_id=identity.boot_id(),
-                supervisor_pid=pid,
-                supervisor_start_time=start,
-            )
+            record_spawn(session, claim, worker, clock.now(), (identity.boot_id(), pid, start))
             ledger.mark_unknown(
                 session, claim.attempt_id, reason="lease expired", actor="t", now=clock.now()
             )

@@ -23,7 +23,7 @@ from laneway.controller.models import Attempt, Run
 from laneway.workers.gpu import FakeGpu, GpuDevice, GpuReading, NvmlGpu
 from laneway.workers.sampler import Peaks, Sampler, TreeSample, attempt_tree, sample_tree
 from laneway.workers.service import WorkerService
-from tests.support import make_config, py_stage, wait_until
+from tests.support import launch_supervisor, make_config, py_stage, wait_until
 
 ATTEMPT_ID = 1
 
@@ -64,23 +64,7 @@ def start_supervisor(tmp_path: Path, argv: list[str]) -> tuple[subprocess.Popen[
     session); returns the supervisor, the attempt directory and the child's pid."""
     attempt = tmp_path / "attempt"
     attempt.mkdir()
-    spec = {
-        "attempt_id": ATTEMPT_ID,
-        "attempt_dir": str(attempt),
-        "argv": argv,
-        "cwd": str(tmp_path),
-        "timeout_seconds": 120,
-        "grace_seconds": 2,
-        "secret_env": [],
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "laneway.workers.supervisor", json.dumps(spec)],
-        stdout=subprocess.PIPE,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    report = json.loads(proc.stdout.readline())
-    proc.stdout.close()
+    proc, report = launch_supervisor(tmp_path, argv, attempt_id=ATTEMPT_ID, timeout=120, grace=2)
     return proc, attempt, int(report["child_pid"])
 
 

@@ -4,7 +4,6 @@ group (child and grandchild), controlled stop, spawn errors, redaction."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from laneway.workers.identity import process_start_time
-from tests.support import wait_until
+from tests.support import launch_supervisor, supervisor_argv, wait_until
 
 GRANDCHILD = textwrap.dedent(
     """
@@ -26,35 +25,12 @@ GRANDCHILD = textwrap.dedent(
 )
 
 
-def supervisor_argv(
-    tmp_path: Path, argv: list[str], *, timeout=30.0, grace=5.0, secret_env=(), **extra
-) -> list[str]:
-    """The command line of a supervisor for attempt 1 in tmp_path/attempt (which must
-    exist) running ``argv`` in tmp_path; ``extra``: more of the spec (``log_cap_bytes``)."""
-    spec = {
-        "attempt_id": 1,
-        "attempt_dir": str(tmp_path / "attempt"),
-        "argv": argv,
-        "cwd": str(tmp_path),
-        "timeout_seconds": timeout,
-        "grace_seconds": grace,
-        "secret_env": list(secret_env),
-        **extra,
-    }
-    return [sys.executable, "-m", "laneway.workers.supervisor", json.dumps(spec)]
-
-
 def start(tmp_path: Path, argv: list[str], *, timeout=30.0, grace=5.0, secret_env=(), env=None):
     attempt = tmp_path / "attempt"
     attempt.mkdir(exist_ok=True)
-    proc = subprocess.Popen(
-        supervisor_argv(tmp_path, argv, timeout=timeout, grace=grace, secret_env=secret_env),
-        stdout=subprocess.PIPE,
-        start_new_session=True,
-        env={**os.environ, **(env or {})},
+    proc, report = launch_supervisor(
+        tmp_path, argv, env=env, timeout=timeout, grace=grace, secret_env=secret_env
     )
-    report = json.loads(proc.stdout.readline())
-    proc.stdout.close()
     return proc, attempt, report
 
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import pytest
-from sqlalchemy import Engine, event, select
+from sqlalchemy import select
 
 from laneway.controller import db, ledger, ledger_open
 from laneway.controller.models import Attempt
@@ -20,7 +19,7 @@ from laneway.controller.states import EventKind
 from laneway.controller.watch import CHANNEL, ChangeWatch
 from laneway.workers.service import WorkerService
 from tests import backends
-from tests.support import FixedClock, make_config, py_stage, wait_until
+from tests.support import FixedClock, make_config, py_stage, statements, wait_until
 
 PLENTY = (64_000.0, 128_000.0)
 FOREVER = 3600.0
@@ -30,24 +29,6 @@ FOREVER = 3600.0
 def append(factory, clock) -> None:
     with db.transaction(factory) as session:
         ledger.append_event(session, EventKind.CONTROL_PAUSE_CLEARED, actor="test", now=clock.now())
-
-
-@contextmanager
-def statements(engine: Engine) -> Iterator[Counter[str]]:
-    """The statements SQLAlchemy runs on ``engine`` and its read-only twin in the block."""
-    counted: Counter[str] = Counter()
-    engines = {engine, db.reader(engine).kw["bind"]}
-
-    def count(_conn, _cursor, statement, _params, _context, _many) -> None:
-        counted[" ".join(statement.split())] += 1
-
-    for each in engines:
-        event.listen(each, "before_cursor_execute", count)
-    try:
-        yield counted
-    finally:
-        for each in engines:
-            event.remove(each, "before_cursor_execute", count)
 
 
 @pytest.fixture

@@ -51,15 +51,6 @@ def claimed(
             (Path(claim.attempt_dir) / "exit.json").write_text(json.dumps(exit_record))
         if supervisor is None:
             continue
-        pid, start = supervisor
         with db.transaction(factory) as session:
-            record_spawn(
-                session,
-                claim,
-                worker,
-                clock.now(),
-                boot_id=identity.boot_id(),
-                supervisor_pid=pid,
-                supervisor_start_time=start,
-            )
+            record_spawn(session, claim, worker, clock.now(), (identity.boot_id(), *supervisor))
     return claims
