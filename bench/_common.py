@@ -68,6 +68,16 @@ def use_project(project: Path) -> Path:
     return project
 
 
+def use_project_and_say(project: Path) -> Path:
+    """``use_project``, then print which checkout's code is measured and where its
+    controller was loaded from."""
+    project = use_project(project)
+    from laneway import controller
+
+    print(f"project: {project} (controller from {Path(controller.__file__).parent})")
+    return project
+
+
 def project_python(project: Path) -> str:
     """The Python that runs ``project``'s code: its own venv's, else ours."""
     own = project / ".venv" / "bin" / "python"
@@ -360,4 +370,40 @@ def stopped_worker_row(worker_id: str, at) -> dict:
         "started_at": at,
         "heartbeat_at": at,
         "stopped_at": at,
+    }
+
+
+def bulk_item_rows(run_id: int, positions) -> list[dict]:
+    """``items`` rows for bulk-inserted history: item ``b{position}`` on lane a, for each
+    of ``positions``."""
+    return [
+        {"run_id": run_id, "key": f"b{p}", "lane": "a", "position": p, "fields": {}}
+        for p in positions
+    ]
+
+
+def settled_attempt_row(
+    run_id: int, job_id: int, runtime: Path | str, worker_id: str, when, **extra
+) -> dict:
+    """An ``attempts`` row for bulk-inserted history: attempt 1 of ``job_id``, by
+    ``worker_id`` on n1, settled succeeded (exit code 0) at ``when``; ``extra``
+    overrides any column."""
+    return {
+        "job_id": job_id,
+        "run_id": run_id,
+        "number": 1,
+        "idempotency_key": f"lw-{run_id}-{job_id}-1-bulk",
+        "state": "settled",
+        "outcome": "succeeded",
+        "fence": 1,
+        "worker_id": worker_id,
+        "node": "n1",
+        "argv_hash": "0" * 64,
+        "attempt_dir": f"{runtime}/runs/{run_id}/bulk/{job_id}",
+        "intent_at": when,
+        "started_at": when,
+        "settled_at": when,
+        "exit_code": 0,
+        "diagnostics": [],
+        **extra,
     }

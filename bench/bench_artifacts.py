@@ -287,26 +287,7 @@ def ledger_config(items: int):
 
 
 def attempt_row(run_id: int, job_id: int, runtime: Path, when, **extra) -> dict:
-    row = {
-        "job_id": job_id,
-        "run_id": run_id,
-        "number": 1,
-        "idempotency_key": f"lw-{run_id}-{job_id}-1-bulk",
-        "state": "settled",
-        "outcome": "succeeded",
-        "fence": 1,
-        "worker_id": BULK_WORKER,
-        "node": "n1",
-        "argv_hash": "0" * 64,
-        "attempt_dir": f"{runtime}/runs/{run_id}/bulk/{job_id}",
-        "intent_at": when,
-        "started_at": when,
-        "settled_at": when,
-        "exit_code": 0,
-        "diagnostics": [],
-    }
-    row.update(extra)
-    return row
+    return common.settled_attempt_row(run_id, job_id, runtime, BULK_WORKER, when, **extra)
 
 
 def artifact_rows(run_id: int, job_id: int, attempt_id: int, when) -> list[dict]:
@@ -391,13 +372,7 @@ def build(runtime: Path, size: int) -> dict:
         extra = max(0, size - CONFIG_ITEMS)
         for first in range(0, extra, CHUNK_ITEMS):
             positions = range(CONFIG_ITEMS + first, CONFIG_ITEMS + min(extra, first + CHUNK_ITEMS))
-            conn.execute(
-                insert(items),
-                [
-                    {"run_id": run_id, "key": f"b{p}", "lane": "a", "position": p, "fields": {}}
-                    for p in positions
-                ],
-            )
+            conn.execute(insert(items), common.bulk_item_rows(run_id, positions))
             item_ids = (
                 conn.execute(
                     select(items.c.id).where(
@@ -815,10 +790,7 @@ def main() -> None:
     parser.add_argument("--no-store", action="store_true", help="skip part 1")
     parser.add_argument("--e2e", action="store_true", help="run part 3 (opt-in)")
     args = parser.parse_args()
-    project = common.use_project(args.project)
-    from laneway import controller
-
-    print(f"project: {project} (controller from {Path(controller.__file__).parent})")
+    common.use_project_and_say(args.project)
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     root = Path(tempfile.mkdtemp(prefix="laneway-bench-artifacts-"))
     try:

@@ -371,10 +371,7 @@ def main() -> None:
         "--commits", type=int, default=1000, help="one-row commits for the disk's rate"
     )
     args = parser.parse_args()
-    project = common.use_project(args.project)
-    from laneway import controller
-
-    print(f"project: {project} (controller from {Path(controller.__file__).parent})")
+    common.use_project_and_say(args.project)
     print(f"reps: {args.reps}; huey: {common.peers_python() or common.NOT_INSTALLED}")
     root = Path(tempfile.mkdtemp(prefix="laneway-bench-kernel-"))
     try:

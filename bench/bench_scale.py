@@ -115,13 +115,7 @@ def build(runtime: Path, size: int, backlog_share: float) -> dict:
             positions = range(CONFIG_ITEMS + first, CONFIG_ITEMS + last)
             conn.execute(
                 insert(Item.__table__),
-                only_columns(
-                    Item.__table__,
-                    [
-                        {"run_id": run_id, "key": f"b{p}", "lane": "a", "position": p, "fields": {}}
-                        for p in positions
-                    ],
-                ),
+                only_columns(Item.__table__, common.bulk_item_rows(run_id, positions)),
             )
             ids = conn.execute(
                 select(Item.id, Item.position).where(
@@ -162,24 +156,7 @@ def build(runtime: Path, size: int, backlog_share: float) -> dict:
             ).all()
             if with_attempts:
                 attempts = [
-                    {
-                        "job_id": job_id,
-                        "run_id": run_id,
-                        "number": 1,
-                        "idempotency_key": f"lw-{run_id}-{job_id}-1-bulk",
-                        "state": "settled",
-                        "outcome": "succeeded",
-                        "fence": 1,
-                        "worker_id": BULK_WORKER,
-                        "node": "n1",
-                        "argv_hash": "0" * 64,
-                        "attempt_dir": f"{runtime}/runs/{run_id}/bulk/{job_id}",
-                        "intent_at": earlier,
-                        "started_at": earlier,
-                        "settled_at": earlier,
-                        "exit_code": 0,
-                        "diagnostics": [],
-                    }
+                    common.settled_attempt_row(run_id, job_id, runtime, BULK_WORKER, earlier)
                     for job_id, state in job_rows
                     if state == "succeeded"
                 ]
@@ -458,10 +435,7 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=20.0)
     parser.add_argument("--no-idle", action="store_true", help="skip the idle-cost part")
     args = parser.parse_args()
-    project = common.use_project(args.project)
-    from laneway import controller
-
-    print(f"project: {project} (controller from {Path(controller.__file__).parent})")
+    project = common.use_project_and_say(args.project)
     print(f"reps: {args.reps}; backlog share: {args.backlog}")
     root = Path(tempfile.mkdtemp(prefix="laneway-bench-scale-"))
     try:
