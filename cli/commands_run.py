@@ -137,13 +137,16 @@ def start_pipeline(
     from laneway.controller import controller_lock, pipeline
 
     with common.refusals(as_json):
+        parsed = config_module.load_config(config)
         run_id, engine = pipeline.start_run(
-            config_module.load_config(config),
+            parsed,
             runtime_dir=runtime_dir,
             actor=common.actor(),
             new=new,
             rerun=rerun,
         )
+        backend = engine.dialect.name
+        ledger_shown = db.shown_url(engine.url.render_as_string(hide_password=False))
         engine.dispose()
     runtime = runtime_dir.resolve()
     controller_pid = controller_lock.running_controller(runtime)
@@ -151,26 +154,57 @@ def start_pipeline(
     if controller and controller_pid is None:
         controller_pid = controller_lock.start_background_controller(runtime)
         started = True
+    shared = backend != "sqlite"
+    # On SQLite every worker opens the ledger in this runtime dir; on a shared ledger
+    # each worker runs on its node's machine with a runtime dir of its own there.
+    where = "DIR" if shared else shlex.quote(str(runtime))
     result = {
         "ok": True,
         "run_id": run_id,
         "runtime_dir": str(runtime),
+        "ledger": ledger_shown,
+        "backend": backend,
         "controller_pid": controller_pid,
         "controller_started": started,
+        "nodes": [node.name for node in parsed.nodes],
+        "worker_commands": [
+            f"laneway worker --node {shlex.quote(node.name)} --runtime-dir {where}"
+            for node in parsed.nodes
+        ],
     }
     common.emit(result, as_json, _started_text)
 
 
 def _started_text(r: dict[str, Any]) -> str:
-    lines = [f"run {r['run_id']} created in {r['runtime_dir']}"]
+    shared = r["backend"] != "sqlite"
+    if shared:
+        lines = [f"run {r['run_id']} created in the ledger {r['ledger']}"]
+    else:
+        lines = [f"run {r['run_id']} created in {r['runtime_dir']}"]
     if r["controller_pid"] is None:
-        lines.append("no controller runs for it: start `laneway controller`")
+        lines.append(
+            "no controller runs from this runtime dir: if none runs on another machine, "
+            "start `laneway controller` on one (with LANEWAY_DATABASE_URL set)"
+            if shared
+            else "no controller runs for it: start "
+            f"`laneway controller --runtime-dir {shlex.quote(r['runtime_dir'])}`"
+        )
     else:
         verb = "started" if r["controller_started"] else "already running"
-        lines.append(f"controller {verb} (pid {r['controller_pid']})")
-    lines.append(
-        f"next: laneway worker --node NODE --runtime-dir {r['runtime_dir']} (one per node)"
-    )
+        lines.append(
+            f"controller {verb} on this machine (pid {r['controller_pid']}, log "
+            f"{r['runtime_dir']}/controller.log)"
+            if shared
+            else f"controller {verb} (pid {r['controller_pid']})"
+        )
+    if shared:
+        lines.append(
+            "next: a worker for each node, on that node's machine, with "
+            "LANEWAY_DATABASE_URL set to this ledger and DIR a runtime dir of that machine:"
+        )
+    else:
+        lines.append("next: a worker for each node, on this machine:")
+    lines += [f"  {command}" for command in r["worker_commands"]]
     return "\n".join(lines)
 
 

@@ -1,7 +1,8 @@
 """Messages a new user met in the walk-through, each saying what happened and what to do:
 a timeout names its limit and the field that set it; an empty items file is named, with
-what to write in it; a pause of a finished run is refused. Real `laneway` commands, on
-each ledger backend."""
+what to write in it; a pause of a finished run is refused; `start-pipeline` names the
+config's nodes, and on a shared ledger does not offer this machine's runtime dir to the
+others. Real `laneway` commands, on each ledger backend."""
 
 from __future__ import annotations
 
@@ -88,3 +89,43 @@ def test_a_pause_of_a_finished_run_is_refused_and_writes_nothing(tmp_path: Path)
     assert json.loads(as_json.stdout)["error"] == "IllegalTransition"
     assert sql(runtime, "SELECT COUNT(*) AS n FROM controls") == [{"n": 0}]
     assert sql(runtime, "SELECT COUNT(*) AS n FROM events") == before
+
+
+def test_start_pipeline_names_the_real_nodes_and_where_workers_run(
+    tmp_path: Path, on_postgres: bool
+):
+    config = write_config(tmp_path, [{"name": "solve", "argv": ["true"]}])
+    body = json.loads(config.read_text())
+    body["nodes"].append({"name": "gpu-box", "memory_floor_mib": 0, "max_jobs": 1})
+    config.write_text(json.dumps(body))
+    runtime = (tmp_path / "rt").resolve()
+    rt = ["--runtime-dir", str(runtime), "--no-controller"]
+    shown = invoke("start-pipeline", str(config), *rt)
+    assert shown.exit_code == 0, shown.output
+    lines = shown.stdout.splitlines()
+    if on_postgres:
+        assert lines[0].startswith("run 1 created in the ledger postgresql://")
+        assert lines[1:] == [
+            "no controller runs from this runtime dir: if none runs on another machine, "
+            "start `laneway controller` on one (with LANEWAY_DATABASE_URL set)",
+            "next: a worker for each node, on that node's machine, with LANEWAY_DATABASE_URL "
+            "set to this ledger and DIR a runtime dir of that machine:",
+            "  laneway worker --node n1 --runtime-dir DIR",
+            "  laneway worker --node gpu-box --runtime-dir DIR",
+        ]
+        assert str(runtime) not in shown.stdout
+    else:
+        assert lines == [
+            f"run 1 created in {runtime}",
+            f"no controller runs for it: start `laneway controller --runtime-dir {runtime}`",
+            "next: a worker for each node, on this machine:",
+            f"  laneway worker --node n1 --runtime-dir {runtime}",
+            f"  laneway worker --node gpu-box --runtime-dir {runtime}",
+        ]
+    again = json.loads(invoke("start-pipeline", str(config), *rt, "--new", "--json").stdout)
+    assert again["nodes"] == ["n1", "gpu-box"]
+    assert again["backend"] == ("postgresql" if on_postgres else "sqlite")
+    where = "DIR" if on_postgres else str(runtime)
+    assert again["worker_commands"] == [
+        f"laneway worker --node {node} --runtime-dir {where}" for node in ("n1", "gpu-box")
+    ]
