@@ -214,7 +214,8 @@ def logs(
         ),
     ],
     job: Annotated[
-        bool, typer.Option("--job", help="TARGET is a job id: show its newest attempt.")
+        bool,
+        typer.Option("--job", help="TARGET is a job (its id, or ITEM.STAGE): its newest attempt."),
     ] = False,
     run: Annotated[
         int | None,
