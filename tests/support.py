@@ -220,6 +220,45 @@ def claim_one_on_n1(
     return claim
 
 
+def mark_unknown_one(
+    factory: Any, claimed: Any, clock: Any, reason: str, *, actor: str = "test", **kwargs: Any
+) -> None:
+    """``ledger.mark_unknown`` of ``claimed`` in its own transaction (``kwargs``: its
+    ``fence``, ``result``)."""
+    from laneway.controller import db, ledger
+
+    with db.transaction(factory) as session:
+        ledger.mark_unknown(
+            session, claimed.attempt_id, reason=reason, actor=actor, now=clock.now(), **kwargs
+        )
+
+
+def reconcile_one(
+    factory: Any,
+    claimed: Any,
+    clock: Any,
+    verdict: str,
+    reason: str,
+    *,
+    actor: str = "op",
+    **kwargs: Any,
+) -> Any:
+    """``ledger.reconcile_attempt`` of ``claimed`` with ``verdict`` in its own transaction
+    (``kwargs``: its ``result``); the job's new state."""
+    from laneway.controller import db, ledger
+
+    with db.transaction(factory) as session:
+        return ledger.reconcile_attempt(
+            session,
+            claimed.attempt_id,
+            verdict=verdict,
+            reason=reason,
+            actor=actor,
+            now=clock.now(),
+            **kwargs,
+        )
+
+
 def supervisor_argv(
     tmp_path: Path,
     argv: list[str],

@@ -22,34 +22,30 @@ from laneway.controller import db, ledger
 from laneway.controller.clock import SystemClock
 from laneway.controller.models import Artifact, AttemptInput
 from laneway.controller.states import ControlKind, ControlScope
-from tests.crash.test_crash_points import Harness
+from tests.crash.test_crash_points import SIDE_EFFECT_THEN_WAIT, WRITE_RESULT, Harness
 from tests.support import make_config, wait_until
 
-PRODUCE = textwrap.dedent(
-    """
-    import json, os, sys, time
-    side, release = sys.argv[2], sys.argv[3]
-    fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.write(fd, (os.environ["LANEWAY_IDEMPOTENCY_KEY"] + "\\n").encode())
-    os.fsync(fd)
-    while not os.path.exists(release):
-        time.sleep(0.01)
-    with open("packet.json", "w") as f:
-        f.write("packet for " + sys.argv[1])
-    with open(os.environ["LANEWAY_RESULT_PATH"], "w") as f:
-        json.dump({"job_id": os.environ["LANEWAY_JOB_ID"]}, f)
-    """
+PRODUCE = (
+    SIDE_EFFECT_THEN_WAIT
+    + textwrap.dedent(
+        """
+        with open("packet.json", "w") as f:
+            f.write("packet for " + sys.argv[1])
+        """
+    )
+    + WRITE_RESULT
 )
 
-CONSUME = textwrap.dedent(
-    """
-    import json, os, sys
-    packet = open(sys.argv[2]).read()
-    with open(sys.argv[3], "a") as f:
-        f.write(os.environ["LANEWAY_IDEMPOTENCY_KEY"] + " " + packet + "\\n")
-    with open(os.environ["LANEWAY_RESULT_PATH"], "w") as f:
-        json.dump({"job_id": os.environ["LANEWAY_JOB_ID"]}, f)
-    """
+CONSUME = (
+    textwrap.dedent(
+        """
+        import json, os, sys
+        packet = open(sys.argv[2]).read()
+        with open(sys.argv[3], "a") as f:
+            f.write(os.environ["LANEWAY_IDEMPOTENCY_KEY"] + " " + packet + "\\n")
+        """
+    )
+    + WRITE_RESULT
 )
 
 

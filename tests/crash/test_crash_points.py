@@ -19,7 +19,7 @@ from laneway.controller.models import Attempt, Decision, Job, Run, Worker
 from laneway.controller.states import Outcome
 from tests.support import claim_one_on_n1, make_config, wait_until
 
-JOB = textwrap.dedent(
+SIDE_EFFECT_THEN_WAIT = textwrap.dedent(
     """
     import json, os, sys, time
     side, release = sys.argv[2], sys.argv[3]
@@ -28,10 +28,18 @@ JOB = textwrap.dedent(
     os.fsync(fd)
     while not os.path.exists(release):
         time.sleep(0.01)
+    """
+)
+"""A job script's opening: append its idempotency key to the side-effect file (argv[2],
+fsynced), then wait for the release file (argv[3])."""
+WRITE_RESULT = textwrap.dedent(
+    """
     with open(os.environ["LANEWAY_RESULT_PATH"], "w") as f:
         json.dump({"job_id": os.environ["LANEWAY_JOB_ID"]}, f)
     """
 )
+"""A job script's ending: its result.json names its job (needs ``json`` and ``os``)."""
+JOB = SIDE_EFFECT_THEN_WAIT + WRITE_RESULT
 
 
 class Harness:

@@ -9,13 +9,20 @@ import textwrap
 import pytest
 from sqlalchemy import select
 
-from laneway.controller import db, ledger
+from laneway.controller import db
 from laneway.controller.errors import ConfigError
 from laneway.controller.ledger.tables import usage_totals
 from laneway.controller.models import Attempt, Control, Decision, Job, Reservation
 from laneway.controller.status import explain_job
 from tests.integration.test_worker import start_worker
-from tests.support import claim_on_n1, make_config, py_stage, wait_until
+from tests.support import (
+    claim_on_n1,
+    make_config,
+    mark_unknown_one,
+    py_stage,
+    reconcile_one,
+    wait_until,
+)
 
 SPENDER = textwrap.dedent(
     """
@@ -89,20 +96,9 @@ def test_unknown_attempt_holds_its_expected_cost_until_reconciled(
         "stage",
         3.0,
     )
-    with db.transaction(factory) as session:
-        ledger.mark_unknown(
-            session, first.attempt_id, reason="test: lost", actor="t", now=clock.now()
-        )
+    mark_unknown_one(factory, first, clock, "test: lost", actor="t")
     assert _reserved(factory, run_id) == pytest.approx(3.0)
-    with db.transaction(factory) as session:
-        ledger.reconcile_attempt(
-            session,
-            first.attempt_id,
-            verdict="not-run",
-            reason="never ran",
-            actor="op",
-            now=clock.now(),
-        )
+    reconcile_one(factory, first, clock, "not-run", "never ran")
     assert _reserved(factory, run_id) == pytest.approx(0.0)
     assert len(claim_on_n1(factory, worker, clock, slots=1)) == 1
 

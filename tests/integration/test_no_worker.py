@@ -23,7 +23,14 @@ from laneway.controller.report_html import render_html
 from laneway.controller.states import ControlKind, ControlScope, Outcome
 from laneway.controller.status import build_status, explain_job
 from laneway.controller.status_nodes import LOST_AFTER_SECONDS
-from tests.support import claim_on_n1, heartbeat, make_config, py_stage, settle_one
+from tests.support import (
+    claim_on_n1,
+    heartbeat,
+    make_config,
+    mark_unknown_one,
+    py_stage,
+    settle_one,
+)
 
 runner = CliRunner()
 
@@ -306,10 +313,7 @@ def test_what_an_operator_must_lift_comes_before_a_stale_refusal_and_no_worker(
     worker = register_worker()
     (claim,) = claim_on_n1(factory, worker, clock, slots=2)  # the other: max_jobs
     assert status_at(factory, run_id, clock)["lanes"][0]["reason"] is None  # one runs
-    with db.transaction(factory) as session:
-        ledger.mark_unknown(
-            session, claim.attempt_id, reason="lease expired", actor="test", now=clock.now()
-        )
+    mark_unknown_one(factory, claim, clock, "lease expired")
     (lane,) = status_at(factory, run_id, clock)["lanes"]
     assert lane["running"] == 0 and lane["ready"] == 1
     assert lane["reason"]["code"] == "unknown_outcome"

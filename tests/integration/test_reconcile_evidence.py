@@ -35,21 +35,27 @@ def dead_process() -> tuple[int, int]:
     return process.pid, start
 
 
+def worker_here(factory, clock, *, pid: int, slots: int) -> str:
+    """A worker on n1 registered as this host and boot (pid ``pid``, started at
+    ``pid``), so its attempts' evidence is looked for here."""
+    with db.transaction(factory) as session:
+        return ledger.register_worker(
+            session,
+            node="n1",
+            host=identity.host(),
+            pid=pid,
+            boot_id=identity.boot_id(),
+            process_start_time=pid,
+            slots=slots,
+            now=clock.now(),
+        )
+
+
 def unknown_attempts(factory, clock, count: int, supervisors) -> list:
     """Claim ``count`` jobs on n1 for a worker of this host, record each attempt's
     supervisor (``supervisors``: one (pid, start time) per claim) and mark it unknown,
     as a lease that expired would. Returns the claims."""
-    with db.transaction(factory) as session:
-        worker = ledger.register_worker(
-            session,
-            node="n1",
-            host=identity.host(),
-            pid=1,
-            boot_id=identity.boot_id(),
-            process_start_time=1,
-            slots=count,
-            now=clock.now(),
-        )
+    worker = worker_here(factory, clock, pid=1, slots=count)
     claims = claim_on_n1(factory, worker, clock, slots=count)
     assert len(claims) == count
     for claim, (pid, start) in zip(claims, supervisors, strict=True):
@@ -274,17 +280,7 @@ def test_evidence_that_is_not_conclusive_says_what_is_missing_and_what_to_do(
 ):
     run_id = make_run(make_config([py_stage("call", "pass")], items=3))
     # Its worker never recorded a supervisor: it may still run.
-    with db.transaction(factory) as session:
-        here = ledger.register_worker(
-            session,
-            node="n1",
-            host=identity.host(),
-            pid=2,
-            boot_id=identity.boot_id(),
-            process_start_time=2,
-            slots=1,
-            now=clock.now(),
-        )
+    here = worker_here(factory, clock, pid=2, slots=1)
     (silent,) = claim_on_n1(factory, here, clock)
     # It ran on another machine.
     (far,) = claim_on_n1(factory, register_worker(), clock)

@@ -19,7 +19,15 @@ from laneway.controller.outcome import read_outcome
 from laneway.controller.states import ControlKind, ControlScope, Outcome
 from laneway.workers.recovery import Recovery
 from laneway.workers.service import WorkerService
-from tests.support import claim_on_n1, claim_one_on_n1, make_config, py_stage, settle_one
+from tests.support import (
+    claim_on_n1,
+    claim_one_on_n1,
+    make_config,
+    mark_unknown_one,
+    py_stage,
+    reconcile_one,
+    settle_one,
+)
 
 PLENTY = (64_000.0, 128_000.0)
 OLD_BOOT_SUPERVISOR = ("old-boot", 999_999, 1)  # boot id, supervisor pid, its start time
@@ -115,17 +123,8 @@ def test_reconcile_then_retry(factory, make_run, register_worker, clock):
     run_id = make_run(config)
     worker = register_worker()
     claim = claim_one(factory, worker, clock)
-    with db.transaction(factory) as session:
-        ledger.mark_unknown(session, claim.attempt_id, reason="lost", actor="t", now=clock.now())
-    with db.transaction(factory) as session:
-        state = ledger.reconcile_attempt(
-            session,
-            claim.attempt_id,
-            verdict="failed",
-            reason="provider says it failed",
-            actor="op",
-            now=clock.now(),
-        )
+    mark_unknown_one(factory, claim, clock, "lost", actor="t")
+    state = reconcile_one(factory, claim, clock, "failed", "provider says it failed")
     assert state.value == "failed"
     with factory() as session, session.begin(), pytest.raises(IllegalTransition):
         ledger.reconcile_attempt(
@@ -167,8 +166,7 @@ def test_two_concurrent_reconciles_exactly_one_wins(
     make_run(make_config())
     worker = register_worker()
     claim = claim_one(factory, worker, clock)
-    with db.transaction(factory) as session:
-        ledger.mark_unknown(session, claim.attempt_id, reason="lost", actor="t", now=clock.now())
+    mark_unknown_one(factory, claim, clock, "lost", actor="t")
     racers = [
         subprocess.Popen(
             [sys.executable, "-c", RECONCILER, str(claim.attempt_id), verdict, str(runtime)],

@@ -8,13 +8,20 @@ import textwrap
 import pytest
 from sqlalchemy import select, text
 
-from laneway.controller import db, ledger
+from laneway.controller import db
 from laneway.controller.ledger.tables import usage_totals
 from laneway.controller.models import Attempt, AttemptUsage, Item, Job
 from laneway.controller.states import Outcome
 from laneway.controller.usage import p90, read_usage
 from tests.integration.test_worker import drive, start_worker
-from tests.support import claim_on_n1, make_config, py_stage, settle_one
+from tests.support import (
+    claim_on_n1,
+    make_config,
+    mark_unknown_one,
+    py_stage,
+    reconcile_one,
+    settle_one,
+)
 
 REPORTER = textwrap.dedent(
     """
@@ -136,26 +143,9 @@ def test_unknown_attempt_counts_its_usage_once_through_reconcile(
     run_id = make_run(make_config(items=2))
     worker = register_worker()
     first, second = claim_on_n1(factory, worker, clock, slots=2)
-    with db.transaction(factory) as session:
-        ledger.mark_unknown(
-            session,
-            first.attempt_id,
-            reason="test: lost",
-            actor="test",
-            now=clock.now(),
-            fence=first.fence,
-            result={"job_id": first.job_id, "usage": {"cost_usd": 3.0}},
-        )
-    with db.transaction(factory) as session:
-        ledger.reconcile_attempt(
-            session,
-            first.attempt_id,
-            verdict="failed",
-            reason="it ran",
-            actor="op",
-            now=clock.now(),
-            result={"job_id": first.job_id, "usage": {"cost_usd": 3.0}},
-        )
+    usage = {"job_id": first.job_id, "usage": {"cost_usd": 3.0}}
+    mark_unknown_one(factory, first, clock, "test: lost", fence=first.fence, result=usage)
+    reconcile_one(factory, first, clock, "failed", "it ran", result=usage)
     settle_one(
         factory,
         second,

@@ -29,7 +29,7 @@ from laneway.controller.attempt import classify
 from laneway.controller.models import Attempt, AttemptUsage, Job
 from laneway.controller.outcome import RESULT_MAX_BYTES, read_outcome
 from laneway.controller.states import Outcome
-from tests.support import claim_on_n1, make_config
+from tests.support import claim_on_n1, make_config, mark_unknown_one, settle_one
 
 JOB_ID = 42
 CODES = {0: Outcome.SUCCEEDED, 75: Outcome.INFRA_FAILURE, 3: Outcome.FATAL}
@@ -346,18 +346,16 @@ def test_a_nul_and_a_lone_surrogate_settle_replaced_with_a_diagnostic(
     make_run()
     (claimed,) = claim_on_n1(factory, register_worker(), clock)
     result = {"job_id": claimed.job_id, "note": "a\x00b\ud800", "k\x00": 1}
-    with db.transaction(factory) as session:
-        ledger.settle_attempt(
-            session,
-            claimed.attempt_id,
-            fence=claimed.fence,
-            outcome=Outcome.SUCCEEDED,
-            actor="test",
-            now=clock.now(),
-            reason="quoted \x00 \udcff",
-            result=result,
-            diagnostics=["a diagnostic quoting \ud800"],
-        )
+    settle_one(
+        factory,
+        claimed,
+        "test",
+        clock,
+        Outcome.SUCCEEDED,
+        reason="quoted \x00 \udcff",
+        result=result,
+        diagnostics=["a diagnostic quoting \ud800"],
+    )
     with factory() as session:
         attempt = session.get(Attempt, claimed.attempt_id)
     assert attempt.result == {"job_id": claimed.job_id, "note": "a\ufffdb\ufffd", "k\ufffd": 1}
@@ -374,16 +372,8 @@ def test_a_hostile_usage_counted_by_an_unknown_mark_never_raises(
 ):
     make_run()
     (claimed,) = claim_on_n1(factory, register_worker(), clock)
-    with db.transaction(factory) as session:
-        ledger.mark_unknown(
-            session,
-            claimed.attempt_id,
-            reason="lost \x00",
-            actor="test",
-            now=clock.now(),
-            fence=claimed.fence,
-            result={"job_id": claimed.job_id, "usage": {"cost_usd": HUGE, "calls": 2}},
-        )
+    usage = {"job_id": claimed.job_id, "usage": {"cost_usd": HUGE, "calls": 2}}
+    mark_unknown_one(factory, claimed, clock, "lost \x00", fence=claimed.fence, result=usage)
     with factory() as session:
         attempt = session.get(Attempt, claimed.attempt_id)
         rows = session.execute(select(AttemptUsage.key, AttemptUsage.value)).all()

@@ -19,6 +19,7 @@ from tests.support import (
     claim_on_n1,
     claim_one_on_n1,
     make_config,
+    mark_unknown_one,
     py_stage,
     settle_one,
 )
@@ -244,15 +245,7 @@ def test_mark_unknown_revokes_fence_and_keeps_reservation(
     factory, make_run, register_worker, clock
 ):
     _, worker, claim = _claimed_attempt(factory, make_run, register_worker, clock)
-    with db.transaction(factory) as session:
-        ledger.mark_unknown(
-            session,
-            claim.attempt_id,
-            reason="no exit record",
-            actor="t",
-            now=clock.now(),
-            fence=claim.fence,
-        )
+    mark_unknown_one(factory, claim, clock, "no exit record", actor="t", fence=claim.fence)
     with factory() as session:
         job = session.get(Job, claim.job_id)
         assert job.state == "unknown" and job.fence == claim.fence + 1
