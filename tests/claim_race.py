@@ -77,6 +77,7 @@ def _child(url: str, index: int, slots: int) -> dict[str, Any]:
     from laneway.controller.clock import SystemClock
     from laneway.controller.models import Job
     from laneway.controller.states import JobState, Outcome
+    from tests.support import record_spawn
 
     clock = SystemClock()
     engine = db.make_engine(url)
@@ -103,18 +104,7 @@ def _child(url: str, index: int, slots: int) -> dict[str, Any]:
             with db.transaction(factory) as session:
                 now = db.ledger_now(session, clock)
                 for claim in held:
-                    ledger.record_spawn(
-                        session,
-                        claim.attempt_id,
-                        fence=claim.fence,
-                        actor=worker,
-                        now=now,
-                        boot_id="race",
-                        supervisor_pid=os.getpid(),
-                        supervisor_start_time=index,
-                        child_pid=None,
-                        child_start_time=None,
-                    )
+                    record_spawn(session, claim, worker, now, ("race", os.getpid(), index))
                     ledger.settle_attempt(
                         session,
                         claim.attempt_id,
