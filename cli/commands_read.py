@@ -1,5 +1,5 @@
-"""Commands that read the ledger: `status`, `explain`, `report`, `artifacts`, `logs`,
-`sql`.
+"""Commands that read the ledger: `status`, `runs`, `explain`, `report`, `artifacts`,
+`logs`, `sql`.
 
 Each parses, calls one read function below the CLI and renders; none writes the ledger.
 `status`, `sql` and `--help` must not import SQLAlchemy, so heavy modules are imported
@@ -9,6 +9,7 @@ cli/main.py.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from laneway.cli import common, complete, render
 from laneway.cli.common import DEFAULT_RUNTIME, MAX_ID, DatabaseUrl, JsonFlag, RuntimeDir
 from laneway.controller import db, limits, readonly
 from laneway.controller.clock import SystemClock
-from laneway.controller.errors import LanewayError, UsageError
+from laneway.controller.errors import LanewayError, NoLedgerYet, UsageError
 
 NewestRun = Annotated[
     int | None,
@@ -35,6 +36,9 @@ SQL_SETTINGS = {
     "ignore_unknown_options": True,
 }
 """The context settings cli/main.py registers `sql` with."""
+
+WATCH_SECONDS = 2.0
+"""How often `status --watch` refreshes, and looks again for a ledger or run not there yet."""
 
 
 def status(
@@ -54,30 +58,43 @@ def status(
     """Show a run: controls, unknowns, jobs, running attempts, workers, lanes and why they idle.
 
     A lane whose node no live worker serves says `no_worker`, with the `laneway worker`
-    command that starts one. Reads the ledger only (SQLite opened read-only).
+    command that starts one. Reads the ledger only (SQLite opened read-only). With
+    --watch, a ledger (or a run) that is not there yet is waited for, said once; another
+    application's database is refused at once.
     """
     from laneway.controller.status import status_report
 
     progress = None
+    waiting = _Waiting(as_json)
     try:
-        with readonly.ReadOnlyLedger(runtime_dir) as source:
+        if watch:
+            source = _ledger_when_there(runtime_dir, waiting)
+        else:
+            source = readonly.ReadOnlyLedger(runtime_dir)
+        with source:
             if watch:
                 from laneway.cli import live
 
                 progress = live.Progress(run, as_json=as_json, stream=sys.stdout)
             while True:
                 with source.snapshot():
-                    report = status_report(source, run, now=source.now())
-                    if progress is not None:
-                        progress.show(report, source)
+                    if progress is not None and not _has_runs(source):
+                        # The ledger was just made (or only migrated): its run comes next.
+                        waiting.say("run", f"waiting for a run in the ledger at {source.where}")
+                        report = None
+                    else:
+                        report = status_report(source, run, now=source.now())
+                        if progress is not None:
+                            progress.show(report, source)
                 if progress is None:
+                    assert report is not None
                     if report.unknown:
                         from laneway.controller import evidence
 
                         evidence.mark_conclusive(source, report)
                     common.emit(report, as_json, render.status_text)
                     return
-                time.sleep(2)
+                time.sleep(WATCH_SECONDS)
     except LanewayError as error:
         common.fail(error, as_json)
     except KeyboardInterrupt:
@@ -85,6 +102,78 @@ def status(
     finally:
         if progress is not None:
             progress.close()
+
+
+class _Waiting:
+    """`status --watch`'s word that it waits, once per thing it waits for: a line on
+    stderr, or with --json one JSON line on stdout (in the stream of status lines)."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.said: set[str] = set()
+
+    def say(self, what: str, words: str, **fields: str) -> None:
+        if what in self.said:
+            return
+        self.said.add(what)
+        if self.as_json:
+            from laneway.controller.clock import iso
+
+            body = {"event": "waiting", "waiting_for": what, **fields}
+            body |= {"poll_seconds": WATCH_SECONDS, "at": iso(SystemClock().now())}
+            typer.echo(json.dumps(body))
+        else:
+            typer.echo(
+                f"laneway: {words} (checking every {WATCH_SECONDS:g} s; Ctrl-C stops)", err=True
+            )
+
+
+def _ledger_when_there(runtime_dir: Path, waiting: _Waiting) -> readonly.ReadOnlyLedger:
+    """The read-only ledger of ``runtime_dir``, waited for while nothing is there yet
+    (``NoLedgerYet``); anything else that is not a ledger raises at once."""
+    while True:
+        try:
+            return readonly.ReadOnlyLedger(runtime_dir)
+        except NoLedgerYet as error:
+            waiting.say(
+                "ledger",
+                f"waiting for a ledger at {error.where}: none there yet, `laneway "
+                "start-pipeline` or `laneway run` creates it",
+                ledger=error.where,
+            )
+        time.sleep(WATCH_SECONDS)
+
+
+def _has_runs(source: readonly.ReadOnlyLedger) -> bool:
+    from laneway.controller import queries
+
+    return bool(source.rows(queries.NEWEST_RUN_ID))
+
+
+def runs(
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=MAX_ID, help="List at most this many runs.")
+    ] = 20,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print machine-readable JSON (a list of runs).")
+    ] = False,
+) -> None:
+    """List the runs, newest first: state, times, jobs by state, and what holds each.
+
+    `holding` is what keeps a run from progressing: its first held lane's reason, as
+    `status` gives it (`paused`, `halted`, `unknown_outcome`, `no_worker`, `budget`,
+    ...), else `running`, `done` (every job terminal) or `finished`. Reads the ledger
+    only (SQLite opened read-only).
+    """
+    from laneway.cli import run_list
+
+    with common.refusals(as_json):
+        with readonly.ReadOnlyLedger(runtime_dir) as source:
+            with source.snapshot():
+                listed = run_list.listing(source, limit=limit, now=source.now())
+    common.emit(listed, as_json, run_list.runs_text)
 
 
 def explain(

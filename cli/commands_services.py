@@ -2,13 +2,15 @@
 
 Each parses, builds the service (workers/service.py, controller/daemon.py,
 controller/web.py), logs its lifecycle lines and serves until a signal. Registered in
-order by cli/main.py.
+order by cli/main.py. A worker whose ledger or node is not there yet waits for it
+(``WORKER_WAIT_SECONDS``), reading the ledger read-only until then.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,9 +19,13 @@ import typer
 from laneway.cli import common, complete
 from laneway.cli.common import DEFAULT_RUNTIME, DatabaseUrl, RuntimeDir
 from laneway.controller import db, ledger_open, limits
-from laneway.controller.errors import LanewayError, UsageError
+from laneway.controller.errors import LanewayError, NoLedgerYet, NotFound, UsageError
 
 LogJsonFlag = Annotated[bool, typer.Option("--json", help="Log lifecycle lines as JSON on stderr.")]
+
+WORKER_WAIT_SECONDS = 3.0
+"""How often a worker looks again for a ledger not created yet, or for a pipeline that
+names its node (`laneway worker` without --exit-if-unknown)."""
 
 
 def web(
@@ -101,18 +107,31 @@ def worker(
             "unknown.",
         ),
     ] = 60.0,
+    exit_if_unknown: Annotated[
+        bool,
+        typer.Option(
+            "--exit-if-unknown",
+            help="Exit 2 at once when the runtime dir has no ledger yet or no pipeline "
+            "names --node, instead of waiting for them.",
+        ),
+    ] = False,
     as_json: LogJsonFlag = False,
 ) -> None:
     """Run the worker service of one node: lease, supervise, settle, heartbeat.
 
     TERM/INT drains: no new dispatch, running attempts finish and settle. A second
-    signal leaves them running under their supervisors. The runtime dir must hold a
-    ledger already (`start-pipeline` or `run` creates it).
+    signal leaves them running under their supervisors. Until a ledger exists (`run` or
+    `start-pipeline` creates it) and a pipeline names --node, it waits, logging
+    `worker_waiting` once and writing nothing (TERM exits 0, Ctrl-C 130);
+    --exit-if-unknown exits 2 instead.
     """
     from laneway.controller.rows import SessionRows
     from laneway.controller.status_nodes import node_max_jobs
     from laneway.workers.service import WorkerService
 
+    log = common.Log(as_json)
+    if not exit_if_unknown:
+        _wait_until_named(runtime_dir, node, log)
     with common.refusals():
         engine = ledger_open.open_existing_ledger(runtime_dir)
         if slots is None:
@@ -127,7 +146,6 @@ def worker(
             heartbeat_seconds=min(2.0, lease_seconds / 4),
         )
         worker_id = service.start()
-    log = common.Log(as_json)
     log(
         "worker_started",
         f"laneway worker {worker_id}: node {node}, {slots} slots",
@@ -163,6 +181,83 @@ def worker(
     else:
         service.stop()
         log("worker_stopped", f"laneway worker {worker_id}: stopped", worker_id=worker_id)
+
+
+class _StopWaiting(Exception):
+    """SIGTERM while a worker waits (not a LanewayError: no refusal catches it)."""
+
+
+def _stop_waiting(_signum: int, _frame: Any) -> None:
+    raise _StopWaiting
+
+
+def _wait_until_named(runtime_dir: Path, node: str, log: common.Log) -> None:
+    """Return once the runtime dir's ledger exists and names ``node``, looking every
+    ``WORKER_WAIT_SECONDS``, read-only (nothing is created or written meanwhile); what
+    it waits for is logged once (``worker_waiting``). TERM exits 0, Ctrl-C 130.
+
+    Anything else that stops a worker is left to the start that follows: on the first
+    look it returns, and the start reports it as it always has (a foreign database, an
+    unreachable server, an unknown revision); after a wait, it ends the command."""
+    said: str | None = None
+    previous = signal.signal(signal.SIGTERM, _stop_waiting)
+    try:
+        while True:
+            try:
+                missing = _not_there_yet(runtime_dir, node)
+            except LanewayError as error:
+                if said is None:
+                    return
+                common.fail(error)
+            if missing is None:
+                return
+            what, words, fields = missing
+            if what != said:
+                log("worker_waiting", words, node=node, waiting_for=what, **fields)
+                said = what
+            time.sleep(WORKER_WAIT_SECONDS)
+    except (_StopWaiting, KeyboardInterrupt) as stopped:
+        log(
+            "worker_stopped",
+            f"laneway worker: stopped while waiting for {'a ' if said == 'ledger' else ''}"
+            f"{said or 'the ledger'}; nothing was written",
+            node=node,
+            registered=False,
+        )
+        raise typer.Exit(0 if isinstance(stopped, _StopWaiting) else 130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _not_there_yet(runtime_dir: Path, node: str) -> tuple[str, str, dict[str, Any]] | None:
+    """What a worker for ``node`` still waits for: ``("ledger", words, fields)``,
+    ``("node", ...)``, or None when the ledger names the node."""
+    from laneway.controller import queries, readonly
+    from laneway.controller.status_nodes import node_max_jobs
+
+    every = f"checking every {WORKER_WAIT_SECONDS:g} s"
+    try:
+        with readonly.ReadOnlyLedger(runtime_dir) as source, source.snapshot():
+            try:
+                node_max_jobs(source, node)
+            except NotFound:
+                known = [str(row[0]) for row in source.rows(queries.NODE_NAMES)]
+            else:
+                return None
+    except NoLedgerYet as error:
+        return (
+            "ledger",
+            f"laneway worker: no ledger at {error.where} yet; waiting for `laneway run` or "
+            f"`laneway start-pipeline` to create it ({every})",
+            {"ledger": error.where},
+        )
+    shown = ", ".join(repr(name) for name in known) or "none yet"
+    return (
+        "node",
+        f"laneway worker: no pipeline names node {node!r} yet (known: {shown}); waiting "
+        f"for one ({every})",
+        {"known": known},
+    )
 
 
 def controller(

@@ -17,6 +17,7 @@ imported inside the commands that use them, so `status`, `sql` and `--help` star
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
@@ -40,11 +41,42 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+
+def _print_version(value: bool) -> None:
+    """``--version``: the installed distribution's version (importlib.metadata is
+    imported only then: `--help` and every command start as fast as before)."""
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        typer.echo(f"laneway {version('laneway')}")
+    except PackageNotFoundError:
+        typer.echo("laneway (version unknown: not installed as a distribution)")
+    raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print laneway's version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """The options of `laneway` itself, before a command."""
+
+
 app.command("schema")(commands_run.schema)
 app.command("migrate")(commands_run.migrate)
 app.command("dry-run")(commands_run.dry_run)
 app.command("start-pipeline")(commands_run.start_pipeline)
 app.command("status")(commands_read.status)
+app.command("runs")(commands_read.runs)
 app.command("explain")(commands_read.explain)
 app.command("report")(commands_read.report)
 app.command("artifacts")(commands_read.artifacts)

@@ -27,6 +27,18 @@ class UsageError(LanewayError):
     exit_code = 2
 
 
+class NoLedgerYet(UsageError):
+    """Nothing is there yet where the ledger should be: no SQLite file, or a database
+    without any table (one `start-pipeline` or `run` is about to migrate). Not raised for
+    another application's database (``LedgerRevisionError``). Commands that wait
+    (``status --watch``, ``worker``) wait on it; the others refuse. ``where``: the
+    ledger's path, or its URL without the password."""
+
+    def __init__(self, message: str, *, where: str) -> None:
+        self.where = where
+        super().__init__(message)
+
+
 class PreflightError(LanewayError):
     """``start-pipeline`` refused: nothing was created. ``reasons`` lists why."""
 

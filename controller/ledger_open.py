@@ -25,7 +25,7 @@ from laneway.controller.db import (
     shown_url,
     unreachable,
 )
-from laneway.controller.errors import LedgerRevisionError, UsageError
+from laneway.controller.errors import LedgerRevisionError, NoLedgerYet, UsageError
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -170,7 +170,13 @@ def ledger_contents(url: str) -> str:
         raise LedgerRevisionError(
             f"{path} is not a laneway ledger ({_first_line(exc)}); nothing was changed"
         ) from None
-    return _judge_tables(names, path)
+    return judge_tables(names, path)
+
+
+POSTGRES_TABLES = (
+    "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+)
+"""The tables a PostgreSQL database holds in its current schema (``ledger_contents``)."""
 
 
 def _postgres_contents(url: str) -> str:
@@ -179,23 +185,19 @@ def _postgres_contents(url: str) -> str:
     engine = make_engine(url, readonly=True)
     try:
         with engine.connect() as connection:
-            names = [
-                str(row[0])
-                for row in connection.exec_driver_sql(
-                    "SELECT table_name FROM information_schema.tables "
-                    "WHERE table_schema = current_schema()"
-                )
-            ]
+            names = [str(row[0]) for row in connection.exec_driver_sql(POSTGRES_TABLES)]
     except SQLAlchemyError as exc:
         if is_transient(exc):
             raise unreachable(engine, exc) from None
         raise
     finally:
         engine.dispose()
-    return _judge_tables(names, shown_url(url))
+    return judge_tables(names, shown_url(url))
 
 
-def _judge_tables(names: list[str], where: str) -> str:
+def judge_tables(names: list[str], where: str) -> str:
+    """``LEDGER`` or ``EMPTY`` for a database holding tables ``names``; another
+    application's tables: ``LedgerRevisionError`` (``ledger_contents``)."""
     if "alembic_version" in names:
         return LEDGER
     if not names:
@@ -288,24 +290,30 @@ def check_known_revision(engine: Engine, *, head: bool = False) -> None:
 
 def missing_ledger(
     runtime_dir: str | os.PathLike[str] | None, url: str | None = None
-) -> UsageError:
-    """The one-line refusal for a ledger that does not exist (yet)."""
+) -> NoLedgerYet:
+    """The one-line refusal for a ledger that does not exist (yet): nothing is there (no
+    SQLite file, or a database without tables). A command that waits for one
+    (``status --watch``, ``worker``) tells it from another application's database
+    (``LedgerRevisionError``) by this type."""
     url = url or ledger_url(runtime_dir or ".")
     if not is_sqlite_url(url):
-        return UsageError(
+        return NoLedgerYet(
             f"{shown_url(url)}: the database holds no laneway ledger; `laneway "
             "start-pipeline` or `laneway run` creates one (check --database-url or "
-            "LANEWAY_DATABASE_URL)"
+            "LANEWAY_DATABASE_URL)",
+            where=shown_url(url),
         )
     path = sqlite_path(url) or Path(runtime_dir or ".") / LEDGER_FILENAME
     if os.environ.get("LANEWAY_DATABASE_URL"):
-        return UsageError(
+        return NoLedgerYet(
             f"LANEWAY_DATABASE_URL: no ledger at {path}; `laneway start-pipeline` or "
-            "`laneway run` creates one (check the URL)"
+            "`laneway run` creates one (check the URL)",
+            where=str(path),
         )
-    return UsageError(
+    return NoLedgerYet(
         f"--runtime-dir {runtime_dir}: no ledger at {path}; `laneway start-pipeline` or "
-        "`laneway run` creates one (check the path, or set LANEWAY_RUNTIME_DIR)"
+        "`laneway run` creates one (check the path, or set LANEWAY_RUNTIME_DIR)",
+        where=str(path),
     )
 
 
@@ -346,12 +354,16 @@ def sqlite_path(url: str) -> str:
 
 def open_existing_ledger(runtime_dir: str | os.PathLike[str]) -> Engine:
     """``open_ledger`` for services (controller, worker) and commands that write: the
-    ledger must exist already; it is migrated to head like ``open_ledger`` does."""
+    ledger must exist already; it is migrated to head like ``open_ledger`` does. No
+    ledger yet (nothing there): ``NoLedgerYet``; another application's database:
+    ``LedgerRevisionError``."""
     url = existing_ledger_url(runtime_dir)
     engine = make_engine(url)
     revision = _stored_revision(engine)
     if revision is None:
         engine.dispose()
+        if not is_sqlite_url(url):
+            ledger_contents(url)  # another application's tables are refused, not waited on
         raise missing_ledger(runtime_dir)
     if revision != known_revisions()[1]:
         # Alembic only when there is something to migrate (or refuse): a service on a

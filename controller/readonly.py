@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from laneway.controller import db
 from laneway.controller.db import _first_line, make_engine
-from laneway.controller.errors import LedgerRevisionError, UsageError
+from laneway.controller.errors import LedgerRevisionError, NoLedgerYet, UsageError
 from laneway.controller.ledger_open import (
+    POSTGRES_TABLES,
     _no_version_table,
     existing_ledger_url,
+    judge_tables,
     missing_ledger,
     refuse_unknown_revision,
     sqlite_path,
@@ -70,9 +72,14 @@ class ReadOnlyLedger:
     query goes through ``controller.sqlguard`` (role check, one statement, no COPY, a
     statement timeout). ``url`` reads another database than the runtime dir's ledger
     (``laneway sql --readonly-url``: the same ledger through a read-only role).
+
+    Where nothing is there yet (no SQLite file, a database without tables) it raises
+    ``NoLedgerYet``, which ``status --watch`` waits on; another application's database
+    is ``LedgerRevisionError``.
     """
 
     def __init__(self, runtime_dir: str | os.PathLike[str], *, url: str | None = None) -> None:
+        self._runtime_dir = runtime_dir
         self.url = url or existing_ledger_url(runtime_dir)
         self.refused: str | None = None
         self._sqlite: sqlite3.Connection | None = None
@@ -103,8 +110,16 @@ class ReadOnlyLedger:
                     f"cannot connect to {self.where} ({_first_line(origin)})"
                 ) from None
         try:
-            with self.snapshot():
-                revision = self._revision()
+            try:
+                with self.snapshot():
+                    revision = self._revision()
+            except NoLedgerYet:
+                if not self.is_sqlite:
+                    # No alembic_version: an empty database, or another application's.
+                    with self.snapshot():
+                        names = [str(row[0]) for row in self.rows(POSTGRES_TABLES)]
+                    judge_tables(names, self.where)
+                raise
             refuse_unknown_revision(revision, self.where)
         except BaseException:
             self.close()
@@ -143,12 +158,20 @@ class ReadOnlyLedger:
         try:
             rows = self.rows("SELECT version_num FROM alembic_version")
         except self._errors as exc:
-            if not self.is_sqlite and _no_version_table(exc):
-                raise missing_ledger(None, self.url) from None
+            nothing = not self._any_table() if self.is_sqlite else _no_version_table(exc)
+            if nothing:  # no ledger yet, rather than another application's database
+                raise missing_ledger(self._runtime_dir, self.url) from None
             raise LedgerRevisionError(
                 f"{self.where} is not a laneway ledger ({_first_line(exc)})"
             ) from None
         return str(rows[0][0]) if rows else None
+
+    def _any_table(self) -> bool:
+        """SQLite: the file holds a table (or cannot be read); False: nothing there yet."""
+        try:
+            return bool(self.rows("SELECT 1 FROM sqlite_master LIMIT 1"))
+        except sqlite3.Error:
+            return True
 
     @contextmanager
     def snapshot(self) -> Iterator[ReadOnlyLedger]:

@@ -167,7 +167,7 @@ def test_schema_is_json_schema():
 
 
 def test_worker_for_unknown_node_is_a_clean_error(started):
-    result = invoke("worker", "--node", "nope", "--runtime-dir", str(started))
+    result = invoke("worker", "--node", "nope", "--runtime-dir", str(started), "--exit-if-unknown")
     assert_clean_error(result, 2)
     assert "node 'nope'" in result.stderr
 

@@ -1,7 +1,7 @@
 """Read-only commands import only what they need: what a `laneway` call costs is mostly
-imports, so `status`, `sql`, `explain` and `--help` must not load the worker service,
-psutil, alembic, the controller daemon (nor, for `status`/`sql`/`--help`, SQLAlchemy
-and the pydantic config models). A test on what is imported, not on time."""
+imports, so `status`, `runs`, `sql`, `explain`, `--help` and `--version` must not load
+the worker service, psutil, alembic, the controller daemon (nor, for all but `explain`,
+SQLAlchemy and the pydantic config models). A test on what is imported, not on time."""
 
 from __future__ import annotations
 
@@ -87,17 +87,22 @@ def heavy(names: set[str], forbidden: set[str]) -> set[str]:
         ["status", "--help"],
         ["status"],
         ["status", "--json"],
+        ["runs"],
+        ["runs", "--json"],
         ["sql", "SELECT COUNT(*) AS n FROM jobs", "--json"],
+        ["--version"],
     ],
 )
 def test_status_sql_and_help_import_no_heavy_module(runtime, args):
-    extra = [] if "--help" in args else ["--runtime-dir", str(runtime)]
+    extra = [] if "--help" in args or args == ["--version"] else ["--runtime-dir", str(runtime)]
     names, done = imported(*args, *extra)
     assert done.returncode == 0, done.stderr[-2000:]
     assert {"typer", "laneway.cli.render"} <= names  # the command line was parsed
     assert heavy(names, FAST) == set()
     if args[:2] == ["sql", "SELECT COUNT(*) AS n FROM jobs"]:
         assert json.loads(done.stdout) == [{"n": 2}]
+    if args == ["runs", "--json"]:
+        assert [run["id"] for run in json.loads(done.stdout)] == [1]
 
 
 def test_explain_imports_no_service_daemon_or_alembic(runtime):

@@ -170,7 +170,8 @@ def test_a_runtime_dir_without_a_ledger_is_refused_and_left_alone(tmp_path, args
 
 def test_services_refuse_a_missing_ledger_as_real_processes(tmp_path, without_ledger):
     runtime = tmp_path / "typo"
-    for args in (["controller"], ["worker", "--node", "n1"]):
+    # A worker waits for its ledger unless told not to (tests/integration/test_cli_waiting.py).
+    for args in (["controller"], ["worker", "--node", "n1", "--exit-if-unknown"]):
         code, _out, err = finish(spawn(*args, "--runtime-dir", str(runtime)))
         assert code == 2 and "Traceback" not in err
         if without_ledger is None:
@@ -195,7 +196,7 @@ def test_worker_slots_default_to_the_nodes_max_jobs(tmp_path):
         os.kill(process.pid, signal.SIGTERM)
         process.communicate(timeout=60)
     assert first["event"] == "worker_started" and first["slots"] == 3
-    unknown = invoke("worker", "--node", "nope", "--runtime-dir", str(runtime))
+    unknown = invoke("worker", "--node", "nope", "--runtime-dir", str(runtime), "--exit-if-unknown")
     assert_clean_error(unknown, 2)
     assert "node 'nope' is not in the ledger (known: 'n1')" in unknown.stderr
 

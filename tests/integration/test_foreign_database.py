@@ -82,8 +82,8 @@ def test_an_empty_file_is_no_ledger_for_a_command_that_does_not_create_one(tmp_p
     runtime.mkdir()
     path = runtime / db.LEDGER_FILENAME
     path.touch()
-    if argv == ["worker"]:
-        argv = ["worker", "--node", "n1"]
+    if argv == ["worker"]:  # without the flag it waits (tests/integration/test_cli_waiting.py)
+        argv = ["worker", "--node", "n1", "--exit-if-unknown"]
     result = invoke(*argv, "--runtime-dir", str(runtime))
     assert result.exit_code == 2, result.output
     assert "no ledger at" in result.stderr
