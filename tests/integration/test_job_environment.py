@@ -15,7 +15,7 @@ from laneway.cli.main import app
 from laneway.controller import db, ledger, ledger_open
 from laneway.controller.daemon import Controller
 from laneway.controller.models import Run
-from tests.integration.test_worker import attempts, drive, start_worker
+from tests.integration.test_worker import attempts, drive, run_with_token, start_worker
 from tests.support import escape, make_config
 
 ENV_DUMP = textwrap.dedent(
@@ -150,15 +150,8 @@ def test_a_secret_in_result_json_reaches_no_ledger_file_and_no_report(
 ):
     canary = "canary-result-3b2a1908"
     monkeypatch.setenv("CANARY_RESULT", canary)
-    stage = {
-        "name": "leaky",
-        "argv": [sys.executable, "-c", escape(RESULT_LEAK)],
-        "env": {"API_TOKEN": "${CANARY_RESULT}"},
-        "timeout_seconds": 30,
-    }
-    run_id = make_run(make_config([stage]))
-    drive(engine, [start_worker(engine)], run_id)
-    (attempt,) = attempts(engine, run_id)
+    attempt = run_with_token(engine, make_run, RESULT_LEAK, "CANARY_RESULT")
+    run_id = attempt.run_id
     assert attempt.outcome == "succeeded", attempt.state_reason
     assert attempt.result["echo"] == "[REDACTED]"
     assert "prefix-[REDACTED]-suffix" in json.dumps(attempt.result)

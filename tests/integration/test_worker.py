@@ -342,6 +342,22 @@ def test_worker_declared_lost_stops_writing(engine, make_run):
     assert attempts(engine, run_id) == []
 
 
+def run_with_token(engine, make_run, code: str, variable: str):
+    """One job running ``python -c CODE`` with API_TOKEN set from environment variable
+    ``variable`` (the config names it, as a secret is named), driven to its end by one
+    worker; returns its attempt."""
+    stage = {
+        "name": "leaky",
+        "argv": [sys.executable, "-c", escape(code)],
+        "env": {"API_TOKEN": f"${{{variable}}}"},
+        "timeout_seconds": 30,
+    }
+    run_id = make_run(make_config([stage]))
+    drive(engine, [start_worker(engine)], run_id)
+    (attempt,) = attempts(engine, run_id)
+    return attempt
+
+
 CANARY_JOB = textwrap.dedent(
     """
     import os
@@ -357,15 +373,7 @@ def test_secret_canary_appears_nowhere_not_even_in_a_traceback(
 ):
     canary = "canary-secret-0f9e8d7c6b"
     monkeypatch.setenv("CANARY_SECRET", canary)
-    stage = {
-        "name": "leaky",
-        "argv": [sys.executable, "-c", escape(CANARY_JOB)],
-        "env": {"API_TOKEN": "${CANARY_SECRET}"},
-        "timeout_seconds": 30,
-    }
-    run_id = make_run(make_config([stage]))
-    drive(engine, [start_worker(engine)], run_id)
-    (attempt,) = attempts(engine, run_id)
+    attempt = run_with_token(engine, make_run, CANARY_JOB, "CANARY_SECRET")
     assert attempt.outcome == "failed"
     stderr = (Path(attempt.attempt_dir) / "stderr.log").read_text()
     assert "Traceback" in stderr and "ValueError" in stderr and "[REDACTED]" in stderr
