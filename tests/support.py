@@ -259,6 +259,25 @@ def reconcile_one(
         )
 
 
+def control_run(session: Any, kind: Any, run_id: int, *, reason: str, actor: str, now: Any) -> None:
+    """In ``session``: ``ledger.set_control`` of ``kind`` on run ``run_id`` alone."""
+    from laneway.controller import ledger
+    from laneway.controller.states import ControlScope
+
+    ledger.set_control(
+        session, kind, scope=ControlScope.RUN, run_id=run_id, reason=reason, actor=actor, now=now
+    )
+
+
+def clear_run_control(
+    session: Any, kind: Any, run_id: int, *, reason: str, actor: str, now: Any
+) -> None:
+    """In ``session``: ``ledger.clear_controls`` of ``kind`` on run ``run_id``."""
+    from laneway.controller import ledger
+
+    ledger.clear_controls(session, (kind,), run_id=run_id, reason=reason, actor=actor, now=now)
+
+
 def supervisor_argv(
     tmp_path: Path,
     argv: list[str],

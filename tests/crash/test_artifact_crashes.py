@@ -21,9 +21,9 @@ from sqlalchemy import select
 from laneway.controller import db, ledger
 from laneway.controller.clock import SystemClock
 from laneway.controller.models import Artifact, AttemptInput
-from laneway.controller.states import ControlKind, ControlScope
+from laneway.controller.states import ControlKind
 from tests.crash.test_crash_points import SIDE_EFFECT_THEN_WAIT, WRITE_RESULT, Harness
-from tests.support import make_config, wait_until
+from tests.support import clear_run_control, control_run, make_config, wait_until
 
 PRODUCE = (
     SIDE_EFFECT_THEN_WAIT
@@ -92,23 +92,17 @@ class ArtifactHarness(Harness):
         with db.transaction(db.session_factory(self.engine)) as session:
             now = db.ledger_now(session, SystemClock())
             if pause:
-                ledger.set_control(
+                control_run(
                     session,
                     ControlKind.PAUSE,
-                    scope=ControlScope.RUN,
-                    run_id=run_id,
+                    run_id,
                     reason="test: hold dependents",
                     actor="test",
                     now=now,
                 )
             else:
-                ledger.clear_controls(
-                    session,
-                    (ControlKind.PAUSE,),
-                    run_id=run_id,
-                    reason="test",
-                    actor="test",
-                    now=now,
+                clear_run_control(
+                    session, ControlKind.PAUSE, run_id, reason="test", actor="test", now=now
                 )
 
     def consumed_lines(self) -> list[str]:

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, text
 
-from laneway.controller import db, ledger
+from laneway.controller import db
 from laneway.controller.attempt import artifacts
 from laneway.controller.clock import SystemClock
 from laneway.controller.models import Artifact, AttemptInput, Control, Run
-from laneway.controller.states import ControlKind, ControlScope
+from laneway.controller.states import ControlKind
 from tests.integration.test_worker import attempts, drive, start_worker
-from tests.support import escape, make_config, py_stage, wait_until
+from tests.support import clear_run_control, control_run, escape, make_config, py_stage, wait_until
 
 PREPARE = """
 import json, os, sys
@@ -202,11 +202,10 @@ def test_an_input_whose_stored_bytes_changed_never_starts_and_pauses_the_run(
     # Held by an operator's pause while prepare finishes, so solve is claimed only after
     # a byte of the packet's stored object has flipped.
     with db.transaction(factory) as session:
-        ledger.set_control(
+        control_run(
             session,
             ControlKind.PAUSE,
-            scope=ControlScope.RUN,
-            run_id=run_id,
+            run_id,
             reason="test",
             actor="test",
             now=db.ledger_now(session, SystemClock()),
@@ -229,10 +228,10 @@ def test_an_input_whose_stored_bytes_changed_never_starts_and_pauses_the_run(
         obj.unlink()
         found = "is not in the store"
     with db.transaction(factory) as session:
-        ledger.clear_controls(
+        clear_run_control(
             session,
-            (ControlKind.PAUSE,),
-            run_id=run_id,
+            ControlKind.PAUSE,
+            run_id,
             reason="test",
             actor="test",
             now=db.ledger_now(session, SystemClock()),

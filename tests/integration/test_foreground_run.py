@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from laneway.controller import db, ledger
+from laneway.controller import db
 from laneway.controller.clock import SystemClock
 from laneway.controller.foreground import (
     Ending,
@@ -22,12 +22,12 @@ from laneway.controller.foreground import (
     RunView,
     read_view,
 )
-from laneway.controller.states import ControlKind, ControlScope
+from laneway.controller.states import ControlKind
 from laneway.controller.status_model import StatusReport
 from laneway.workers.service import WorkerService
 from tests.integration.test_worker import PLENTY
 from tests.status_bodies import typed
-from tests.support import make_config, py_stage
+from tests.support import control_run, make_config, py_stage
 
 pytestmark = pytest.mark.slow
 
@@ -104,11 +104,10 @@ def test_a_run_whose_jobs_succeed_ends_finished(foreground, engine):
 def test_a_halted_run_ends_blocked_with_the_reason_and_how_to_go_on(foreground, engine):
     run = foreground(make_config(items=2))
     with db.transaction(db.session_factory(engine)) as session:
-        ledger.set_control(
+        control_run(
             session,
             ControlKind.HALT,
-            scope=ControlScope.RUN,
-            run_id=run.run_id,
+            run.run_id,
             reason="disk full",
             actor="ops",
             now=SystemClock().now(),

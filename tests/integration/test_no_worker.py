@@ -20,11 +20,12 @@ from laneway.controller.daemon import Controller
 from laneway.controller.models import Job
 from laneway.controller.report import build_report
 from laneway.controller.report_html import render_html
-from laneway.controller.states import ControlKind, ControlScope, Outcome
+from laneway.controller.states import ControlKind, Outcome
 from laneway.controller.status import build_status, explain_job
 from laneway.controller.status_nodes import LOST_AFTER_SECONDS
 from tests.support import (
     claim_on_n1,
+    control_run,
     heartbeat,
     make_config,
     mark_unknown_one,
@@ -328,11 +329,10 @@ def test_what_an_operator_must_lift_comes_before_a_stale_refusal_and_no_worker(
             actor="operator",
             now=clock.now(),
         )
-        ledger.set_control(
+        control_run(
             session,
             ControlKind.PAUSE,
-            scope=ControlScope.RUN,
-            run_id=run_id,
+            run_id,
             reason="provider maintenance",
             actor="operator",
             now=clock.now(),

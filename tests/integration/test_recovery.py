@@ -16,12 +16,14 @@ from laneway.controller.daemon import Controller
 from laneway.controller.errors import IllegalTransition, StaleLease
 from laneway.controller.models import Attempt, Control, Decision, Job, Run
 from laneway.controller.outcome import read_outcome
-from laneway.controller.states import ControlKind, ControlScope, Outcome
+from laneway.controller.states import ControlKind, Outcome
 from laneway.workers.recovery import Recovery
 from laneway.workers.service import WorkerService
 from tests.support import (
     claim_on_n1,
     claim_one_on_n1,
+    clear_run_control,
+    control_run,
     make_config,
     mark_unknown_one,
     py_stage,
@@ -217,11 +219,10 @@ def test_reconciling_the_last_unknown_resumes_but_never_lifts_an_operator_halt(
     claim, worker = _unknown_in_new_run(factory, make_run, register_worker, clock)
     run_id = claim.run_id
     with db.transaction(factory) as session:
-        ledger.set_control(
+        control_run(
             session,
             ControlKind.HALT,
-            scope=ControlScope.RUN,
-            run_id=run_id,
+            run_id,
             reason="operator checks the provider",
             actor="op",
             now=clock.now(),
@@ -241,13 +242,8 @@ def test_reconciling_the_last_unknown_resumes_but_never_lifts_an_operator_halt(
         ).first()
     assert last.reason_code == "halted"
     with db.transaction(factory) as session:
-        ledger.clear_controls(
-            session,
-            (ControlKind.HALT,),
-            reason="provider ok",
-            actor="op",
-            now=clock.now(),
-            run_id=run_id,
+        clear_run_control(
+            session, ControlKind.HALT, run_id, reason="provider ok", actor="op", now=clock.now()
         )
     (again,) = _claims(factory, worker, clock)  # without the halt, dispatch resumes
     assert again.job_id == claim.job_id and again.number == 2
