@@ -67,18 +67,35 @@ def unknown_attempts(factory, clock, count: int, supervisors) -> list:
     return claims
 
 
+def leave_exit_record(claim, exit_code: int | None) -> None:
+    """``claim``'s attempt directory made, with an exit.json of ``exit_code`` in it
+    (none when None)."""
+    make_private_dir(claim.attempt_dir)
+    if exit_code is not None:
+        write_json(
+            Path(claim.attempt_dir) / "exit.json",
+            {"attempt_id": claim.attempt_id, "exit_code": exit_code, "signal": None},
+        )
+
+
+def gone_and_alive(factory, clock, *, exit_code: int) -> tuple[int, int]:
+    """Two unknown attempts (``unknown_attempts``), each with an exit.json of
+    ``exit_code``: the first's supervisor is gone, the second's is this process (alive).
+    Returns their attempt ids."""
+    claims = unknown_attempts(factory, clock, 2, [dead_process(), identity.current()])
+    for claim in claims:
+        leave_exit_record(claim, exit_code)
+    gone, alive = (claim.attempt_id for claim in claims)
+    return gone, alive
+
+
 def test_settles_what_the_evidence_establishes(factory, make_run, runtime: Path, clock):
     stage = py_stage("call", "pass", exit_codes={"0": "succeeded", "3": "infra_failure"})
     run_id = make_run(make_config([stage], items=3))
     me, my_start = identity.current()
     claims = unknown_attempts(factory, clock, 3, [dead_process(), dead_process(), (me, my_start)])
     for claim, exit_code in zip(claims, (0, 3, None), strict=True):
-        make_private_dir(claim.attempt_dir)
-        if exit_code is not None:
-            write_json(
-                Path(claim.attempt_dir) / "exit.json",
-                {"attempt_id": claim.attempt_id, "exit_code": exit_code, "signal": None},
-            )
+        leave_exit_record(claim, exit_code)
     rt = ["--runtime-dir", str(runtime)]
     ok, infra, alive = (claim.attempt_id for claim in claims)
 
@@ -233,14 +250,7 @@ def test_judge_review_and_settle_are_callable_without_the_cli(
     ``reconcile.settle_from_evidence``), called directly."""
     stage = py_stage("call", "pass", exit_codes={"0": "succeeded"})
     run_id = make_run(make_config([stage], items=2))
-    claims = unknown_attempts(factory, clock, 2, [dead_process(), identity.current()])
-    for claim in claims:
-        make_private_dir(claim.attempt_dir)
-        write_json(
-            Path(claim.attempt_dir) / "exit.json",
-            {"attempt_id": claim.attempt_id, "exit_code": 0, "signal": None},
-        )
-    ok, alive = (claim.attempt_id for claim in claims)
+    ok, alive = gone_and_alive(factory, clock, exit_code=0)
 
     with factory() as session:
         rows = SessionRows(session)

@@ -288,21 +288,12 @@ def test_state_marks_an_unknown_attempt_whose_evidence_is_conclusive(
     command; one whose supervisor still runs is not. The page's script shows it."""
     import shlex
 
-    from laneway.controller.durable import make_private_dir, write_json
-    from laneway.workers import identity
-    from tests.integration.test_reconcile_evidence import dead_process, unknown_attempts
+    from tests.integration.test_reconcile_evidence import gone_and_alive
     from tests.support import make_config, py_stage
 
     stage = py_stage("call", "pass", exit_codes={"0": "succeeded", "3": "infra_failure"})
     run_id = make_run(make_config([stage], items=2))
-    claims = unknown_attempts(factory, clock, 2, [dead_process(), identity.current()])
-    for claim in claims:
-        make_private_dir(claim.attempt_dir)
-        write_json(
-            Path(claim.attempt_dir) / "exit.json",
-            {"attempt_id": claim.attempt_id, "exit_code": 3, "signal": None},
-        )
-    gone, alive = (claim.attempt_id for claim in claims)
+    gone, alive = gone_and_alive(factory, clock, exit_code=3)
     web = spawn("web", "--bind", "127.0.0.1:0", "--runtime-dir", str(runtime))
     try:
         assert web.stdout is not None

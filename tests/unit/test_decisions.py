@@ -9,7 +9,7 @@ from sqlalchemy import select, text
 from laneway.controller import db, ledger
 from laneway.controller.models import Decision
 from laneway.controller.states import Outcome
-from tests.support import claim_on_n1, make_config, py_stage, settle_one
+from tests.support import claim_in, claim_on_n1, make_config, py_stage, settle_one
 
 
 def decisions(factory):
@@ -59,14 +59,7 @@ def test_memory_floor_refusal_carries_the_arithmetic(factory, make_run, register
         ledger.upsert_node(
             session, config.nodes[0].model_copy(update={"memory_floor_mib": 1024}), now=clock.now()
         )
-        claims = ledger.claim_jobs(
-            session,
-            worker_id=worker,
-            node="n1",
-            free_slots=1,
-            mem_available_mib=900,
-            now=clock.now(),
-        )
+        claims = claim_in(session, worker, clock, slots=1, mem=900)
     assert claims == []
     with factory() as session:
         decision = session.scalars(select(Decision).where(Decision.run_id == run_id)).one()
