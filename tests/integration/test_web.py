@@ -62,6 +62,15 @@ def pipeline(tmp_path: Path) -> tuple[Path, Path]:
     return runtime, gate
 
 
+def serving_url(web: subprocess.Popen[str]) -> str:
+    """The URL a just-spawned `laneway web` says it serves on (its first line); fails,
+    with its stderr when it exited, unless that line says it serves on loopback."""
+    assert web.stdout is not None
+    line = web.stdout.readline()
+    assert "serving http://127.0.0.1:" in line, line + (web.stderr.read() if web.poll() else "")
+    return line.split("serving ", 1)[1].split()[0]
+
+
 @pytest.fixture
 def running(tmp_path: Path):
     """(runtime, gate, url): a pipeline with one attempt running, and `laneway web` on it."""
@@ -69,10 +78,7 @@ def running(tmp_path: Path):
     worker = spawn("worker", "--node", "n1", "--runtime-dir", str(runtime))
     web = spawn("web", "--bind", "127.0.0.1:0", "--runtime-dir", str(runtime))
     try:
-        assert web.stdout is not None
-        line = web.stdout.readline()
-        assert "serving http://127.0.0.1:" in line, line + (web.stderr.read() if web.poll() else "")
-        url = line.split("serving ", 1)[1].split()[0]
+        url = serving_url(web)
         wait_until(lambda: get_json(url + "api/state")["running"], 60)
         yield runtime, gate, url
     finally:
@@ -296,10 +302,7 @@ def test_state_marks_an_unknown_attempt_whose_evidence_is_conclusive(
     gone, alive = gone_and_alive(factory, clock, exit_code=3)
     web = spawn("web", "--bind", "127.0.0.1:0", "--runtime-dir", str(runtime))
     try:
-        assert web.stdout is not None
-        line = web.stdout.readline()
-        assert "serving http://127.0.0.1:" in line, line + (web.stderr.read() if web.poll() else "")
-        url = line.split("serving ", 1)[1].split()[0]
+        url = serving_url(web)
         for _poll in range(2):  # judged on every poll (and the next poll still reads)
             state = get_json(url + f"api/state?run={run_id}")
             marked = {u["attempt_id"]: u.get("conclusive") for u in state["unknown"]}
