@@ -260,6 +260,26 @@ def rolled_back_claim(engine, counter) -> tuple[float, int, list]:
 
 # ---------------------------------------------------------------------- ledger
 
+NOOP_STAGE = {"name": "noop", "argv": ["true"], "timeout_seconds": 60}
+"""A stage that runs `true`."""
+
+
+def one_lane_config(name: str, stages: list, keys, *, max_jobs: int):
+    """A parsed config named ``name``: node n1 (no memory floor, ``max_jobs``), lane a on
+    it, ``stages``, and one item on lane a per key of ``keys``."""
+    from laneway.controller.config import parse_config
+
+    return parse_config(
+        {
+            "name": name,
+            "nodes": [{"name": "n1", "memory_floor_mib": 0, "max_jobs": max_jobs}],
+            "lanes": [{"name": "a", "node": "n1"}],
+            "stages": stages,
+            "items": [{"key": key, "lane": "a"} for key in keys],
+        },
+        Path.cwd(),
+    )
+
 
 def create_run(factory, config, runtime: Path | str, now=None) -> int:
     """One run of ``config`` (runtime dir ``runtime``, no sources), created by actor

@@ -264,26 +264,17 @@ class Recorder:
 
 
 def ledger_config(items: int):
-    from laneway.controller.config import parse_config
-
-    return parse_config(
+    stages = [
+        {"name": "produce", "argv": ["true"], "timeout_seconds": 60, "outputs": OUTPUTS},
         {
-            "name": "bench-artifacts",
-            "nodes": [{"name": "n1", "memory_floor_mib": 0, "max_jobs": 4}],
-            "lanes": [{"name": "a", "node": "n1"}],
-            "stages": [
-                {"name": "produce", "argv": ["true"], "timeout_seconds": 60, "outputs": OUTPUTS},
-                {
-                    "name": "consume",
-                    "argv": ["cat", "{inputs.produce}/a.bin"],
-                    "timeout_seconds": 60,
-                    "needs": ["produce"],
-                },
-            ],
-            "items": [{"key": f"c{n}", "lane": "a"} for n in range(items)],
+            "name": "consume",
+            "argv": ["cat", "{inputs.produce}/a.bin"],
+            "timeout_seconds": 60,
+            "needs": ["produce"],
         },
-        Path.cwd(),
-    )
+    ]
+    keys = (f"c{n}" for n in range(items))
+    return common.one_lane_config("bench-artifacts", stages, keys, max_jobs=4)
 
 
 def attempt_row(run_id: int, job_id: int, runtime: Path, when, **extra) -> dict:
@@ -657,7 +648,6 @@ def ledger_costs(root: Path, sizes: list[int], samples: int, postgres: str | Non
 
 
 def e2e_config(items: int, outputs: bool):
-    from laneway.controller.config import parse_config
 
     produce = {
         "name": "produce",
@@ -670,16 +660,8 @@ def e2e_config(items: int, outputs: bool):
         consume["argv"] = ["sh", "-c", 'cat "$1" > /dev/null', "sh", "{inputs.produce}/a.bin"]
     else:
         consume["argv"] = ["sh", "-c", "cat /dev/null > /dev/null", "sh", "none"]
-    return parse_config(
-        {
-            "name": "bench-artifacts-e2e",
-            "nodes": [{"name": "n1", "memory_floor_mib": 0, "max_jobs": 4}],
-            "lanes": [{"name": "a", "node": "n1"}],
-            "stages": [produce, consume],
-            "items": [{"key": f"i{n}", "lane": "a"} for n in range(items)],
-        },
-        Path.cwd(),
-    )
+    keys = (f"i{n}" for n in range(items))
+    return common.one_lane_config("bench-artifacts-e2e", [produce, consume], keys, max_jobs=4)
 
 
 def end_to_end(root: Path, items: int, outputs: bool) -> tuple[float, float, int, int]:

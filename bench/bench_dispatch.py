@@ -26,7 +26,6 @@ from sqlalchemy import select
 
 from laneway.controller import db, ledger, ledger_open
 from laneway.controller.clock import SystemClock
-from laneway.controller.config import parse_config
 from laneway.controller.daemon import Controller
 from laneway.controller.models import Event, Run
 from laneway.workers.service import WorkerService
@@ -36,16 +35,8 @@ import _common as common
 
 
 def config(attempts: int, slots: int):
-    return parse_config(
-        {
-            "name": "bench",
-            "nodes": [{"name": "n1", "memory_floor_mib": 0, "max_jobs": slots}],
-            "lanes": [{"name": "a", "node": "n1"}],
-            "stages": [{"name": "noop", "argv": ["true"], "timeout_seconds": 60}],
-            "items": [{"key": f"i{n}", "lane": "a"} for n in range(attempts)],
-        },
-        Path.cwd(),
-    )
+    keys = (f"i{n}" for n in range(attempts))
+    return common.one_lane_config("bench", [common.NOOP_STAGE], keys, max_jobs=slots)
 
 
 def fresh(root: Path, name: str):

@@ -62,18 +62,8 @@ MAX_ERRORS = 50
 
 
 def laneway_config(jobs: int, max_jobs: int):
-    from laneway.controller.config import parse_config
-
-    return parse_config(
-        {
-            "name": "bench-kernel",
-            "nodes": [{"name": "n1", "memory_floor_mib": 0, "max_jobs": max_jobs}],
-            "lanes": [{"name": "a", "node": "n1"}],
-            "stages": [{"name": "noop", "argv": ["true"], "timeout_seconds": 60}],
-            "items": [{"key": f"i{n}", "lane": "a"} for n in range(jobs)],
-        },
-        Path.cwd(),
-    )
+    keys = (f"i{n}" for n in range(jobs))
+    return common.one_lane_config("bench-kernel", [common.NOOP_STAGE], keys, max_jobs=max_jobs)
 
 
 def laneway_setup(runtime: Path, jobs: int, writers: int) -> None:

@@ -61,20 +61,12 @@ class Counter:
 
 
 def small_config(items: int):
-    from laneway.controller.config import parse_config
-
-    return parse_config(
-        {
-            "name": "bench-scale",
-            "nodes": [{"name": "n1", "memory_floor_mib": 0, "max_jobs": 4}],
-            "lanes": [{"name": "a", "node": "n1"}],
-            "stages": [
-                {"name": "s1", "argv": ["true"], "timeout_seconds": 60},
-                {"name": "s2", "argv": ["true"], "timeout_seconds": 60, "needs": ["s1"]},
-            ],
-            "items": [{"key": f"c{n}", "lane": "a"} for n in range(items)],
-        },
-        Path.cwd(),
+    stages = [
+        {"name": "s1", "argv": ["true"], "timeout_seconds": 60},
+        {"name": "s2", "argv": ["true"], "timeout_seconds": 60, "needs": ["s1"]},
+    ]
+    return common.one_lane_config(
+        "bench-scale", stages, (f"c{n}" for n in range(items)), max_jobs=4
     )
 
 

@@ -45,7 +45,6 @@ from sqlalchemy import Engine, event, select
 from sqlalchemy.engine import make_url
 
 from laneway.controller import db, ledger, ledger_open
-from laneway.controller.config import parse_config
 from laneway.controller.models import Attempt
 from laneway.controller.watch import ChangeWatch
 from laneway.workers.service import WorkerService
@@ -74,16 +73,7 @@ class PollingWatch(ChangeWatch):
 
 
 def config(name: str) -> Any:
-    return parse_config(
-        {
-            "name": name,
-            "nodes": [{"name": "n1", "memory_floor_mib": 0, "max_jobs": 1}],
-            "lanes": [{"name": "a", "node": "n1"}],
-            "stages": [{"name": "noop", "argv": ["true"], "timeout_seconds": 60}],
-            "items": [{"key": "i", "lane": "a"}],
-        },
-        Path.cwd(),
-    )
+    return common.one_lane_config(name, [common.NOOP_STAGE], ["i"], max_jobs=1)
 
 
 def create_run(engine: Engine, runtime: Path, name: str) -> tuple[int, datetime]:
