@@ -14,11 +14,11 @@ import pytest
 from sqlalchemy import select
 
 from laneway.controller import db, faults
-from laneway.controller.daemon import Controller
-from laneway.controller.models import Attempt, Event, Run
+from laneway.controller.models import Attempt, Event
 from laneway.workers.gpu import FakeGpu
 from laneway.workers.service import WorkerService
-from tests.support import make_config, py_stage, wait_until
+from tests.integration.test_worker import drive
+from tests.support import make_config, py_stage
 
 JOB = (
     "import os, sys\n"
@@ -36,15 +36,7 @@ def run_failing(engine, make_run, capture):
         engine, node="n1", slots=1, memory_probe=lambda: (64e3, 128e3), gpu=FakeGpu()
     )
     service.start()
-    controller = Controller(engine)
-
-    def finished():
-        controller.tick()
-        service.tick()
-        with db.session_factory(engine)() as session:
-            return session.get(Run, run_id).state == "finished"
-
-    wait_until(finished)
+    drive(engine, [service], run_id)
     with db.session_factory(engine)() as session:
         attempt = session.scalars(select(Attempt)).one()
         events = {e.kind: e.detail for e in session.scalars(select(Event))}

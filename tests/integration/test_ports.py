@@ -10,10 +10,11 @@ from sqlalchemy import select
 
 from laneway.controller import db
 from laneway.controller.daemon import Controller
-from laneway.controller.models import Attempt, Run
+from laneway.controller.models import Attempt
 from laneway.workers.gpu import FakeGpu
 from laneway.workers.ports import free_ports
 from laneway.workers.service import WorkerService
+from tests.integration.test_worker import drive
 from tests.support import make_config, py_stage, wait_until
 
 
@@ -51,13 +52,7 @@ def test_concurrent_attempts_get_disjoint_port_sets(engine, make_run, tmp_path):
     wait_until(all_running)  # all four hold their ports at once
     release.touch()
 
-    def finished():
-        controller.tick()
-        service.tick()
-        with db.session_factory(engine)() as session:
-            return session.get(Run, run_id).state == "finished"
-
-    wait_until(finished)
+    drive(engine, [service], run_id, controller=controller)
     rows = attempts()
     every = [port for a in rows for port in a.ports]
     assert all(len(a.ports) == 3 for a in rows)

@@ -24,9 +24,9 @@ from tests.support import escape, make_config, py_stage, wait_until
 PLENTY = (64_000.0, 128_000.0)
 
 
-def drive(engine, services, run_id, *, on_tick=None, timeout=60.0):
-    """Tick controller and workers until the run is finished."""
-    controller = Controller(engine)
+def drive(engine, services, run_id, *, on_tick=None, timeout=60.0, controller=None):
+    """Tick controller (a new one unless given) and workers until the run is finished."""
+    controller = controller or Controller(engine)
 
     def finished():
         controller.tick()
