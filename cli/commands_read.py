@@ -12,14 +12,15 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from laneway.cli import common, complete, render
 from laneway.cli.common import DEFAULT_RUNTIME, MAX_ID, DatabaseUrl, JsonFlag, RuntimeDir
-from laneway.controller import db, limits, readonly
+from laneway.controller import db, limits, readonly, web_links
 from laneway.controller.clock import SystemClock
 from laneway.controller.errors import LanewayError, NoLedgerYet, UsageError
 
@@ -60,7 +61,8 @@ def status(
     A lane whose node no live worker serves says `no_worker`, with the `laneway worker`
     command that starts one. Reads the ledger only (SQLite opened read-only). With
     --watch, a ledger (or a run) that is not there yet is waited for, said once; another
-    application's database is refused at once.
+    application's database is refused at once. With LANEWAY_WEB_URL (the dashboard's
+    address) set, a last line `link: URL` gives the run's page (`"link"` in --json).
     """
     from laneway.controller.status import status_report
 
@@ -92,7 +94,8 @@ def status(
                         from laneway.controller import evidence
 
                         evidence.mark_conclusive(source, report)
-                    common.emit(report, as_json, render.status_text)
+                    link = web_links.link(web_links.run_path(report.run.id))
+                    _emit_linked(report, as_json, render.status_text, link)
                     return
                 time.sleep(WATCH_SECONDS)
     except LanewayError as error:
@@ -102,6 +105,21 @@ def status(
     finally:
         if progress is not None:
             progress.close()
+
+
+def _emit_linked(
+    data: Any, as_json: bool, text_form: Callable[[Any], str], link: str | None
+) -> None:
+    """``common.emit`` plus the dashboard's address of what ``data`` shows
+    (``web_links``, when ``LANEWAY_WEB_URL`` is set): a last line ``link: URL``, or with
+    --json a ``"link"`` key; exactly ``common.emit`` when ``link`` is None."""
+    if link is None:
+        common.emit(data, as_json, text_form)
+    elif as_json:
+        body = data.as_dict() if hasattr(data, "as_dict") else dict(data)
+        typer.echo(render.as_json({**body, "link": link}))
+    else:
+        typer.echo(f"{text_form(data)}\nlink: {link}")
 
 
 class _Waiting:
@@ -198,6 +216,8 @@ def explain(
     First, if no live worker serves the job's node, that, with the command that starts
     one. For a failed, cancelled or skipped job: its last attempt's outcome, exit code or
     signal, directory, the last lines of its stderr.log, and the `laneway retry` command.
+    With LANEWAY_WEB_URL (the dashboard's address) set, a last line `link: URL` gives
+    the job's explain page (`"link"` in --json).
     """
     from laneway.controller.explain import explain_job
 
@@ -206,7 +226,9 @@ def explain(
         job_id = common.job_id(engine, job, run)
         with db.session_factory(engine)() as session:
             report = explain_job(session, job_id, now=db.ledger_now(session, SystemClock()))
-    common.emit(report, as_json, render.explain_text)
+        where = web_links.explain_path(report["run_id"], report["item"], report["stage"])
+        link = web_links.link(where)
+    _emit_linked(report, as_json, render.explain_text, link)
 
 
 def report(
@@ -333,7 +355,9 @@ def logs(
     Reads the ledger read-only and the attempt's stdout.log / stderr.log under its
     directory. When that directory is on another machine (workers on several machines,
     PostgreSQL), says on which node and host it is. With --follow, prints what the
-    attempt appends until it settles (or becomes unknown).
+    attempt appends until it settles (or becomes unknown). With LANEWAY_WEB_URL (the
+    dashboard's address) set, `link: URL` (the attempt's page) comes first on stderr
+    (`"link"` in --json).
     """
     from laneway.cli import logs as logs_cli
 

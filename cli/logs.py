@@ -1,7 +1,9 @@
 """``laneway logs``: print (and follow) an attempt's redacted output.
 
 The ledger is read through ``readonly.ReadOnlyLedger`` (as ``laneway status`` reads it) and the
-files through ``controller.logs``; this module only writes what they return.
+files through ``controller.logs``; this module only writes what they return. With
+``LANEWAY_WEB_URL`` set, the attempt's dashboard address (``web_links``) comes first on
+stderr as ``link: URL`` (stdout stays the attempt's bytes), or as ``"link"`` in --json.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 from laneway.cli import render
 from laneway.controller import logs as logs_module
-from laneway.controller import readonly
+from laneway.controller import readonly, web_links
 
 
 def show(
@@ -35,6 +37,7 @@ def show(
     with readonly.ReadOnlyLedger(runtime_dir) as source:
         with source.snapshot():
             attempt = logs_module.resolve(source, target, job=job, run_id=run)
+        link = web_links.link(web_links.attempt_path(attempt.attempt_id))
         path = logs_module.check_here(attempt, stream)
         data, offset = logs_module.tail_bytes(path, tail)
         if as_json and not follow:
@@ -44,15 +47,19 @@ def show(
                 "path": str(path),
                 "text": data.decode("utf-8", errors="replace"),
             }
+            if link is not None:
+                body["link"] = link
             sys.stdout.write(render.as_json(body) + "\n")
             return
         note = logs_module.reused_note(attempt)
-        if note is not None and not as_json:
+        if not as_json:
             # On stderr, so that stdout stays the attempt's bytes (a pipe gets them as
-            # they were written); a terminal shows it as the first line.
-            sys.stderr.write(f"laneway: {note}\n")
+            # they were written); a terminal shows them as the first lines.
+            for line in (f"laneway: {note}" if note else None, f"link: {link}" if link else None):
+                if line is not None:
+                    sys.stderr.write(line + "\n")
             sys.stderr.flush()
-        out = _Writer(attempt.attempt_id, stream, as_json)
+        out = _Writer(attempt.attempt_id, stream, as_json, link)
         out.write(data)
         if not follow:
             return
@@ -72,10 +79,11 @@ class _Writer:
     """Raw bytes to a pipe or file; to a terminal, with escape sequences neutralised
     (job output must not drive the operator's terminal); JSON lines with ``--json``."""
 
-    def __init__(self, attempt_id: int, stream: str, as_json: bool) -> None:
+    def __init__(self, attempt_id: int, stream: str, as_json: bool, link: str | None) -> None:
         self.attempt_id = attempt_id
         self.stream = stream
         self.as_json = as_json
+        self.link = link
         self.tty = sys.stdout.isatty()
 
     def write(self, data: bytes) -> None:
@@ -87,6 +95,8 @@ class _Writer:
                 "stream": self.stream,
                 "text": data.decode("utf-8", errors="replace"),
             }
+            if self.link is not None:
+                line["link"] = self.link
             sys.stdout.write(json.dumps(line) + "\n")
         elif self.tty:
             sys.stdout.write(render.clean(data.decode("utf-8", errors="replace")))

@@ -3,14 +3,17 @@ Prometheus metrics (``/metrics``, also served alone by ``laneway controller
 --metrics-bind``).
 
 Standard library only (``http.server``): one self-contained page (``web_page.py``, no
-build step, no CDN) that polls small JSON endpoints. Every read goes through one
-``readonly.ReadOnlyLedger`` (as ``laneway status`` reads it), under a lock (one connection);
-``explain`` opens a read-only engine as ``laneway explain`` does. A poll costs one
-``status_report`` (and, while the run has unknown attempts, judging their evidence on
-this machine: ``controller.evidence``); the timeline (``report.build_report``, which
-reads every attempt of the run, so it ends where ``laneway report``'s window does:
-``report_window.report_window``) is rebuilt at most every ``TIMELINE_SECONDS`` and only when
-the run's newest event changed. Nothing here writes.
+build step, no CDN) that polls small JSON endpoints. The page is served at ``/`` and at
+each address ``web_links.route`` knows (``/runs/3``, ``/runs/3/jobs/i07.solve``,
+``/attempts/42``, ``/runs/3/explain/i07.solve``), under the same token and Host checks.
+Every read goes through one ``readonly.ReadOnlyLedger`` (as ``laneway status`` reads
+it), under a lock (one connection); ``explain`` opens a read-only engine as ``laneway
+explain`` does. A poll costs one ``status_report`` (and, while the run has unknown
+attempts, judging their evidence on this machine: ``controller.evidence``); the timeline
+(``report.build_report``, which reads every attempt of the run, so it ends where
+``laneway report``'s window does: ``report_window.report_window``) is rebuilt at most
+every ``TIMELINE_SECONDS`` and only when the run's newest event changed. Nothing here
+writes.
 
 Bound to loopback, no token is needed, and a request is answered only when its ``Host``
 names this server (``host_allowed``): a page on another name that resolves to 127.0.0.1
@@ -40,7 +43,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from laneway.controller import advice, db, ids, ledger_open, queries, readonly
+from laneway.controller import advice, db, ids, ledger_open, queries, readonly, web_links
 from laneway.controller import logs as logs_module
 from laneway.controller.clock import SystemClock, iso
 from laneway.controller.errors import LanewayError, NotFound, UsageError
@@ -356,7 +359,9 @@ def make_server(
                 self._send(HTTPStatus.OK, dashboard.metrics(), CONTENT_TYPE)
             elif metrics_only:
                 self._json({"error": "not found"}, HTTPStatus.NOT_FOUND)
-            elif path == "/":
+            elif path == "/" or web_links.route(path) is not None:
+                # The page, at its root and at every run, job, attempt and explain
+                # address (``web_links``): its script reads ``location.pathname``.
                 extra = {}
                 if token and _matches(query.get("token"), token):
                     extra["Set-Cookie"] = (

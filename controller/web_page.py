@@ -7,6 +7,14 @@ every ``POLL_MS`` and the timeline every ``TIMELINE_MS``, and builds the DOM wit
 exception is the timeline SVG, which the server builds with every value escaped. (The
 JavaScript and CSS keep their own line lengths.)
 
+Every run, job and attempt it shows is a link (``<a href>``) to its address, the scheme
+of ``controller/web_links.py`` (``/runs/3``, ``/runs/3/jobs/i07.solve``,
+``/attempts/42``, ``/runs/3/explain/i07.solve``); a click shows it in place and pushes
+the address (``history.pushState``), Back goes back, and a pasted address opens the page
+on it (the script reads ``location.pathname``). Lanes that need a person (halted, paused,
+stopped, an unknown outcome, no worker) come first, with their action, in "Needs you" at
+the top and at the head of the lanes table, above the running ones.
+
 An unknown attempt shows its manual ``laneway reconcile ATTEMPT --as ...`` command; once
 its evidence is conclusive (``conclusive`` in the state), what it settles as and the
 ``laneway reconcile --run RUN --from-evidence`` command instead, as ``laneway status``
@@ -65,6 +73,8 @@ input { width: 90px; }
 <span id="summary"></span><span class="muted" id="updated"></span><span id="error"></span>
 </header>
 <main>
+<section id="needs" class="alarm" hidden><h2>Needs you: lanes that wait for a person</h2>
+<table id="needs-list"></table></section>
 <section id="unknown" class="alarm" hidden><h2>Unknown outcomes: dispatch halted until
 reconciled</h2><div id="unknown-list"></div></section>
 <section><h2>Lanes: what runs, and why a lane is idle</h2><table id="lanes"></table></section>
@@ -76,21 +86,22 @@ reconciled</h2><div id="unknown-list"></div></section>
 </div>
 <section><h2>Timeline</h2><div class="timeline-box" id="timeline"></div></section>
 <div class="cols">
-<section><h2>Explain a job</h2>
+<section id="explain-box"><h2>Explain a job</h2>
 <form id="explain-form"><input id="explain-job" placeholder="job id or ITEM.STAGE" size="22">
 <button>explain</button></form><div id="explain"></div></section>
-<section><h2>Attempt</h2>
+<section id="attempt-box"><h2>Attempt</h2>
 <form id="attempt-form"><input id="attempt-id" placeholder="attempt id" inputmode="numeric">
 <button>show</button></form><div id="attempt"></div></section>
 </div>
 <section><h2>Workers</h2><table id="workers"></table></section>
 <section><h2>Recent events</h2><table id="events"></table></section>
+<section><h2>Runs</h2><table id="runs"></table></section>
 </main>
 <script src="/app.js"></script>
 </body></html>
 """
 
-SCRIPT = """'use strict';
+SCRIPT = r"""'use strict';
 const POLL_MS = @POLL_MS@, TIMELINE_MS = @TIMELINE_MS@;
 const $ = (id) => document.getElementById(id);
 function el(tag, props, ...children) {
@@ -124,18 +135,64 @@ async function get(path) {
   if (!response.ok) throw new Error(body.error || response.statusText);
   return body;
 }
+// Addresses: the scheme of controller/web_links.py (each name part quoted as Python's
+// quote(safe='') quotes it), read back by route().
+const part = (v) => encodeURIComponent(String(v)).replace(/[!'()*]/g, (c) => '%' + c.charCodeAt(0).toString(16).toUpperCase());
+const runPath = (r) => `/runs/${r}`;
+const jobName = (item, stage) => `${part(item)}.${part(stage)}`;
+const jobPath = (r, item, stage) => `${runPath(r)}/jobs/${jobName(item, stage)}`;
+const jobIdPath = (r, id) => `${runPath(r)}/jobs/${id}`;
+const explainPath = (r, job) => `${runPath(r)}/explain/${job}`;
+const attemptPath = (id) => `/attempts/${id}`;
+const ID = /^[1-9][0-9]{0,18}$/;
+function route(path) {
+  const p = path.split('/').slice(1);
+  if (p.length === 2 && p[0] === 'attempts' && ID.test(p[1])) return {kind: 'attempt', attempt: Number(p[1])};
+  if (p.length < 2 || p[0] !== 'runs' || !ID.test(p[1])) return {kind: 'home'};
+  const r = Number(p[1]);
+  if (p.length === 2) return {kind: 'run', run: r};
+  if (p.length === 4 && (p[2] === 'jobs' || p[2] === 'explain')) {
+    try { return {kind: p[2] === 'jobs' ? 'job' : 'explain', run: r, job: decodeURIComponent(p[3])}; }
+    catch (error) { return {kind: 'home'}; }
+  }
+  return {kind: 'home'};
+}
 let run = null;
-const attemptLink = (id) => el('a', {onclick: () => showAttempt(id)}, String(id));
-const jobLink = (id) => el('a', {onclick: () => explain(id)}, String(id));
+function go(path) {
+  if (path !== location.pathname) history.pushState(null, '', path);
+  apply(route(path));
+}
+function link(path, text) {
+  return el('a', {href: path, onclick: (e) => {
+    if (e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey || e.altKey) return;  // a new tab: the browser's
+    e.preventDefault(); go(path);
+  }}, String(text));
+}
+const attemptLink = (id) => link(attemptPath(id), id);
+const jobLink = (r, item, stage) => link(jobPath(r, item, stage), `${item}.${stage}`);
+const jobIdLink = (r, id) => link(jobIdPath(r, id), id);
+const runLink = (r) => link(runPath(r), `run ${r}`);
+const NEEDS = new Set(['halted', 'paused', 'stopped', 'unknown_outcome', 'no_worker']);
+function needsYou(l, state) {
+  if (l.running || !(l.ready || l.waiting)) return false;
+  return NEEDS.has(l.reason && l.reason.code) || state.unknown.length > 0;
+}
 function render(state) {
   run = state.run.id;
-  $('summary').textContent = `run ${state.run.id} (${state.run.name}): ${state.run.state}`;
+  $('summary').replaceChildren(runLink(state.run.id), ` (${state.run.name}): ${state.run.state}`);
   $('updated').textContent = ` · updated ${new Date().toLocaleTimeString()}`;
+  const lanes = state.lanes.map((l) => ({l, rank: needsYou(l, state) ? 0 : l.running ? 1 : 2}))
+    .sort((a, b) => a.rank - b.rank).map((x) => x.l);
+  const needs = lanes.filter((l) => needsYou(l, state));
+  $('needs').hidden = needs.length === 0;
+  table('needs-list', ['lane', 'node', 'waiting jobs', 'why', 'what to do'], needs.map((l) => [
+    l.lane, l.node, l.ready + l.waiting, l.reason ? `${l.reason.code}: ${l.reason.words}` : '',
+    el('code', {class: 'action'}, l.action || '')]));
   const unknown = state.unknown;
   $('unknown').hidden = unknown.length === 0;
   $('unknown-list').replaceChildren(...unknown.map((u) => el('div', {class: 'unknown-attempt'},
-    el('p', {}, el('b', {}, 'attempt '), attemptLink(u.attempt_id), ` ${u.item}.${u.stage} (job `,
-      jobLink(u.job_id), `): ${u.reason || ''}`),
+    el('p', {}, el('b', {}, 'attempt '), attemptLink(u.attempt_id), ' ', jobLink(run, u.item, u.stage), ' (job ',
+      jobIdLink(run, u.job_id), `): ${u.reason || ''}`),
     el('p', {}, 'evidence: ', el('code', {}, u.evidence || '(no directory)'),
       u.files.length ? ` (${u.files.join(', ')})` : ' (no files)',
       u.supervisor_pid ? ` · supervisor pid ${u.supervisor_pid}` : '',
@@ -147,7 +204,7 @@ function render(state) {
       el('pre', {class: 'settle'}, u.conclusive.settle)]
       : [el('pre', {class: 'reconcile'}, u.reconcile)]))));
   table('lanes', ['lane', 'node', 'running', 'ready', 'waiting', 'done', 'now', 'what to do'],
-    state.lanes.map((l) => [l.lane, l.node, l.running, l.ready, l.waiting, l.done,
+    lanes.map((l) => [l.lane, l.node, l.running, l.ready, l.waiting, l.done,
       l.running ? el('span', {class: 'ok'}, `${l.running} running`)
         : l.reason ? el('span', {class: 'idle'}, `idle ${dur(l.idle_seconds)}: ${l.reason.words}`)
         : (l.ready || l.waiting) ? el('span', {class: 'idle'}, `idle ${dur(l.idle_seconds)}`) : 'done',
@@ -166,8 +223,8 @@ function render(state) {
       return [stage, bar, `${done}/${total}`, by.running || 0, by.ready || 0, by.waiting || 0,
         (by.failed || 0) + (by.unknown ? ` (+${by.unknown} unknown)` : '')];
     }));
-  table('running', ['attempt', 'item', 'stage', 'lane', 'node', 'pid', 'elapsed', 'peak RSS'],
-    state.running.map((r) => [attemptLink(r.attempt_id), r.item, r.stage, r.lane, r.node, r.pid,
+  table('running', ['attempt', 'job', 'lane', 'node', 'pid', 'elapsed', 'peak RSS'],
+    state.running.map((r) => [attemptLink(r.attempt_id), jobLink(run, r.item, r.stage), r.lane, r.node, r.pid,
       `${dur(r.elapsed_seconds)} / ${dur(r.timeout_seconds)}`,
       r.peak_rss_mib === null ? '-' : `${r.peak_rss_mib.toFixed(1)} MiB`]));
   table('workers', ['node', 'worker', 'pid', 'host', 'heartbeat', 'slots', 'state'],
@@ -177,7 +234,7 @@ function render(state) {
     state.no_worker.map((n) => [n.node, '-', '', '', '', '', el('code', {}, `no live worker: ${n.start}`)])));
   table('events', ['#', 'at', 'kind', 'job', 'attempt', 'actor', 'detail'],
     state.recent_events.slice().reverse().map((e) => [e.id, e.at, e.kind,
-      e.job_id ? jobLink(e.job_id) : '', e.attempt_id ? attemptLink(e.attempt_id) : '', e.actor,
+      e.job_id ? jobIdLink(run, e.job_id) : '', e.attempt_id ? attemptLink(e.attempt_id) : '', e.actor,
       JSON.stringify(e.detail)]));
 }
 async function poll() {
@@ -198,13 +255,28 @@ async function runs() {
   const list = await get('/api/runs');
   $('run').replaceChildren(...list.map((r) => el('option', {value: r.id}, `${r.id} ${r.name} (${r.state})`)));
   if (run !== null) $('run').value = run;
+  table('runs', ['run', 'name', 'state', 'created', 'finished'], list.map((r) =>
+    [runLink(r.id), r.name, r.state, r.created_at || '-', r.finished_at || '-']));
 }
-async function explain(job) {
+function showRun(r) {
+  if (r === run) return;
+  run = r;
+  $('run').value = r;
+  poll();
+  timeline();
+}
+async function explain(job, kind) {
   $('explain-job').value = job;
   try {
     const where = run === null ? '' : `&run=${run}`;
     const r = await get(`/api/explain?job=${encodeURIComponent(job)}${where}`);
-    const parts = [el('p', {}, `job ${r.job_id} (${r.item}.${r.stage}, lane ${r.lane}, run ${r.run_id}): `, el('b', {}, r.state))];
+    if (kind && route(location.pathname).job === job) {  // a job id in the address: its name instead
+      const canonical = kind === 'job' ? jobPath(r.run_id, r.item, r.stage) : explainPath(r.run_id, jobName(r.item, r.stage));
+      history.replaceState(null, '', canonical);
+    }
+    showRun(r.run_id);
+    const parts = [el('p', {}, 'job ', r.job_id, ' (', jobLink(r.run_id, r.item, r.stage), `, lane ${r.lane}, `,
+      runLink(r.run_id), '): ', el('b', {}, r.state))];
     if (r.blocked_by.length) parts.push(el('ul', {}, ...r.blocked_by.map((b) => el('li', {}, `${b.code}: ${b.words}`))));
     if (r.arithmetic) parts.push(el('pre', {}, JSON.stringify(r.arithmetic, null, 1)));
     if (r.attempt) parts.push(el('p', {}, 'attempt ', attemptLink(r.attempt.attempt_id), `: ${r.attempt.state} ${r.attempt.reason || ''}`));
@@ -217,9 +289,11 @@ async function showAttempt(id) {
   $('attempt-id').value = id;
   try {
     const a = await get(`/api/attempt?id=${id}`);
+    showRun(a.run_id);
     const mib = (v) => v === null ? 'not measured' : `${v.toFixed(1)} MiB`;
     const parts = [
-      el('p', {}, `attempt ${a.attempt_id} (#${a.number}) of job `, jobLink(a.job_id), ` ${a.item}.${a.stage}: `,
+      el('p', {}, `attempt ${a.attempt_id} (#${a.number}) of job `, jobIdLink(a.run_id, a.job_id), ' ',
+        jobLink(a.run_id, a.item, a.stage), ' in ', runLink(a.run_id), ': ',
         el('b', {}, a.outcome || a.state), a.reason ? ` — ${a.reason}` : ''),
       el('p', {}, `node ${a.node}${a.host ? ' (host ' + a.host + ')' : ''} · exit ${a.exit_code ?? '-'}`
         + `${a.exit_signal ? ' signal ' + a.exit_signal : ''} · peak RSS ${mib(a.peak_rss_mib)}`
@@ -232,13 +306,38 @@ async function showAttempt(id) {
     $('attempt').replaceChildren(...parts);
   } catch (error) { $('attempt').textContent = error.message; }
 }
-$('run').addEventListener('change', () => { run = Number($('run').value); poll(); timeline(); });
-$('explain-form').addEventListener('submit', (e) => { e.preventDefault(); explain($('explain-job').value); });
-$('attempt-form').addEventListener('submit', (e) => { e.preventDefault(); showAttempt($('attempt-id').value); });
+function apply(where) {
+  // What the address names: its run selected, and its job or attempt shown.
+  if (where.run !== undefined) showRun(where.run);
+  if (where.kind === 'job' || where.kind === 'explain') {
+    explain(where.job, where.kind);
+    $('explain-box').scrollIntoView();
+  } else if (where.kind === 'attempt') {
+    showAttempt(where.attempt);
+    $('attempt-box').scrollIntoView();
+  }
+}
+window.addEventListener('popstate', () => apply(route(location.pathname)));
+$('run').addEventListener('change', () => go(runPath(Number($('run').value))));
+$('explain-form').addEventListener('submit', (e) => {
+  e.preventDefault();
+  const job = $('explain-job').value.trim(), dot = job.lastIndexOf('.');
+  if (run !== null && (ID.test(job) || (dot > 0 && dot < job.length - 1))) {
+    go(explainPath(run, ID.test(job) ? job : jobName(job.slice(0, dot), job.slice(dot + 1))));
+  } else explain(job);
+});
+$('attempt-form').addEventListener('submit', (e) => {
+  e.preventDefault();
+  const id = $('attempt-id').value.trim();
+  if (ID.test(id)) go(attemptPath(id)); else showAttempt(id);
+});
 (async () => {
+  const first = route(location.pathname);
+  if (first.run !== undefined) run = first.run;
   await poll();
   await runs().catch(() => {});
   timeline();
+  apply(first);
   setInterval(poll, POLL_MS);
   setInterval(timeline, TIMELINE_MS);
   setInterval(() => runs().catch(() => {}), 30000);
