@@ -186,7 +186,7 @@ function render(state) {
   const needs = lanes.filter((l) => needsYou(l, state));
   $('needs').hidden = needs.length === 0;
   table('needs-list', ['lane', 'node', 'waiting jobs', 'why', 'what to do'], needs.map((l) => [
-    l.lane, l.node, l.ready + l.waiting, l.reason ? `${l.reason.code}: ${l.reason.words}` : '',
+    l.lane, l.node, l.ready + l.waiting, l.reason ? l.reason.words : '',
     el('code', {class: 'action'}, l.action || '')]));
   const unknown = state.unknown;
   $('unknown').hidden = unknown.length === 0;

@@ -170,6 +170,7 @@ def test_browser_follows_links_and_shows_what_needs_you_first(tmp_path: Path):
                 assert "start a worker" in needs[1] and "--node n2" in needs[1]
                 lanes = page.locator("#lanes tr td:first-child").all_inner_texts()
                 assert lanes == ["b", "a"], lanes
+                page.screenshot(path=str(tmp_path / "needs-you.png"), full_page=True)
                 # Every run, job and attempt shown is a link to its address.
                 job = page.locator("#running a >> text=x0.only")
                 assert job.get_attribute("href") == web_links.job_path(1, "x0", "only")
