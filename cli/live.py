@@ -123,7 +123,7 @@ class Progress:
                 ),
             )
         for lane in status.lanes:
-            self._once(f"lane {lane.lane}", render.clean(f"run {run}: {_lane_words(lane)}"))
+            self._once(f"lane {lane.lane}", render.clean(f"run {run}: {_lane_words(lane, status)}"))
 
     def _once(self, key: str, line: str) -> None:
         if self._seen.get(key) != line:
@@ -152,14 +152,19 @@ class Progress:
         self._display.update(body, refresh=True)
 
 
-def _lane_words(lane: Lane) -> str:
+def _lane_words(lane: Lane, status: StatusReport) -> str:
+    step = advice.lane_step(lane, status)
     if lane.running:
         return f"lane {lane.lane}: {lane.running} running"
-    if lane.reason:
-        return f"lane {lane.lane}: idle: {lane.reason.words}"
-    if lane.pending:
-        return f"lane {lane.lane}: idle"
-    return f"lane {lane.lane}: done"
+    if step.code == advice.DONE:
+        return f"lane {lane.lane}: done"
+    idle = (
+        f"lane {lane.lane}: idle: {lane.reason.words}" if lane.reason else f"lane {lane.lane}: idle"
+    )
+    what = advice.action_words(step)
+    if not what or (step.command is not None and step.command in idle):
+        return idle  # the reason's words name the command already (no_worker's do)
+    return f"{idle}; next: {what}"
 
 
 _CLOCK_KEYS = {
@@ -248,19 +253,18 @@ def renderable(status: StatusReport, eta: float | None, rates: dict[str, Any]) -
             f"{attempt.item}.{attempt.stage} ({render.duration(attempt.elapsed_seconds)})"
         )
     for lane in status.lanes:
+        step = advice.lane_step(lane, status)
         if lane.running:
             now = Text(", ".join(running_by_lane.get(lane.lane, [])) or "running", style="green")
+        elif step.code == advice.DONE:
+            now = Text("done", style="dim")
         elif lane.reason:
             now = Text(
                 render.clean(f"idle {render.duration(lane.idle_seconds)}: {lane.reason.words}"),
                 style="yellow",
             )
-        elif lane.pending:
-            now = Text(f"idle {render.duration(lane.idle_seconds)}", style="yellow")
         else:
-            now = Text("done", style="dim")
-        lanes.add_row(
-            lane.lane, lane.node, now, render.clean(advice.lane_action(lane, status) or "")
-        )
+            now = Text(f"idle {render.duration(lane.idle_seconds)}", style="yellow")
+        lanes.add_row(lane.lane, lane.node, now, render.clean(advice.action_words(step) or ""))
     parts.append(lanes)
     return Group(*parts)

@@ -8,6 +8,7 @@ import shlex
 from typing import Any
 
 from laneway.cli import artifacts_text, oom_text, spend_text
+from laneway.controller import advice
 from laneway.controller.status_model import Closeout, StatusReport
 
 _CONTROL_CHARS = re.compile(
@@ -143,16 +144,17 @@ def status_text(status: StatusReport) -> str:
     lane_rows = []
     unserved = {entry.node for entry in status.no_worker}
     for lane in status.lanes:
+        step = advice.lane_step(lane, status)
         if lane.running:
             state = f"{lane.running} running"
             if lane.node in unserved:
                 state += " (no live worker on its node)"
+        elif step.code == advice.DONE:
+            state = "done"
         elif lane.reason:
             state = f"idle {duration(lane.idle_seconds)}: {clean(lane.reason.words)}"
-        elif lane.ready or lane.waiting:
-            state = f"idle {duration(lane.idle_seconds)}"
         else:
-            state = "done"
+            state = f"idle {duration(lane.idle_seconds)}"
         lane_rows.append(
             [
                 lane.lane,
@@ -162,9 +164,11 @@ def status_text(status: StatusReport) -> str:
                 lane.done,
                 lane.last_start or "-",
                 state,
+                clean(advice.action_words(step) or "-"),
             ]
         )
-    out.append(table(["lane", "node", "ready", "waiting", "done", "last start", "now"], lane_rows))
+    headers = ["lane", "node", "ready", "waiting", "done", "last start", "now", "what to do"]
+    out.append(table(headers, lane_rows))
     out += placement_lines(
         [(p.stage, p.nodes, p.words, p.runs_on, p.no_live_worker) for p in status.placement]
     )

@@ -1,8 +1,25 @@
-"""What an operator needs to do about an idle lane: one line per reason code, built from
-a ``status_report`` (read-only; shared by the live display and the web page).
+"""What an operator needs to do about a lane: one ``NextStep`` per holding reason, built
+from a ``status_report`` (read-only).
 
-A reason that clears by itself (a cap, the memory floor while attempts run, earlier
-stages still pending) says so; one that needs a person names the command.
+``next_step(lane, status)`` is the one mapping. ``status_report`` sets each lane's
+``next_step`` with it, so ``laneway status`` (text and ``--json``), ``status --watch``,
+the live display of ``laneway run``, the web page (``/api/state``) and ``laneway run``'s
+exit message (``run_next_step``) all say the same thing. Each step names at most ONE
+command:
+
+- a budget that leaves nothing more to start (a pause whose reason begins with
+  ``usage.BUDGET_SPENT``, or admission's ``budget`` refusal): raise ``budget`` in the
+  config and start a new run (``laneway run CONFIG --new``), which reuses every job that
+  succeeded; never ``resume``, which would pause it again;
+- frozen sources that changed (the halt of
+  ``controller/ledger/claim.py::_halt_on_source_drift``): a new run, naming the files;
+  ``clear-halt`` cannot lift it (the next claim halts again);
+- a halt, a pause (the infrastructure breaker's too), a stop: ``clear-halt`` / ``resume``;
+- unknown outcomes: the reconcile command of the first unknown attempt;
+- no live worker: the command that starts one;
+- a capacity refusal (a cap, full slots, earlier stages pending): nothing to do, it
+  clears by itself (no command);
+- a running lane: nothing to do; a lane with nothing left to start: done (no command).
 """
 
 from __future__ import annotations
@@ -10,8 +27,23 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
+from laneway.controller.status_model import NextStep
+from laneway.controller.usage import BUDGET_SPENT
+
 if TYPE_CHECKING:
     from laneway.controller.status_model import Lane, StatusReport
+
+SOURCES_CHANGED = "frozen sources changed: "
+"""How the reason of the halt over changed sources begins
+(``controller/ledger/claim.py::_halt_on_source_drift``)."""
+BREAKER = "infrastructure failures of "
+"""How the reason of the infrastructure breaker's pause begins
+(``controller/ledger/settle.py::_trip_infra_breaker``)."""
+
+DONE = "done"
+RUNNING = "running"
+NEW_RUN_CODES = frozenset({"budget", "sources_changed"})
+"""Steps whose way on is a new run, not continuing this one."""
 
 WAITS = {
     "max_jobs": "nothing to do: the node runs its max_jobs; the next settle frees a slot",
@@ -20,47 +52,126 @@ WAITS = {
     "stage_cap": "nothing to do: the stage's cap is reached; it frees as they settle",
     "needs_pending": "nothing to do: earlier stages of its items are still pending",
     "batch_cap": "nothing to do: the run's batch cap is reached",
+    "gpu_capacity": (
+        "nothing to do until a GPU attempt settles (a second one shares the node only "
+        "when measured peaks say it fits)"
+    ),
 }
 
+RUN_ORDER = (
+    "unknown_outcome",
+    "sources_changed",
+    "budget",
+    "halted",
+    "breaker",
+    "paused",
+    "stopped",
+    "no_worker",
+)
+"""Which lane's step is the run's (``run_next_step``): what must happen first."""
 
-def lane_action(lane: Lane, status: StatusReport) -> str | None:
-    """The operator's next step for ``lane`` (one of ``status.lanes``), or None when the
-    lane is running or done."""
-    reason = lane.reason
-    if lane.running or not lane.pending:
-        return None
+
+def _where(runtime_dir: str | None) -> str:
+    return "" if runtime_dir is None else f" --runtime-dir {shlex.quote(runtime_dir)}"
+
+
+def new_run_command(runtime_dir: str | None) -> str:
+    """The command that starts a new run of the config (reusing what succeeded)."""
+    return f"laneway run CONFIG --new{_where(runtime_dir)}"
+
+
+def next_step(lane: Lane, status: StatusReport) -> NextStep:
+    """The operator's next step for ``lane`` (one of ``status.lanes``)."""
+    if lane.running:
+        return NextStep(RUNNING, f"nothing to do: {lane.running} running", None)
+    if not lane.pending:
+        return NextStep(DONE, "done: the lane has no job left to start", None)
     run = status.run
-    rt = f"--runtime-dir {shlex.quote(run.runtime_dir)}"
-    if reason is None:
-        return "no refusal recorded yet: `laneway explain JOB` lists what blocks a ready job"
-    code = reason.code
-    if status.unknown and code != "no_worker":
+    reason = lane.reason
+    if status.unknown:
         # An unknown attempt halts the run's dispatch whatever was recorded last.
-        code = "unknown_outcome"
-    if code == "no_worker":
-        return f"start a worker: {reason.detail.get('start')}"
+        first = status.unknown[0]
+        return NextStep("unknown_outcome", "reconcile the unknown attempt", first.reconcile)
+    if reason is None:
+        return NextStep(
+            "unrecorded",
+            "no refusal recorded yet: `laneway explain JOB` lists what blocks a ready job",
+            None,
+        )
+    code = reason.code
+    why = str(reason.detail.get("reason") or "")
     if code == "unknown_outcome":
-        first = status.unknown[0] if status.unknown else None
-        if first is not None:
-            return f"reconcile the unknown attempt: {first.reconcile}"
-        return (
-            "reconcile the unknown attempt(s) that halt dispatch (another run's, scope everything)"
+        return NextStep(
+            "unknown_outcome",
+            "reconcile the unknown attempt(s) that halt dispatch (another run's, scope everything)",
+            None,
+        )
+    if code == "no_worker":
+        return NextStep("no_worker", "start a worker", str(reason.detail.get("start")))
+    if code == "budget" or (code == "paused" and why.startswith(BUDGET_SPENT)):
+        succeeded = status.totals.get("succeeded", 0)
+        return NextStep(
+            "budget",
+            f"the run stopped at its budget; raise `budget` in the config and start a new "
+            f"run ({succeeded} succeeded job(s) are reused, not run or paid for again; "
+            "`resume` would pause it again)",
+            new_run_command(run.runtime_dir),
+        )
+    if code == "halted" and why.startswith(SOURCES_CHANGED):
+        # Each problem names its file first (``pipeline.source_drift``); an unreadable
+        # one's own "; frozen HASH" is no file.
+        parts = why[len(SOURCES_CHANGED) :].split("; ")
+        files = [part.split(": ", 1)[0] for part in parts if not part.startswith("frozen ")]
+        return NextStep(
+            "sources_changed",
+            f"the run's frozen sources changed ({', '.join(files)}); `clear-halt` cannot "
+            "lift this halt: start a new run, which freezes them again and reuses what "
+            "succeeded",
+            new_run_command(run.runtime_dir),
         )
     if code in ("paused", "stopped", "halted"):
         kinds = {"paused": "pause", "stopped": "stop", "halted": "halt"}
         scopes = {c.scope for c in status.controls if c.kind == kinds[code]}
         target = "--all" if scopes == {"global"} else str(run.id)
         verb = "clear-halt" if code == "halted" else "resume"
-        return f"once the cause is fixed: laneway {verb} {target} --reason '...' {rt}"
+        command = f"laneway {verb} {target} --reason '...'{_where(run.runtime_dir)}"
+        if code == "paused" and why.startswith(BREAKER):
+            return NextStep(
+                "breaker",
+                "the infrastructure breaker paused the run; once the infrastructure is fixed",
+                command,
+            )
+        return NextStep(code, "once the cause is fixed", command)
     if code == "memory_floor":
-        return (
+        return NextStep(
+            code,
             "wait for running attempts to release memory, free memory on node "
             f"{reason.node or lane.node}, or lower the stage's memory_mib; "
-            "`laneway explain JOB` shows the arithmetic"
+            "`laneway explain JOB` shows the arithmetic",
+            None,
         )
-    if code == "gpu_capacity":
-        return (
-            "nothing to do until a GPU attempt settles (a second one shares the node only "
-            "when measured peaks say it fits)"
-        )
-    return WAITS.get(code, f"see `laneway explain JOB` ({code})")
+    return NextStep(code, WAITS.get(code, f"see `laneway explain JOB` ({code})"), None)
+
+
+def lane_step(lane: Lane, status: StatusReport) -> NextStep:
+    """The lane's step as ``status_report`` set it; a report read back from JSON written
+    without it gets it from ``next_step`` (the same mapping)."""
+    return lane.next_step if lane.next_step is not None else next_step(lane, status)
+
+
+def action_words(step: NextStep | None) -> str | None:
+    """The "what to do" cell: the step's line; nothing for a running or done lane."""
+    if step is None or step.code in (DONE, RUNNING):
+        return None
+    return step.line()
+
+
+def run_next_step(status: StatusReport) -> NextStep | None:
+    """The run's one next step: of its lanes' steps that need a person (a command), the
+    one that must come first (``RUN_ORDER``); None when none needs one."""
+    steps = [lane_step(lane, status) for lane in status.lanes]
+    needed = [s for s in steps if s.command is not None]
+    if not needed:
+        return None
+    rank = {code: i for i, code in enumerate(RUN_ORDER)}
+    return min(needed, key=lambda s: rank.get(s.code, len(rank)))

@@ -24,7 +24,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from laneway.controller import controller_lock, db, ledger, ledger_open, pipeline, usage
+from laneway.controller import advice, controller_lock, db, ledger, ledger_open, pipeline
 from laneway.controller import daemon as daemon_module
 from laneway.controller.errors import LedgerUnavailable, UsageError
 from laneway.controller.rows import Rows, SessionRows
@@ -133,7 +133,7 @@ class RunView:
     closeout_underway: bool
     """Its closeout is running, or about to (the run finished, the closeout pending)."""
     budget_spent: bool
-    """A control says nothing more fits the run's budget."""
+    """The run's next step (``advice.run_next_step``) is its budget's: nothing more fits."""
 
     def blocked_reason(self) -> str | None:
         """Why a run with nothing in flight cannot progress without an operator, if so."""
@@ -158,8 +158,13 @@ def read_view(status: StatusReport) -> RunView:
             if lane.pending
         ),
         closeout_underway=closeout == "running" or (closeout == "pending" and finished),
-        budget_spent=any(c.reason.startswith(usage.BUDGET_SPENT) for c in status.controls),
+        budget_spent=_step_code(status) == "budget",
     )
+
+
+def _step_code(status: StatusReport) -> str | None:
+    step = advice.run_next_step(status)
+    return None if step is None else step.code
 
 
 @dataclass(frozen=True)
@@ -194,17 +199,31 @@ class ForegroundResult:
             return []
         run_id = self.run_id
         said = []
+        # The same next step `laneway status`, the live display and the web page show.
+        step = advice.run_next_step(self.final)
+        new_run = step is not None and step.code in advice.NEW_RUN_CODES
         if self.blocked:
             words = f"laneway: run {run_id} is blocked: {self.blocked}"
-            said.append(Notice("run_blocked", words, {"run_id": run_id, "reason": self.blocked}))
-        if read_view(self.final).budget_spent:
+            fields: dict[str, Any] = {"run_id": run_id, "reason": self.blocked}
+            if step is not None:
+                fields["next_step"] = step.as_dict()
+                if not new_run:  # a new run's step is said on its own line below
+                    words += f"; next: {step.line()}"
+            said.append(Notice("run_blocked", words, fields))
+        if step is not None and step.code == "budget":
             # Continuing would pause it again: only more budget lets it go on.
+            reused = self.final.totals.get("succeeded", 0)
             words = (
                 f"laneway: run {run_id} stopped at its budget; to go on, raise `budget` in "
-                "the config and start a new run with `laneway run CONFIG --new`: every job "
-                "that succeeded is reused, not run or paid for again"
+                f"the config and start a new run with `{step.command}`: every job that "
+                f"succeeded ({reused}) is reused, not run or paid for again"
             )
-            said.append(Notice("run_budget_spent", words, {"run_id": run_id}))
+            fields = {"run_id": run_id, "command": step.command}
+            said.append(Notice("run_budget_spent", words, fields))
+        elif step is not None and step.code == "sources_changed":
+            words = f"laneway: run {run_id} cannot go on: {step.line()}"
+            fields = {"run_id": run_id, "command": step.command}
+            said.append(Notice("run_sources_changed", words, fields))
         else:
             when = "once it is unblocked, " if self.blocked else ""
             command = self.continue_command

@@ -2,7 +2,8 @@
 
 ``status_report`` returns a ``StatusReport`` (controller/status_model.py): ``laneway status
 --json`` prints its ``as_dict()``, the controller writes that to ``runs/<run>/status.json``,
-and ``cli.render`` turns it into text.
+and ``cli.render`` turns it into text. Each lane carries its next step
+(``advice.next_step``), so every reader of the report says the same one.
 
 The status report is plain, dialect-neutral SQL over a ``Rows`` source
 (controller/rows.py): ``laneway status`` reads a SQLite ledger through the stdlib
@@ -16,7 +17,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from laneway.controller import admission, queries
+from laneway.controller import admission, advice, queries
 from laneway.controller.clock import iso
 from laneway.controller.errors import NotFound
 from laneway.controller.explain import explain_job as explain_job
@@ -167,7 +168,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
             source.rows(queries.RECENT_RUN_EVENTS, rid)
         )
     ]
-    return StatusReport(
+    report = StatusReport(
         run=RunInfo(
             id=run["id"],
             name=run["name"],
@@ -210,6 +211,9 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
         closeout=closeout_state(source, run),
         recent_events=events,
     )
+    for lane in report.lanes:  # one next step per lane, whoever reads the report
+        lane.next_step = advice.next_step(lane, report)
+    return report
 
 
 def _lanes(

@@ -208,9 +208,28 @@ class Reason:
 
 @dataclass
 class Advice:
-    """The operator's next step for a lane (``advice.lane_action``), set by the dashboard."""
+    """The lane's next step as one line (``advice.action_words`` of its ``next_step``),
+    set by the dashboard (``/api/state``'s ``action``)."""
 
     words: str | None
+
+
+@dataclass
+class NextStep(_Flat):
+    """What an operator does about a lane (``advice.next_step``): ``code`` (the holding
+    reason: ``budget``, ``sources_changed``, ``halted``, ``breaker``, ``paused``,
+    ``stopped``, ``unknown_outcome``, ``no_worker``, a capacity code, ``running``,
+    ``done``, ...), the
+    step in ``words`` and at most one ``command`` (None: nothing to type; it clears by
+    itself, or the lane is done)."""
+
+    code: str
+    words: str
+    command: str | None
+
+    def line(self) -> str:
+        """The step as one line: its words, then its command."""
+        return self.words if self.command is None else f"{self.words}: {self.command}"
 
 
 @dataclass
@@ -229,6 +248,9 @@ class Lane:
     reason: Reason | None
     action: Advice | None = None
     """In ``as_dict`` (as ``action``) only when set."""
+    next_step: NextStep | None = None
+    """Set by ``status_report`` (every lane: a running one's says so); in ``as_dict``
+    (as ``next_step``) only when set."""
 
     @property
     def pending(self) -> bool:
@@ -250,6 +272,8 @@ class Lane:
         }
         if self.action is not None:
             body["action"] = self.action.words
+        if self.next_step is not None:
+            body["next_step"] = self.next_step.as_dict()
         return body
 
 
@@ -376,12 +400,14 @@ class StatusReport:
             return UnknownAttempt(**base, conclusive=u.get("conclusive"), on_disk=on_disk)
 
         def lane(entry: dict[str, Any]) -> Lane:
-            base = {k: entry[k] for k in _names(Lane) if k not in ("reason", "action")}
-            reason = entry["reason"]
+            optional = ("reason", "action", "next_step")
+            base = {k: entry[k] for k in _names(Lane) if k not in optional}
+            reason, step = entry["reason"], entry.get("next_step")
             return Lane(
                 **base,
                 reason=None if reason is None else Reason(**reason, recorded="node" in reason),
                 action=Advice(entry["action"]) if "action" in entry else None,
+                next_step=None if step is None else NextStep(**step),
             )
 
         closeout = dict(body["closeout"])

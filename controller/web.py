@@ -188,7 +188,7 @@ class Dashboard:
                 )
             }
         for lane in status.lanes:
-            lane.action = Advice(advice.lane_action(lane, status))
+            lane.action = Advice(advice.action_words(advice.lane_step(lane, status)))
         for unknown in status.unknown:
             directory = Path(unknown.evidence) if unknown.evidence else None
             files = [name for name in EVIDENCE_FILES if directory and (directory / name).exists()]

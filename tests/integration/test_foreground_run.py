@@ -240,7 +240,11 @@ def test_exit_code_and_notices_follow_the_ending_and_the_final_state(ending, sta
 
 @pytest.mark.no_ledger
 def test_a_spent_budget_says_to_raise_it_not_to_continue():
-    final = status(controls=[{"reason": "nothing more fits the budget: usd 10 of 10"}])
+    spent = "nothing more fits the budget: usd 10 of 10"
+    held = lane("paused", f"paused: {spent}")
+    held["reason"]["detail"] = {"scope": "run", "reason": spent}
+    final = status(controls=[{"reason": spent}], lanes=[held])
     ended = ForegroundResult(7, Ending.BLOCKED, "paused", "laneway run --continue 7", final)
     assert [n.event for n in ended.notices()] == ["run_blocked", "run_budget_spent"]
     assert "laneway run CONFIG --new" in ended.notices()[1].words
+    assert "resume" not in " ".join(n.words for n in ended.notices())

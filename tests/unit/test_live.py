@@ -133,8 +133,18 @@ def test_plain_lines_one_per_change():
     assert first == [
         "run 1: 4/8 jobs terminal · failed 1 · running 1 · succeeded 3 · waiting 3",
         "run 1: lane a: 1 running",
-        "run 1: lane b: idle: no live worker on node n1",
+        "run 1: lane b: idle: no live worker on node n1; "
+        "next: start a worker: laneway worker --node n1 --runtime-dir /rt",
     ]
+    # A reason whose words name the command already is not followed by it again.
+    named = status()
+    named["lanes"][1]["reason"]["words"] = "no live worker; start one: laneway worker --node n1"
+    named["lanes"][1]["reason"]["detail"]["start"] = "laneway worker --node n1"
+    again = io.StringIO()
+    live.Progress(1, stream=again, live=False).show(typed(named))
+    assert again.getvalue().splitlines()[-1] == (
+        "run 1: lane b: idle: no live worker; start one: laneway worker --node n1"
+    )
     later = status()
     later["lanes"][1]["idle_seconds"] = 900.0  # the clock alone: nothing new to say
     shown.show(typed(later))
@@ -149,7 +159,10 @@ def test_plain_lines_one_per_change():
     }
     shown.show(typed(status(unknown=[unknown])))
     assert out.getvalue().splitlines()[len(first) :] == [
-        f"run 1: UNKNOWN attempt 7 i9.solve: lease expired; resolve: {RECONCILE}"
+        f"run 1: UNKNOWN attempt 7 i9.solve: lease expired; resolve: {RECONCILE}",
+        # The lane's next step changes with it: the unknown attempt comes first.
+        "run 1: lane b: idle: no live worker on node n1; "
+        f"next: reconcile the unknown attempt: {RECONCILE}",
     ]
 
 
