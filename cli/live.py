@@ -11,6 +11,7 @@ terminal is shown.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections import deque
@@ -122,6 +123,21 @@ class Progress:
                     f"{unknown.stage}: {unknown.reason}; resolve: {unknown.reconcile}"
                 ),
             )
+        said = render.controller_line(status)
+        if said is not None:
+            self._once("controller", render.clean(f"run {run}: {said}"))
+        for worker in status.workers:
+            # A worker's liveness once it is not live, and each change after (the same
+            # field ``status`` prints); a worker that stays live says nothing.
+            key = f"worker {worker.worker_id}"
+            if worker.liveness == "live" and key not in self._seen:
+                continue
+            self._once(
+                key,
+                render.clean(
+                    f"run {run}: worker {worker.worker_id} (node {worker.node}): {worker.liveness}"
+                ),
+            )
         for lane in status.lanes:
             self._once(f"lane {lane.lane}", render.clean(f"run {run}: {_lane_words(lane, status)}"))
 
@@ -155,7 +171,12 @@ class Progress:
 def _lane_words(lane: Lane, status: StatusReport) -> str:
     step = advice.lane_step(lane, status)
     if lane.running:
-        return f"lane {lane.lane}: {lane.running} running"
+        words = f"lane {lane.lane}: {lane.running} running"
+        doubts = render.unverified_words(status, lane.lane)
+        if doubts:
+            words += f", UNVERIFIED ({_without_seconds(doubts)})"
+        what = advice.action_words(step)
+        return f"{words}; next: {what}" if what else words
     if step.code == advice.DONE:
         return f"lane {lane.lane}: done"
     idle = (
@@ -167,6 +188,12 @@ def _lane_words(lane: Lane, status: StatusReport) -> str:
     return f"{idle}; next: {what}"
 
 
+def _without_seconds(words: str) -> str:
+    """``worker w-1 stale for 12 s`` as ``worker w-1 stale``: a plain line changes with
+    what is known, not with the clock."""
+    return re.sub(r" for \d+ s\b", "", words)
+
+
 _CLOCK_KEYS = {
     "generated_at",
     "elapsed_seconds",
@@ -174,6 +201,7 @@ _CLOCK_KEYS = {
     "heartbeat_age_seconds",
     "heartbeat_at",
     "per_hour",
+    "unverified_because",
 }
 
 
@@ -202,6 +230,28 @@ def renderable(status: StatusReport, eta: float | None, rates: dict[str, Any]) -
     if not run.finished:  # a finished run has nothing left to estimate
         header.append(f" · ETA {render.duration(eta) if eta is not None else 'not measured yet'}")
     parts.append(header)
+    controller = status.controller
+    if run.finished:
+        pass  # a finished run needs no controller: nothing said
+    elif controller is not None and controller.state == "running":
+        header.append(f" · controller pid {controller.pid}", style="dim")
+    elif controller is not None:
+        # Gone (or unknown): its own line, right under the run's.
+        said = render.controller_line(status) or ""
+        gone = controller.state == "gone"
+        parts.append(Text(render.clean(said), style="bold red" if gone else "yellow"))
+    for worker in status.workers:
+        if worker.liveness in ("stale", "lost") and worker.state == "active":
+            parts.append(
+                Text(
+                    render.clean(
+                        f"worker {worker.worker_id} (node {worker.node}): "
+                        f"{worker.liveness_words()} (heartbeat "
+                        f"{render.duration(max(0.0, worker.heartbeat_age_seconds))} ago)"
+                    ),
+                    style="bold red" if worker.liveness == "lost" else "yellow",
+                )
+            )
     if status.unknown:
         box = Table.grid(padding=(0, 1))
         box.add_row(
@@ -254,7 +304,12 @@ def renderable(status: StatusReport, eta: float | None, rates: dict[str, Any]) -
         )
     for lane in status.lanes:
         step = advice.lane_step(lane, status)
-        if lane.running:
+        doubts = render.unverified_words(status, lane.lane) if lane.running else None
+        if doubts:
+            # Not known to run: never the running green.
+            shown = ", ".join(running_by_lane.get(lane.lane, [])) or "running"
+            now = Text(render.clean(f"UNVERIFIED {shown}: {doubts}"), style="bold magenta")
+        elif lane.running:
             now = Text(", ".join(running_by_lane.get(lane.lane, [])) or "running", style="green")
         elif step.code == advice.DONE:
             now = Text("done", style="dim")

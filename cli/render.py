@@ -9,7 +9,7 @@ from typing import Any
 
 from laneway.cli import artifacts_text, oom_text, spend_text
 from laneway.controller import advice
-from laneway.controller.status_model import Closeout, StatusReport
+from laneway.controller.status_model import Closeout, RunningAttempt, StatusReport
 
 _CONTROL_CHARS = re.compile(
     r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|[\x00-\x08\x0b-\x1f\x7f]"
@@ -61,6 +61,9 @@ def status_text(status: StatusReport) -> str:
         f"run {run.id} ({run.name}) — {run.state}; started {run.created_at}"
         + (f", finished {run.finished_at}" if run.finished_at else "")
     ]
+    said = controller_line(status)
+    if said:
+        out.append(clean(said))
     if status.unknown:
         out.append("")
         out.append(f"UNKNOWN OUTCOMES — dispatch halted until reconciled ({len(status.unknown)}):")
@@ -122,7 +125,7 @@ def status_text(status: StatusReport) -> str:
         out.append("running:")
         out.append(
             table(
-                ["attempt", "item", "stage", "lane", "node", "pid", "elapsed", "timeout"],
+                ["attempt", "item", "stage", "lane", "node", "pid", "elapsed", "timeout", "state"],
                 [
                     [
                         r.attempt_id,
@@ -133,6 +136,7 @@ def status_text(status: StatusReport) -> str:
                         r.pid,
                         duration(r.elapsed_seconds),
                         duration(r.timeout_seconds),
+                        clean(attempt_state_words(r)),
                     ]
                     for r in status.running
                 ],
@@ -147,7 +151,10 @@ def status_text(status: StatusReport) -> str:
         step = advice.lane_step(lane, status)
         if lane.running:
             state = f"{lane.running} running"
-            if lane.node in unserved:
+            doubts = unverified_words(status, lane.lane)
+            if doubts:
+                state += f" (UNVERIFIED: {doubts})"
+            elif lane.node in unserved:
                 state += " (no live worker on its node)"
         elif step.code == advice.DONE:
             state = "done"
@@ -187,6 +194,38 @@ def status_text(status: StatusReport) -> str:
     return "\n".join(out)
 
 
+def controller_line(status: StatusReport) -> str | None:
+    """The controller in one line (``StatusReport.controller``): ``controller: running
+    (pid N)``, ``controller: GONE — ...`` while the run is active, or ``unknown`` and why;
+    None when the report does not say (JSON written before it did)."""
+    controller = status.controller
+    if controller is None:
+        return None
+    if controller.state == "running":
+        return f"controller: running (pid {controller.pid})"
+    if controller.state == "gone":
+        if status.run.finished:
+            return "controller: none running (the run is finished)"
+        return f"controller: GONE — {controller.words}; nothing is dispatched, settled or closed"
+    return f"controller: {controller.words}"
+
+
+def attempt_state_words(attempt: RunningAttempt) -> str:
+    """An in-flight attempt's state as every view shows it: ``running`` / ``intent``
+    while its worker is live, else ``unverified: worker w-1 stale for 12 s``."""
+    if attempt.verified:
+        return attempt.state
+    return f"unverified: {attempt.unverified_because}"
+
+
+def unverified_words(status: StatusReport, lane: str) -> str | None:
+    """Why the lane's in-flight attempts are not known to run, if any is not: each
+    distinct reason once (``worker w-1 stale for 12 s``)."""
+    because = [r.unverified_because for r in status.running if r.lane == lane and not r.verified]
+    found = list(dict.fromkeys(b for b in because if b))
+    return "; ".join(found) if found else None
+
+
 def workers_text(status: StatusReport) -> list[str]:
     """The workers section: each worker of the run's nodes (active ones, the last few
     stopped or lost), then every node no live worker serves, with the command that
@@ -204,7 +243,7 @@ def workers_text(status: StatusReport) -> list[str]:
                         w.host,
                         f"{duration(max(0.0, w.heartbeat_age_seconds))} ago",
                         w.slots,
-                        w.state if w.live or w.state != "active" else "active, heartbeat stale",
+                        w.liveness_words(),
                     ]
                     for w in status.workers
                 ],

@@ -19,7 +19,13 @@ command:
 - no live worker: the command that starts one;
 - a capacity refusal (a cap, full slots, earlier stages pending): nothing to do, it
   clears by itself (no command);
-- a running lane: nothing to do; a lane with nothing left to start: done (no command).
+- a running lane: nothing to do; a lane with nothing left to start: done (no command);
+- a controller that is gone (``StatusReport.controller``, known on SQLite) while the run
+  is active: ``no_controller``, the command that continues the run in the foreground
+  (``laneway run --continue N``; its words name ``laneway controller`` too), in place of
+  every step that would otherwise wait for the controller (running, done, a capacity
+  wait, no worker); never in place of what a person must lift first (``OPERATOR_FIRST``:
+  unknown outcomes, a halt, pause or stop, the breaker, a budget, changed sources).
 """
 
 from __future__ import annotations
@@ -58,8 +64,16 @@ WAITS = {
     ),
 }
 
+NO_CONTROLLER = "no_controller"
+OPERATOR_FIRST = frozenset(
+    {"unknown_outcome", "halted", "paused", "stopped", "breaker", "budget", "sources_changed"}
+)
+"""Steps a person takes first even when the controller is gone: continuing the run
+would only be held by them again."""
+
 RUN_ORDER = (
     "unknown_outcome",
+    NO_CONTROLLER,
     "sources_changed",
     "budget",
     "halted",
@@ -80,8 +94,31 @@ def new_run_command(runtime_dir: str | None) -> str:
     return f"laneway run CONFIG --new{_where(runtime_dir)}"
 
 
+def continue_command(run_id: int, runtime_dir: str) -> str:
+    """The command that continues run ``run_id`` in the foreground (the same words as
+    ``controller/pipeline.py::continue_command``, which sits a floor above)."""
+    return f"laneway run --continue {run_id}{_where(runtime_dir)}"
+
+
 def next_step(lane: Lane, status: StatusReport) -> NextStep:
     """The operator's next step for ``lane`` (one of ``status.lanes``)."""
+    step = _held_step(lane, status)
+    controller = status.controller
+    gone = controller is not None and controller.state == "gone"
+    if gone and not status.run.finished and step.code not in OPERATOR_FIRST:
+        run = status.run
+        return NextStep(
+            NO_CONTROLLER,
+            "the controller is gone, so nothing is dispatched, settled or closed; continue "
+            "the run in the foreground (or start `laneway controller"
+            f"{_where(run.runtime_dir)}`)",
+            continue_command(run.id, run.runtime_dir),
+        )
+    return step
+
+
+def _held_step(lane: Lane, status: StatusReport) -> NextStep:
+    """The lane's step from what holds it (``next_step`` before the controller's)."""
     if lane.running:
         return NextStep(RUNNING, f"nothing to do: {lane.running} running", None)
     if not lane.pending:

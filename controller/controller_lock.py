@@ -1,9 +1,10 @@
 """The controller's lock and pidfile: one controller per runtime dir (and per ledger).
 
 ``hold_controller_lock`` takes the runtime dir's ``flock`` (and, on PostgreSQL, the
-ledger's advisory lock); ``claim_pidfile`` and ``running_controller`` record and find
-the live controller by (boot id, pid, start time); ``start_background_controller``
-starts one detached.
+ledger's advisory lock) and, whenever it takes it, records this process in the runtime
+dir's pidfile (``controller/pidfile.py``: ``claim_pidfile``, ``running_controller``, by
+boot id, pid and start time), so ``laneway status`` can tell a running controller from
+a gone one; ``start_background_controller`` starts one detached.
 """
 
 from __future__ import annotations
@@ -14,31 +15,16 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from laneway.controller import db, identity
-from laneway.controller.durable import modes, read_json, write_json
+from laneway.controller import db
+from laneway.controller.durable import modes
 from laneway.controller.errors import UsageError
+from laneway.controller.pidfile import PIDFILE as PIDFILE
+from laneway.controller.pidfile import claim_pidfile as claim_pidfile
+from laneway.controller.pidfile import release_pidfile as release_pidfile
+from laneway.controller.pidfile import running_controller as running_controller
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
-
-PIDFILE = "controller.pid"
-
-
-def running_controller(runtime_dir: Path) -> int | None:
-    """The pid of the live controller of this runtime dir, from its pidfile, if any.
-
-    The pidfile holds (boot id, pid, start time): a recycled pid is not mistaken for it.
-    """
-    try:
-        record = read_json(Path(runtime_dir) / PIDFILE)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("boot_id") != identity.boot_id():
-        return None
-    pid = record.get("pid")
-    if isinstance(pid, int) and identity.same_process(pid, record.get("start_time")):
-        return pid
-    return None
 
 
 _controller_locks: dict[str, int] = {}
@@ -75,14 +61,26 @@ def hold_controller_lock(runtime_dir: Path, engine: Engine | None = None) -> boo
         os.close(fd)
         return False
     _controller_locks[key] = fd
+    try:
+        # ``laneway run`` and ``laneway controller`` alike: whoever holds the lock is the
+        # controller that ``laneway status`` names (``status._controller_state``).
+        claim_pidfile(key)
+    except OSError as exc:
+        release_controller_lock(Path(key), engine)
+        raise UsageError(
+            f"{Path(key) / PIDFILE}: cannot record the controller ({exc.strerror or exc}); "
+            "the controller needs a runtime dir it can write"
+        ) from None
     return True
 
 
 def release_controller_lock(runtime_dir: Path, engine: Engine | None = None) -> None:
     """Give the runtime dir's controller lock back (``laneway run`` when its run ended),
     so another controller, or another run in this process, can take it."""
-    fd = _controller_locks.pop(str(Path(runtime_dir).resolve()), None)
+    key = str(Path(runtime_dir).resolve())
+    fd = _controller_locks.pop(key, None)
     if fd is not None:
+        release_pidfile(key)
         os.close(fd)  # closing the last descriptor of the open file releases the flock
     if engine is not None:
         connection = _ledger_locks.pop(_lock_key(engine), None)
@@ -128,21 +126,6 @@ def holds_ledger_lock(engine: Engine) -> bool:
         return False
     _ledger_locks[key] = connection
     return True
-
-
-def claim_pidfile(runtime_dir: Path) -> None:
-    """Record this process as the runtime dir's controller."""
-    pid, start_time = identity.current()
-    write_json(
-        Path(runtime_dir) / PIDFILE,
-        {"pid": pid, "start_time": start_time, "boot_id": identity.boot_id()},
-    )
-
-
-def release_pidfile(runtime_dir: Path) -> None:
-    """Remove the pidfile if it is still ours."""
-    if running_controller(runtime_dir) == os.getpid():
-        (Path(runtime_dir) / PIDFILE).unlink(missing_ok=True)
 
 
 def start_background_controller(runtime_dir: Path) -> int:

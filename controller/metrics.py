@@ -13,7 +13,10 @@ Series (``run`` is the run id; every gauge is the ledger's state at the scrape):
 - ``laneway_run_info{run,name,state}`` 1 per run covered
 - ``laneway_jobs{run,stage,state}``: jobs by state
 - ``laneway_attempts_settled_total{run,stage,outcome}``: settled attempts by outcome
-- ``laneway_attempts_in_flight{run,stage,state}``: attempts in intent / running
+- ``laneway_attempts_in_flight{run,stage,state}``: attempts in intent / running, and
+  ``unverified`` ones: in flight on a worker that is not live (``RunningAttempt.shown_state``)
+- ``laneway_run_controller{run,state}``: 1, ``state`` the report's controller
+  (``running``, ``gone``, ``unknown``)
 - ``laneway_unknown_attempts{run}``: attempts awaiting ``laneway reconcile``
 - ``laneway_refusals_total{run,reason}``: recorded refusals by reason code (the
   ``decisions`` table records changes of reason, so this counts changes, not polls)
@@ -25,7 +28,9 @@ Series (``run`` is the run id; every gauge is the ledger's state at the scrape):
 - ``laneway_controls_active{run,kind,scope}``: pauses, stops and halts in force
 - ``laneway_node_free_memory_mib{node}``, ``laneway_node_memory_floor_mib{node}``,
   ``laneway_node_memory_total_mib{node}``, ``laneway_node_sample_age_seconds{node}``,
-  ``laneway_node_live_workers{node}``
+  ``laneway_node_live_workers{node}`` (live workers only),
+  ``laneway_node_workers{node,liveness}``: the node's workers by liveness (``live``,
+  ``stale``, ``lost``, ``stopped``: ``status_nodes.worker_liveness``)
 - ``laneway_stage_peak_rss_mib{run,stage}``, ``laneway_stage_peak_gpu_mib{run,stage}``,
   ``laneway_stage_measured_attempts{run,stage}``: measured peaks (``stage_stats``)
 - ``laneway_lease_expiries_total{run}``: leases released after they had expired (their
@@ -50,7 +55,7 @@ from laneway.controller import queries
 from laneway.controller.rows import Rows, _moment
 from laneway.controller.status import status_report
 from laneway.controller.status_model import StatusReport
-from laneway.controller.status_nodes import node_workers
+from laneway.controller.status_nodes import LIVE, node_workers
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_RUNS = 20
@@ -129,8 +134,12 @@ def _run_metrics(f: _Families, source: Rows, run_id: int, status: StatusReport) 
         "Attempts in intent or running.",
         ["run", "stage", "state"],
         run,
-        ((attempt.stage, attempt.state) for attempt in status.running),
+        ((attempt.stage, attempt.shown_state) for attempt in status.running),
     )
+    if status.controller is not None:
+        f.gauge(
+            "run_controller", "Whether a controller serves the run (1, by state).", ["run", "state"]
+        ).add_metric([run, status.controller.state], 1)
     f.gauge(
         "unknown_attempts", "Attempts whose outcome is unknown (dispatch halted).", ["run"]
     ).add_metric([run], len(status.unknown))
@@ -203,10 +212,17 @@ def _node_metrics(f: _Families, source: Rows, nodes: list[str], *, now: datetime
         if sampled is not None:
             age.add_metric([name], max(0.0, (now - sampled).total_seconds()))
     counts: dict[str, int] = dict.fromkeys(nodes, 0)
-    for worker in node_workers(source, nodes, now=now):
-        counts[worker.node] += int(worker.live)
+    found = node_workers(source, nodes, now=now)
+    for worker in found:
+        counts[worker.node] += int(worker.liveness == LIVE)
     for name, count in counts.items():
         live.add_metric([name], count)
+    f.counted_plain(
+        "node_workers",
+        "A node's workers by liveness (live, stale, lost, stopped).",
+        ["node", "liveness"],
+        ((worker.node, worker.liveness) for worker in found),
+    )
 
 
 def _expired_leases(f: _Families, source: Rows, *, now: datetime) -> None:
@@ -247,6 +263,14 @@ class _Families:
         gauge = self.gauge(name, doc, labels)
         for key, count in sorted(counts.items()):
             gauge.add_metric([run, *key], count)
+
+    def counted_plain(
+        self, name: str, doc: str, labels: list[str], keys: Iterable[tuple[str, ...]]
+    ) -> None:
+        """A gauge of how many of ``keys`` there are, one series per key in key order."""
+        gauge = self.gauge(name, doc, labels)
+        for key, count in sorted(Counter(keys).items()):
+            gauge.add_metric(list(key), count)
 
     def all(self) -> list[Metric]:
         return list(self._found.values())

@@ -70,12 +70,12 @@ OUTCOMES_BY_STAGE: Final = (
 
 IN_FLIGHT_ATTEMPTS: Final = (
     "SELECT a.id, j.id, i.key, j.stage, j.lane, a.node, a.state, a.child_pid, "
-    "COALESCE(a.started_at, a.intent_at), a.peak_rss_mib "
+    "COALESCE(a.started_at, a.intent_at), a.peak_rss_mib, a.worker_id "
     "FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN items i ON i.id = j.item_id "
     f"WHERE a.run_id = :run AND a.state IN ({_IN_FLIGHT}) ORDER BY a.id"
 )
 """-- name: in_flight_attempts -- The run's attempts in intent or running, with their job,
-item, pid, since when and measured peak RSS."""
+item, pid, since when, measured peak RSS and the worker that runs them."""
 
 UNKNOWN_ATTEMPTS: Final = (
     "SELECT a.id, j.id, i.key, j.stage, a.state_reason, a.attempt_dir "

@@ -22,6 +22,7 @@ from laneway.controller.clock import iso
 from laneway.controller.errors import NotFound
 from laneway.controller.explain import explain_job as explain_job
 from laneway.controller.explain import stderr_tail as stderr_tail
+from laneway.controller.pidfile import running_controller
 from laneway.controller.rows import Rows, SessionRows, _json, _moment
 from laneway.controller.states import EventKind, JobState, Verdict
 from laneway.controller.status_model import (
@@ -29,6 +30,7 @@ from laneway.controller.status_model import (
     Closeout,
     CloseoutStep,
     Control,
+    ControllerState,
     Event,
     Lane,
     NoWorker,
@@ -38,8 +40,10 @@ from laneway.controller.status_model import (
     StatusReport,
     Throughput,
     UnknownAttempt,
+    Worker,
 )
 from laneway.controller.status_nodes import (
+    LIVE,
     _last_seen,
     no_worker_reason,
     node_rows,
@@ -103,12 +107,19 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
     for stage, outcome, count in source.rows(queries.OUTCOMES_BY_STAGE, rid):
         outcomes.setdefault(stage, {})[str(outcome)] = count
 
+    lane_nodes = dict(source.rows(queries.LANES, rid))
+    stage_nodes = {name: list(stage.get("nodes") or []) or None for name, stage in stages.items()}
+    # The nodes the run uses: its lanes' nodes and every node a stage's ``nodes`` names.
+    nodes = sorted(set(lane_nodes.values()) | {n for ns in stage_nodes.values() for n in ns or []})
+    workers = node_workers(source, nodes, now=now)
+    by_id = {w.worker_id: w for w in workers}
+
     running = []
-    for attempt_id, job_id, item, stage, lane, node, state, pid, begun, rss in source.rows(
-        queries.IN_FLIGHT_ATTEMPTS, rid
-    ):
+    for row in source.rows(queries.IN_FLIGHT_ATTEMPTS, rid):
+        attempt_id, job_id, item, stage, lane, node, state, pid, begun, rss, worker_id = row
         started = _moment(begun)
         assert started is not None
+        because = unverified_because(by_id.get(worker_id), worker_id)
         running.append(
             RunningAttempt(
                 attempt_id=attempt_id,
@@ -122,6 +133,9 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
                 elapsed_seconds=round((now - started).total_seconds(), 1),
                 timeout_seconds=stages[stage]["timeout_seconds"] if stage in stages else None,
                 peak_rss_mib=rss,
+                worker_id=worker_id,
+                verified=because is None,
+                unverified_because=because,
             )
         )
 
@@ -150,11 +164,6 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
         )
     ]
 
-    lane_nodes = dict(source.rows(queries.LANES, rid))
-    stage_nodes = {name: list(stage.get("nodes") or []) or None for name, stage in stages.items()}
-    # The nodes the run uses: its lanes' nodes and every node a stage's ``nodes`` names.
-    nodes = sorted(set(lane_nodes.values()) | {n for ns in stage_nodes.values() for n in ns or []})
-    workers = node_workers(source, nodes, now=now)
     live = {w.node for w in workers if w.live}
     last_seen = _last_seen(workers)
     node_summary = node_rows(source, nodes, workers)
@@ -210,10 +219,58 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
         ),
         closeout=closeout_state(source, run),
         recent_events=events,
+        controller=controller_state(source, run["runtime_dir"]),
     )
     for lane in report.lanes:  # one next step per lane, whoever reads the report
         lane.next_step = advice.next_step(lane, report)
     return report
+
+
+def unverified_because(worker: Worker | None, worker_id: str | None) -> str | None:
+    """Why an in-flight attempt is not known to run (None: its worker is ``live``):
+    ``worker w-1 stale for 12 s``, ``worker w-1 lost``; a worker the report does not list
+    (an older stopped or lost one) is named ``not live``."""
+    if worker is None:
+        return f"worker {worker_id} not live" if worker_id else "no worker holds it"
+    if worker.liveness == LIVE:
+        return None
+    return f"worker {worker.worker_id} {worker.liveness_words()}"
+
+
+def controller_state(source: Rows, runtime_dir: str) -> ControllerState:
+    """Whether a controller serves ``runtime_dir`` (the run's): on SQLite the ledger and
+    its controller are on this machine, so the controller's pidfile (``pidfile.py``,
+    written by whoever holds the controller lock, ``laneway run`` or ``laneway
+    controller``) says it: ``running`` when a live process holds it, else ``gone``. On a
+    shared ledger (PostgreSQL) the controller may run on another machine: ``running``
+    when this machine's pidfile names a live one, else ``unknown``."""
+    pid = running_controller(runtime_dir)
+    if pid is not None:
+        return ControllerState("running", pid, f"the controller runs (pid {pid})")
+    if _on_sqlite(source) is True:
+        return ControllerState(
+            "gone",
+            None,
+            f"no controller runs for {runtime_dir} (no live process holds its pidfile)",
+        )
+    return ControllerState(
+        "unknown",
+        None,
+        "unknown: the ledger is shared (PostgreSQL) and its controller may run on another "
+        "machine; none runs on this one",
+    )
+
+
+def _on_sqlite(source: Rows) -> bool | None:
+    """Whether ``source`` reads a SQLite ledger (None: it cannot say): a
+    ``ReadOnlyLedger`` says so, a ``SessionRows`` by its session's dialect."""
+    is_sqlite = getattr(source, "is_sqlite", None)
+    if isinstance(is_sqlite, bool):
+        return is_sqlite
+    session = getattr(source, "session", None)
+    if session is not None:
+        return bool(session.get_bind().dialect.name == "sqlite")
+    return None
 
 
 def _lanes(

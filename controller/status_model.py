@@ -129,11 +129,24 @@ class RunningAttempt(_Flat):
     elapsed_seconds: float
     timeout_seconds: float | None
     peak_rss_mib: float | None
+    worker_id: str | None = None
+    verified: bool = True
+    """False when its worker is not ``live`` (stale, lost, stopped or not found): nobody
+    can say it still runs; ``unverified_because`` says why (``worker w-1 stale for 12
+    s``). Never shown as running."""
+    unverified_because: str | None = None
+
+    @property
+    def shown_state(self) -> str:
+        """Its state as every view shows it: ``unverified`` unless its worker is live."""
+        return self.state if self.verified else "unverified"
 
 
 @dataclass
 class Worker(_Flat):
-    """A worker of one of the run's nodes; ``live``: active with a fresh heartbeat."""
+    """A worker of one of the run's nodes. ``liveness`` (``status_nodes.worker_liveness``):
+    ``live``, ``stale``, ``lost`` or ``stopped``, from its row and its heartbeat's age;
+    ``live`` is ``liveness == "live"``."""
 
     worker_id: str
     node: str
@@ -146,6 +159,25 @@ class Worker(_Flat):
     heartbeat_at: str | None
     heartbeat_age_seconds: float
     stopped_at: str | None
+    liveness: str
+
+    def liveness_words(self) -> str:
+        """Its liveness in words: ``stale for 12 s``, ``lost``, ``live``, ``stopped``."""
+        if self.liveness == "stale":
+            return f"stale for {self.heartbeat_age_seconds:.0f} s"
+        return self.liveness
+
+
+@dataclass
+class ControllerState(_Flat):
+    """Whether a controller serves the run's runtime dir (``status._controller_state``):
+    ``running`` (``pid``), ``gone`` (on SQLite, where only a process of this machine can
+    be it: no live process holds its pidfile) or ``unknown`` (a shared ledger, whose
+    controller may run on another machine); ``words`` says which and how it is known."""
+
+    state: str
+    pid: int | None
+    words: str
 
 
 @dataclass
@@ -338,6 +370,16 @@ class Event(_Flat):
     detail: dict[str, Any]
 
 
+def _with_liveness(worker: dict[str, Any]) -> dict[str, Any]:
+    """A worker read back from JSON written before ``liveness`` was: live when it said
+    ``live``, else what its row says (``lost`` for an active one whose heartbeat aged)."""
+    if "liveness" in worker:
+        return worker
+    state = worker.get("state")
+    guessed = "live" if worker.get("live") else ("stopped" if state == "stopped" else "lost")
+    return {**worker, "liveness": guessed}
+
+
 @dataclass
 class StatusReport:
     """Everything ``laneway status`` shows for one run."""
@@ -364,10 +406,12 @@ class StatusReport:
     throughput: Throughput
     closeout: Closeout
     recent_events: list[Event] = field(default_factory=list)
+    controller: ControllerState | None = None
+    """In ``as_dict`` (as ``controller``) only when set (``status_report`` sets it)."""
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form, as ``laneway status --json`` prints it."""
-        return {
+        body: dict[str, Any] = {
             "run": self.run.as_dict(),
             "generated_at": self.generated_at,
             "controls": [c.as_dict() for c in self.controls],
@@ -387,6 +431,9 @@ class StatusReport:
             "closeout": self.closeout.as_dict(),
             "recent_events": [e.as_dict() for e in self.recent_events],
         }
+        if self.controller is not None:
+            body["controller"] = self.controller.as_dict()
+        return body
 
     @classmethod
     def from_dict(cls, body: dict[str, Any]) -> StatusReport:
@@ -423,7 +470,7 @@ class StatusReport:
             retry_backoff=[BackingOff(**b) for b in body["retry_backoff"]],
             outcomes=body["outcomes"],
             running=[RunningAttempt(**r) for r in body["running"]],
-            workers=[Worker(**w) for w in body["workers"]],
+            workers=[Worker(**_with_liveness(w)) for w in body["workers"]],
             nodes=[NodeSummary(**n) for n in body["nodes"]],
             no_worker=[NoWorker(**n) for n in body["no_worker"]],
             lanes=[lane(entry) for entry in body["lanes"]],
@@ -431,6 +478,7 @@ class StatusReport:
             throughput=Throughput(**body["throughput"]),
             closeout=Closeout(**closeout),
             recent_events=[Event(**e) for e in body["recent_events"]],
+            controller=ControllerState(**body["controller"]) if "controller" in body else None,
         )
 
     def summary(self) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""The nodes and workers of the status report: which workers serve a node and whether one
-is live (``LOST_AFTER_SECONDS``), each node's summary, where each stage runs, and the
-``no_worker`` reason with the command that starts a worker.
+"""The nodes and workers of the status report: which workers serve a node and each one's
+liveness (``worker_liveness``: ``live``, ``stale``, ``lost`` or ``stopped``, the one place
+it is derived), each node's summary, where each stage runs, and the ``no_worker`` reason
+with the command that starts a worker.
 """
 
 from __future__ import annotations
@@ -17,9 +18,33 @@ from laneway.controller.states import WorkerState
 from laneway.controller.status_model import NodeSummary, Placement, Reason, Worker
 
 LOST_AFTER_SECONDS = 30.0
-"""A worker is live while its row is ``active`` and its heartbeat is at most this old;
-the controller's default ``lost_after_seconds`` (controller/daemon.py) is the same 30 s,
-after which it marks such a worker lost."""
+"""An active worker whose heartbeat is older than this is ``lost``: the controller's
+default ``lost_after_seconds`` (controller/daemon.py) is the same 30 s, after which it
+marks such a worker lost in the ledger and settles or marks unknown its attempts."""
+
+STALE_AFTER_SECONDS = 6.0
+"""An active worker whose heartbeat is older than this (and at most
+``LOST_AFTER_SECONDS`` old) is ``stale``: a worker heartbeats every
+``heartbeat_seconds`` (at most 2 s, cli/commands_services.py), so three missed beats
+mean nobody can say it is alive; its attempts are shown ``unverified``."""
+
+LIVE = "live"
+STALE = "stale"
+LOST = "lost"
+STOPPED = "stopped"
+
+
+def worker_liveness(state: str, heartbeat_age_seconds: float) -> str:
+    """A worker's liveness from its row's ``state`` and its heartbeat's age (seconds, at
+    the ledger's ``now``): ``stopped`` or ``lost`` when its row says so; an active one is
+    ``live`` while its heartbeat is at most ``STALE_AFTER_SECONDS`` old, ``stale`` up to
+    ``LOST_AFTER_SECONDS``, ``lost`` after that (the controller marks it so then). Every
+    view (status text and JSON, the live display, the web page, metrics) reads this."""
+    if state == WorkerState.STOPPED.value:
+        return STOPPED
+    if state != WorkerState.ACTIVE.value or heartbeat_age_seconds > LOST_AFTER_SECONDS:
+        return LOST
+    return LIVE if heartbeat_age_seconds <= STALE_AFTER_SECONDS else STALE
 
 
 def worker_command(node: str, runtime_dir: str) -> str:
@@ -29,8 +54,9 @@ def worker_command(node: str, runtime_dir: str) -> str:
 
 def node_workers(source: Rows, nodes: list[str], *, now: datetime) -> list[Worker]:
     """The workers of ``nodes``: every active one, then the last few stopped or lost ones
-    of each node (``queries.RECENT_STOPPED_WORKERS``), newest first. ``live``: active with a
-    heartbeat at most ``LOST_AFTER_SECONDS`` old at ``now`` (the ledger's clock)."""
+    of each node (``queries.RECENT_STOPPED_WORKERS``), newest first, each with its
+    ``liveness`` (``worker_liveness`` at ``now``, the ledger's clock); ``live`` is
+    ``liveness == "live"``."""
     found: list[tuple[Any, ...]] = []
     for node in nodes:
         params = {"node": node}
@@ -41,6 +67,7 @@ def node_workers(source: Rows, nodes: list[str], *, now: datetime) -> list[Worke
         heartbeat = _moment(beat)
         assert heartbeat is not None
         age = (now - heartbeat).total_seconds()
+        liveness = worker_liveness(state, age)
         workers.append(
             Worker(
                 worker_id=worker_id,
@@ -49,11 +76,12 @@ def node_workers(source: Rows, nodes: list[str], *, now: datetime) -> list[Worke
                 pid=pid,
                 slots=slots,
                 state=state,
-                live=state == WorkerState.ACTIVE.value and age <= LOST_AFTER_SECONDS,
+                live=liveness == LIVE,
                 started_at=iso(_moment(started)),
                 heartbeat_at=iso(heartbeat),
                 heartbeat_age_seconds=round(age, 1),
                 stopped_at=iso(_moment(stopped)),
+                liveness=liveness,
             )
         )
     return workers

@@ -47,9 +47,11 @@ pre { background: #f3f4f6; padding: 6px; overflow: auto; max-height: 320px; marg
   white-space: pre-wrap; word-break: break-all; }
 .alarm { border: 2px solid #b91c1c; background: #fef2f2; }
 .alarm h2 { color: #b91c1c; }
+.warn { border: 2px solid #92400e; background: #fffbeb; }
 .conclusive { color: #166534; }
 .idle { color: #92400e; }
 .ok { color: #166534; }
+.unverified { color: #6b21a8; font-weight: 600; background: #f3e8ff; }
 .bar { background: #e5e7eb; height: 10px; width: 160px; display: inline-flex;
   border-radius: 3px; overflow: hidden; vertical-align: middle; }
 .bar i { display: block; height: 100%; }
@@ -73,6 +75,8 @@ input { width: 90px; }
 <span id="summary"></span><span class="muted" id="updated"></span><span id="error"></span>
 </header>
 <main>
+<section id="controller" class="alarm" hidden><h2 id="controller-words"></h2>
+<p>the way on: <code id="controller-step"></code></p></section>
 <section id="needs" class="alarm" hidden><h2>Needs you: lanes that wait for a person</h2>
 <table id="needs-list"></table></section>
 <section id="unknown" class="alarm" hidden><h2>Unknown outcomes: dispatch halted until
@@ -174,13 +178,27 @@ const jobIdLink = (r, id) => link(jobIdPath(r, id), id);
 const runLink = (r) => link(runPath(r), `run ${r}`);
 const NEEDS = new Set(['halted', 'paused', 'stopped', 'unknown_outcome', 'no_worker']);
 function needsYou(l, state) {
+  if (l.next_step && l.next_step.code === 'no_controller') return true;
   if (l.running || !(l.ready || l.waiting)) return false;
   return NEEDS.has(l.reason && l.reason.code) || state.unknown.length > 0;
+}
+function unverified(l, state) {
+  return state.running.filter((r) => r.lane === l.lane && r.verified === false)
+    .map((r) => r.unverified_because).filter((w, i, all) => all.indexOf(w) === i);
 }
 function render(state) {
   run = state.run.id;
   $('summary').replaceChildren(runLink(state.run.id), ` (${state.run.name}): ${state.run.state}`);
   $('updated').textContent = ` · updated ${new Date().toLocaleTimeString()}`;
+  const c = state.controller;
+  const gone = !!c && c.state !== 'running' && state.run.state !== 'finished';
+  $('controller').hidden = !gone;
+  $('controller').className = c && c.state === 'gone' ? 'alarm' : 'warn';
+  $('controller-words').textContent = gone
+    ? (c.state === 'gone' ? `The controller is gone: ${c.words}` : `Controller: ${c.words}`) : '';
+  const stepped = state.lanes.map((l) => l.next_step).find((s) => s && s.code === 'no_controller');
+  $('controller-step').textContent = stepped ? stepped.command : '';
+  $('controller-step').parentNode.hidden = !stepped;
   const lanes = state.lanes.map((l) => ({l, rank: needsYou(l, state) ? 0 : l.running ? 1 : 2}))
     .sort((a, b) => a.rank - b.rank).map((x) => x.l);
   const needs = lanes.filter((l) => needsYou(l, state));
@@ -205,7 +223,9 @@ function render(state) {
       : [el('pre', {class: 'reconcile'}, u.reconcile)]))));
   table('lanes', ['lane', 'node', 'running', 'ready', 'waiting', 'done', 'now', 'what to do'],
     lanes.map((l) => [l.lane, l.node, l.running, l.ready, l.waiting, l.done,
-      l.running ? el('span', {class: 'ok'}, `${l.running} running`)
+      l.running && unverified(l, state).length
+        ? el('span', {class: 'unverified'}, `${l.running} UNVERIFIED: ${unverified(l, state).join('; ')}`)
+        : l.running ? el('span', {class: 'ok'}, `${l.running} running`)
         : l.reason ? el('span', {class: 'idle'}, `idle ${dur(l.idle_seconds)}: ${l.reason.words}`)
         : (l.ready || l.waiting) ? el('span', {class: 'idle'}, `idle ${dur(l.idle_seconds)}`) : 'done',
       l.action ? el('code', {}, l.action) : '']));
@@ -223,14 +243,17 @@ function render(state) {
       return [stage, bar, `${done}/${total}`, by.running || 0, by.ready || 0, by.waiting || 0,
         (by.failed || 0) + (by.unknown ? ` (+${by.unknown} unknown)` : '')];
     }));
-  table('running', ['attempt', 'job', 'lane', 'node', 'pid', 'elapsed', 'peak RSS'],
+  table('running', ['attempt', 'job', 'lane', 'node', 'pid', 'elapsed', 'peak RSS', 'state'],
     state.running.map((r) => [attemptLink(r.attempt_id), jobLink(run, r.item, r.stage), r.lane, r.node, r.pid,
       `${dur(r.elapsed_seconds)} / ${dur(r.timeout_seconds)}`,
-      r.peak_rss_mib === null ? '-' : `${r.peak_rss_mib.toFixed(1)} MiB`]));
+      r.peak_rss_mib === null ? '-' : `${r.peak_rss_mib.toFixed(1)} MiB`,
+      r.verified === false ? el('span', {class: 'unverified'}, `unverified: ${r.unverified_because}`)
+        : r.state]));
   table('workers', ['node', 'worker', 'pid', 'host', 'heartbeat', 'slots', 'state'],
     state.workers.map((w) => [w.node, w.worker_id, w.pid, w.host,
       `${dur(Math.max(0, w.heartbeat_age_seconds))} ago`, w.slots,
-      w.live || w.state !== 'active' ? w.state : 'active, heartbeat stale']).concat(
+      w.liveness === 'stale' ? el('span', {class: 'unverified'}, `stale for ${Math.round(w.heartbeat_age_seconds)} s`)
+        : w.liveness === 'lost' ? el('span', {class: 'unverified'}, 'lost') : w.liveness]).concat(
     state.no_worker.map((n) => [n.node, '-', '', '', '', '', el('code', {}, `no live worker: ${n.start}`)])));
   table('events', ['#', 'at', 'kind', 'job', 'attempt', 'actor', 'detail'],
     state.recent_events.slice().reverse().map((e) => [e.id, e.at, e.kind,

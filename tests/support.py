@@ -344,3 +344,17 @@ def statements(engine: Any) -> Iterator[Counter[str]]:
     finally:
         for each in engines:
             event.remove(each, "before_cursor_execute", count)
+
+
+@contextmanager
+def controller_serving(runtime: Path) -> Iterator[None]:
+    """As if a controller served ``runtime``: this process holds its controller lock and
+    pidfile (``controller_lock.hold_controller_lock``), so ``status`` names the
+    controller ``running`` (not ``gone``) while the test ticks a ``Controller`` itself."""
+    from laneway.controller import controller_lock
+
+    assert controller_lock.hold_controller_lock(runtime)
+    try:
+        yield
+    finally:
+        controller_lock.release_controller_lock(runtime)

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 
@@ -43,14 +44,32 @@ def test_watch_off_a_terminal_prints_plain_lines_until_interrupted(tmp_path):
     process = watch(runtime)
     assert process.stdout is not None
     try:
-        first = [process.stdout.readline().rstrip("\n") for _ in range(2)]
+        first = [process.stdout.readline().rstrip("\n") for _ in range(3)]
     finally:
         process.send_signal(signal.SIGINT)
-    assert first == [
-        "run 1: 0/2 jobs terminal · ready 2",
+    where = runtime.resolve()
+    idle = (
         "run 1: lane a: idle: no_worker — no live worker on node n1; start one: laneway "
-        f"worker --node n1 --runtime-dir {runtime.resolve()}",
-    ]
+        f"worker --node n1 --runtime-dir {where}"
+    )
+    # `start-pipeline --no-controller`: no controller runs, and the lines say so (on a
+    # shared ledger nobody here can say whether one runs elsewhere).
+    if os.environ.get("LANEWAY_DATABASE_URL"):
+        assert first == [
+            "run 1: 0/2 jobs terminal · ready 2",
+            "run 1: controller: unknown: the ledger is shared (PostgreSQL) and its "
+            "controller may run on another machine; none runs on this one",
+            idle,
+        ]
+    else:
+        assert first == [
+            "run 1: 0/2 jobs terminal · ready 2",
+            f"run 1: controller: GONE — no controller runs for {where} (no live process "
+            "holds its pidfile); nothing is dispatched, settled or closed",
+            f"{idle}; next: the controller is gone, so nothing is dispatched, settled or "
+            "closed; continue the run in the foreground (or start `laneway controller "
+            f"--runtime-dir {where}`): laneway run --continue 1 --runtime-dir {where}",
+        ]
     code, rest, err = finish(process)
     assert code == 130, err
     assert rest == ""  # nothing changed, nothing more was printed

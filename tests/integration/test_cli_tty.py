@@ -25,7 +25,7 @@ import pytest
 
 from tests.integration.test_cli_services import LANEWAY, ROOT, config_file, finish, spawn
 from tests.integration.test_web import make_unknown, pipeline
-from tests.support import py_stage, wait_until
+from tests.support import controller_serving, py_stage, wait_until
 
 TMUX = shutil.which("tmux")
 WIDTH, HEIGHT = 160, 50
@@ -190,6 +190,9 @@ def lanes(text: str) -> dict[str, dict[str, str]]:
 def test_watch_shows_progress_idle_reasons_and_unknown_attempts_first(tmux: Tmux, short_dir: Path):
     runtime, gate = pipeline(short_dir)
     rt = str(runtime.resolve())
+    # As if a controller served the run (this process holds its lock and pidfile).
+    serving = controller_serving(runtime)
+    serving.__enter__()
     tmux.start(*LANEWAY, "status", "--watch", "--runtime-dir", str(runtime))
     worker = None
     try:
@@ -245,6 +248,7 @@ def test_watch_shows_progress_idle_reasons_and_unknown_attempts_first(tmux: Tmux
         if worker is not None:
             worker.send_signal(signal.SIGTERM)
             finish(worker)
+        serving.__exit__(None, None, None)
 
 
 def test_run_shows_the_live_display_then_the_finished_state(tmux: Tmux, short_dir: Path):

@@ -31,10 +31,20 @@ from tests.support import (
     claim_on_n1,
     claim_one_on_n1,
     control_run,
+    controller_serving,
     make_config,
     py_stage,
     settle_one,
 )
+
+
+@pytest.fixture(autouse=True)
+def _controller_serves(runtime):
+    """Each reason is arranged with a controller serving the run (``controller_serving``):
+    the step is the reason's; without one it would be ``no_controller``
+    (tests/integration/test_liveness.py)."""
+    with controller_serving(runtime):
+        yield
 
 
 @pytest.fixture

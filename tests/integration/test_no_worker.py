@@ -22,7 +22,7 @@ from laneway.controller.report import build_report
 from laneway.controller.report_html import render_html
 from laneway.controller.states import ControlKind, Outcome
 from laneway.controller.status import build_status, explain_job
-from laneway.controller.status_nodes import LOST_AFTER_SECONDS
+from laneway.controller.status_nodes import LOST_AFTER_SECONDS, STALE_AFTER_SECONDS
 from tests.support import (
     claim_on_n1,
     control_run,
@@ -111,13 +111,18 @@ def test_a_worker_is_live_until_its_heartbeat_is_older_than_the_threshold(
     factory, make_run, register_worker, clock
 ):
     run_id, _ = held_by_max_jobs(factory, make_run, register_worker, clock)
-    clock.advance(LOST_AFTER_SECONDS - 2)  # heartbeat exactly LOST_AFTER_SECONDS old
-    assert status_at(factory, run_id, clock)["lanes"][0]["reason"]["code"] == "max_jobs"
+    clock.advance(STALE_AFTER_SECONDS - 2)  # heartbeat exactly STALE_AFTER_SECONDS old
+    live = status_at(factory, run_id, clock)
+    assert live["lanes"][0]["reason"]["code"] == "max_jobs"
+    assert live["workers"][0]["liveness"] == "live" and live["workers"][0]["live"]
     clock.advance(1)
     stale = status_at(factory, run_id, clock)
     assert stale["lanes"][0]["reason"]["code"] == "no_worker"
     (row,) = stale["workers"]
-    assert row["state"] == "active" and not row["live"]
+    assert row["state"] == "active" and not row["live"] and row["liveness"] == "stale"
+    clock.advance(LOST_AFTER_SECONDS - STALE_AFTER_SECONDS)  # LOST_AFTER_SECONDS + 1 old
+    aged = status_at(factory, run_id, clock)
+    assert aged["workers"][0]["state"] == "active" and aged["workers"][0]["liveness"] == "lost"
     # The controller then marks it lost: still no worker.
     Controller(factory.kw["bind"], clock=clock).tick()
     lost = status_at(factory, run_id, clock)

@@ -22,7 +22,7 @@ from laneway.controller import db, ledger, ledger_open
 from laneway.controller.clock import SystemClock
 from tests.integration.test_cli import assert_clean_error, invoke
 from tests.integration.test_cli_services import LANEWAY, ROOT, finish, spawn
-from tests.support import escape, wait_until
+from tests.support import controller_serving, escape, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -73,14 +73,16 @@ def serving_url(web: subprocess.Popen[str]) -> str:
 
 @pytest.fixture
 def running(tmp_path: Path):
-    """(runtime, gate, url): a pipeline with one attempt running, and `laneway web` on it."""
+    """(runtime, gate, url): a pipeline with one attempt running, and `laneway web` on it;
+    this process holds the controller lock, as a controller would (``controller_serving``)."""
     runtime, gate = pipeline(tmp_path)
     worker = spawn("worker", "--node", "n1", "--runtime-dir", str(runtime))
     web = spawn("web", "--bind", "127.0.0.1:0", "--runtime-dir", str(runtime))
     try:
         url = serving_url(web)
         wait_until(lambda: get_json(url + "api/state")["running"], 60)
-        yield runtime, gate, url
+        with controller_serving(runtime):
+            yield runtime, gate, url
     finally:
         gate.touch()
         web.send_signal(signal.SIGTERM)
