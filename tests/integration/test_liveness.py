@@ -19,6 +19,8 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,8 +32,15 @@ from laneway.controller.status import status_report
 from laneway.controller.status_model import StatusReport
 from laneway.controller.status_nodes import LOST_AFTER_SECONDS, STALE_AFTER_SECONDS
 from laneway.controller.web import Dashboard
-from tests.integration.test_cli_services import BOUND, LANEWAY, ROOT, config_file
+from tests.integration.test_cli_services import BOUND, LANEWAY, ROOT, config_file, finish, spawn
 from tests.integration.test_metrics import scrape, value
+from tests.integration.test_web import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    browser_or_skip,
+    get_json,
+    serving_url,
+)
 from tests.support import wait_until
 
 NAP = (
@@ -85,7 +94,10 @@ def rendered(report: StatusReport) -> tuple[str, str]:
     return screen.getvalue(), plain.getvalue()
 
 
-def test_a_killed_laneway_run_is_gone_stale_then_lost_in_every_view(tmp_path):
+@contextmanager
+def killable_run(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes], dict[str, Any]]]:
+    """A `laneway run` (its own process group) whose two attempts nap until the test
+    ends: (runtime, its process, its status once both run)."""
     gate = tmp_path / "gate"
     config = config_file(
         tmp_path,
@@ -100,7 +112,6 @@ def test_a_killed_laneway_run_is_gone_stale_then_lost_in_every_view(tmp_path):
         ],
     )
     runtime = tmp_path / "rt"
-    on_sqlite = not os.environ.get("LANEWAY_DATABASE_URL")
     run = subprocess.Popen(
         [*LANEWAY, "run", str(config), "--runtime-dir", str(runtime), "--quiet"],
         cwd=ROOT,
@@ -118,6 +129,17 @@ def test_a_killed_laneway_run_is_gone_stale_then_lost_in_every_view(tmp_path):
             ),
             BOUND,
         )
+        yield runtime, run, alive
+    finally:
+        gate.touch()
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+
+
+def test_a_killed_laneway_run_is_gone_stale_then_lost_in_every_view(tmp_path):
+    on_sqlite = not os.environ.get("LANEWAY_DATABASE_URL")
+    with killable_run(tmp_path) as (runtime, run, alive):
         # While it runs: the controller is `laneway run` itself, its worker live, its
         # attempts verified.
         assert alive["controller"]["state"] == "running"
@@ -218,8 +240,58 @@ def test_a_killed_laneway_run_is_gone_stale_then_lost_in_every_view(tmp_path):
                 for shown in (screen, plain, text):
                     assert continue_command in shown
                     assert "controller: GONE" in shown
-    finally:
-        gate.touch()
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
+
+
+def test_the_page_names_the_gone_controller_and_never_shows_unverified_as_running(tmp_path):
+    playwright_api = browser_or_skip()
+    with killable_run(tmp_path) as (runtime, run, _alive):
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait(timeout=BOUND)
+        web = spawn("web", "--bind", "127.0.0.1:0", "--runtime-dir", str(runtime))
+        try:
+            url = serving_url(web)
+            state = wait_until(
+                lambda: (
+                    (body := get_json(url + "api/state"))["running"]
+                    and all(r["verified"] is False for r in body["running"])
+                    and body
+                ),
+                BOUND,
+                interval=0.5,
+            )
+            with playwright_api.sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                try:
+                    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+                    errors: list[str] = []
+                    page.on("pageerror", lambda error: errors.append(str(error)))
+                    page.goto(url)
+                    page.wait_for_selector("#lanes .unverified", timeout=30_000)
+                    now = page.locator("#lanes .unverified").first.inner_text()
+                    assert now.startswith("2 UNVERIFIED: worker "), now
+                    assert page.locator("#lanes .ok").count() == 0  # not the running green
+                    assert page.locator("#running .unverified").count() == 2
+                    assert page.locator("#workers .unverified").count() == 1
+                    banner = page.locator("#controller")
+                    if state["controller"]["state"] == "gone":
+                        assert banner.is_visible()
+                        words = page.locator("#controller-words").inner_text()
+                        assert words.startswith("The controller is gone: "), words
+                        step = state["lanes"][0]["next_step"]
+                        assert page.locator("#controller-step").inner_text() == step["command"]
+                        assert step["command"].startswith("laneway run --continue ")
+                    else:  # PostgreSQL: said honestly, and no step claims it gone
+                        assert banner.is_visible()
+                        assert (
+                            page.locator("#controller-words")
+                            .inner_text()
+                            .startswith("Controller: unknown")
+                        )
+                        assert not page.locator("#controller-step").is_visible()
+                    page.screenshot(path=str(tmp_path / "controller-gone.png"), full_page=True)
+                    assert errors == []
+                finally:
+                    browser.close()
+        finally:
+            web.send_signal(signal.SIGTERM)
+            finish(web)
