@@ -73,16 +73,18 @@ would only be held by them again."""
 
 RUN_ORDER = (
     "unknown_outcome",
-    NO_CONTROLLER,
     "sources_changed",
     "budget",
     "halted",
     "breaker",
     "paused",
     "stopped",
+    NO_CONTROLLER,
     "no_worker",
 )
-"""Which lane's step is the run's (``run_next_step``): what must happen first."""
+"""Which lane's step is the run's (``run_next_step``): what must happen first. What a
+person must lift (``OPERATOR_FIRST``) comes before ``no_controller``: a run held by its
+budget whose other lanes are done says raise the budget, not continue."""
 
 
 def _where(runtime_dir: str | None) -> str:

@@ -80,3 +80,18 @@ def test_no_controller_never_hides_what_a_person_must_do_first():
     assert advice.next_step(halted.lanes[0], halted).code == "halted"
     idle = report(lane={"lane": "a", "ready": 1, "reason": {"code": "slots_full"}})
     assert advice.next_step(idle.lanes[0], idle).code == "no_controller"
+
+
+def test_the_runs_step_is_what_a_person_must_lift_before_no_controller():
+    status = report(
+        lane={"lane": "a", "ready": 1, "reason": {"code": "budget", "detail": {}}},
+    )
+    done = typed({"run": {"id": 4, "state": "active"}, "lanes": [{"lane": "b", "done": 3}]}).lanes[
+        0
+    ]
+    status.lanes.append(done)
+    for lane in status.lanes:
+        lane.next_step = advice.next_step(lane, status)
+    assert [lane.next_step.code for lane in status.lanes] == ["budget", "no_controller"]
+    step = advice.run_next_step(status)
+    assert step is not None and step.code == "budget"
