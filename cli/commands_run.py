@@ -94,7 +94,9 @@ def dry_run(config: ConfigPath, as_json: JsonFlag = False) -> None:
     if as_json:
         typer.echo(render.as_json(plan))
     else:
-        typer.echo(render.plan_text(plan))
+        from laneway.cli import plan_text
+
+        typer.echo(plan_text.plan_text(plan))
         for line in usage.budget_plan_lines(plan["budgets"]):
             typer.echo(line)
         if plan["argv_preview"]:
