@@ -35,9 +35,8 @@ from laneway.controller.web import Dashboard
 from tests.integration.test_cli_services import BOUND, LANEWAY, ROOT, config_file, finish, spawn
 from tests.integration.test_metrics import scrape, value
 from tests.integration.test_web import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     browser_or_skip,
+    browser_page,
     get_json,
     serving_url,
 )
@@ -259,39 +258,31 @@ def test_the_page_names_the_gone_controller_and_never_shows_unverified_as_runnin
                 BOUND,
                 interval=0.5,
             )
-            with playwright_api.sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                try:
-                    page = browser.new_page(viewport={"width": 1400, "height": 1100})
-                    errors: list[str] = []
-                    page.on("pageerror", lambda error: errors.append(str(error)))
-                    page.goto(url)
-                    page.wait_for_selector("#lanes .unverified", timeout=30_000)
-                    now = page.locator("#lanes .unverified").first.inner_text()
-                    assert now.startswith("2 UNVERIFIED: worker "), now
-                    assert page.locator("#lanes .ok").count() == 0  # not the running green
-                    assert page.locator("#running .unverified").count() == 2
-                    assert page.locator("#workers .unverified").count() == 1
-                    banner = page.locator("#controller")
-                    if state["controller"]["state"] == "gone":
-                        assert banner.is_visible()
-                        words = page.locator("#controller-words").inner_text()
-                        assert words.startswith("The controller is gone: "), words
-                        step = state["lanes"][0]["next_step"]
-                        assert page.locator("#controller-step").inner_text() == step["command"]
-                        assert step["command"].startswith("laneway run --continue ")
-                    else:  # PostgreSQL: said honestly, and no step claims it gone
-                        assert banner.is_visible()
-                        assert (
-                            page.locator("#controller-words")
-                            .inner_text()
-                            .startswith("Controller: unknown")
-                        )
-                        assert not page.locator("#controller-step").is_visible()
-                    page.screenshot(path=str(tmp_path / "controller-gone.png"), full_page=True)
-                    assert errors == []
-                finally:
-                    browser.close()
+            with browser_page(playwright_api, url) as (page, errors):
+                page.wait_for_selector("#lanes .unverified", timeout=30_000)
+                now = page.locator("#lanes .unverified").first.inner_text()
+                assert now.startswith("2 UNVERIFIED: worker "), now
+                assert page.locator("#lanes .ok").count() == 0  # not the running green
+                assert page.locator("#running .unverified").count() == 2
+                assert page.locator("#workers .unverified").count() == 1
+                banner = page.locator("#controller")
+                if state["controller"]["state"] == "gone":
+                    assert banner.is_visible()
+                    words = page.locator("#controller-words").inner_text()
+                    assert words.startswith("The controller is gone: "), words
+                    step = state["lanes"][0]["next_step"]
+                    assert page.locator("#controller-step").inner_text() == step["command"]
+                    assert step["command"].startswith("laneway run --continue ")
+                else:  # PostgreSQL: said honestly, and no step claims it gone
+                    assert banner.is_visible()
+                    assert (
+                        page.locator("#controller-words")
+                        .inner_text()
+                        .startswith("Controller: unknown")
+                    )
+                    assert not page.locator("#controller-step").is_visible()
+                page.screenshot(path=str(tmp_path / "controller-gone.png"), full_page=True)
+                assert errors == []
         finally:
             web.send_signal(signal.SIGTERM)
             finish(web)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -256,9 +258,9 @@ def browser_or_skip() -> Any:
     pytest.skip(f"{missing} for the browser test")
 
 
-def test_browser_shows_an_unknown_attempt_with_its_reconcile_command(running, tmp_path: Path):
-    playwright_api = browser_or_skip()
-    runtime, _gate, url = running
+@contextmanager
+def browser_page(playwright_api: Any, url: str) -> Iterator[tuple[Any, list[str]]]:
+    """Chromium on ``url``: the page, and the page errors it raised (a test asserts none)."""
     with playwright_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -266,25 +268,32 @@ def test_browser_shows_an_unknown_attempt_with_its_reconcile_command(running, tm
             errors: list[str] = []
             page.on("pageerror", lambda error: errors.append(str(error)))
             page.goto(url)
-            page.wait_for_selector("#lanes td >> text=1 running", timeout=30_000)
-            assert page.locator("#unknown").is_hidden()
-            attempt = make_unknown(runtime)
-            # The open page shows it by itself (it polls), with the exact command.
-            command = page.wait_for_selector("#unknown .reconcile", timeout=30_000)
-            assert command is not None
-            text = command.text_content() or ""
-            assert text.startswith(f"laneway reconcile {attempt} --as succeeded|failed|not-run")
-            assert f"--runtime-dir {runtime}" in text
-            assert page.locator("#unknown").is_visible()
-            page.wait_for_selector("#timeline svg", timeout=30_000)
-            page.click(f"#running a, #unknown a >> text={attempt}")
-            page.wait_for_selector("#attempt pre.log", timeout=30_000)
-            shot = Path(os.environ.get("LANEWAY_WEB_SCREENSHOT", tmp_path / "dashboard.png"))
-            page.screenshot(path=str(shot), full_page=True)
-            assert shot.stat().st_size > 0
-            assert errors == []
+            yield page, errors
         finally:
             browser.close()
+
+
+def test_browser_shows_an_unknown_attempt_with_its_reconcile_command(running, tmp_path: Path):
+    playwright_api = browser_or_skip()
+    runtime, _gate, url = running
+    with browser_page(playwright_api, url) as (page, errors):
+        page.wait_for_selector("#lanes td >> text=1 running", timeout=30_000)
+        assert page.locator("#unknown").is_hidden()
+        attempt = make_unknown(runtime)
+        # The open page shows it by itself (it polls), with the exact command.
+        command = page.wait_for_selector("#unknown .reconcile", timeout=30_000)
+        assert command is not None
+        text = command.text_content() or ""
+        assert text.startswith(f"laneway reconcile {attempt} --as succeeded|failed|not-run")
+        assert f"--runtime-dir {runtime}" in text
+        assert page.locator("#unknown").is_visible()
+        page.wait_for_selector("#timeline svg", timeout=30_000)
+        page.click(f"#running a, #unknown a >> text={attempt}")
+        page.wait_for_selector("#attempt pre.log", timeout=30_000)
+        shot = Path(os.environ.get("LANEWAY_WEB_SCREENSHOT", tmp_path / "dashboard.png"))
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 0
+        assert errors == []
 
 
 def test_state_marks_an_unknown_attempt_whose_evidence_is_conclusive(

@@ -19,9 +19,8 @@ from laneway.controller import web_links
 from tests.integration.test_cli import assert_clean_error, invoke
 from tests.integration.test_cli_services import finish, spawn
 from tests.integration.test_web import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     browser_or_skip,
+    browser_page,
     get,
     get_json,
     pipeline,
@@ -160,55 +159,47 @@ def test_browser_follows_links_and_shows_what_needs_you_first(tmp_path: Path):
             url = line.split("serving ", 1)[1].split()[0]
             base = url.rstrip("/")
             wait_until(lambda: get_json(url + "api/state")["running"], 60)
-            with playwright_api.sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                try:
-                    page = browser.new_page(viewport={"width": 1400, "height": 1100})
-                    errors: list[str] = []
-                    page.on("pageerror", lambda error: errors.append(str(error)))
-                    page.goto(url)
-                    page.wait_for_selector("#running a >> text=x0.only", timeout=30_000)
-                    # Lane b needs a person (no worker): first, with its action, above a.
-                    assert page.locator("#needs").is_visible()
-                    needs = page.locator("#needs-list tr").all_inner_texts()
-                    assert len(needs) == 2 and needs[1].startswith("b\tn2"), needs
-                    assert "start a worker" in needs[1] and "--node n2" in needs[1]
-                    lanes = page.locator("#lanes tr td:first-child").all_inner_texts()
-                    assert lanes == ["b", "a"], lanes
-                    page.screenshot(path=str(tmp_path / "needs-you.png"), full_page=True)
-                    # Every run, job and attempt shown is a link to its address.
-                    job = page.locator("#running a >> text=x0.only")
-                    assert job.get_attribute("href") == web_links.job_path(1, "x0", "only")
-                    attempt = page.locator("#running a").first
-                    assert attempt.get_attribute("href") == web_links.attempt_path(1)
-                    assert page.locator("#summary a").get_attribute("href") == web_links.run_path(1)
-                    page.wait_for_selector("#runs a >> text=run 1", timeout=30_000)
-                    job.click()
-                    page.wait_for_selector("#explain p >> text=running", timeout=30_000)
-                    assert page.url == base + web_links.job_path(1, "x0", "only")
-                    page.click(f'#explain a[href="{web_links.attempt_path(1)}"]')  # its attempt
-                    page.wait_for_selector("#attempt p >> text=x0.only", timeout=30_000)
-                    assert page.url == base + web_links.attempt_path(1)
-                    page.go_back()
-                    page.wait_for_function(
-                        "location.pathname === " + json.dumps(web_links.job_path(1, "x0", "only"))
-                    )
-                    # A pasted address opens the page on what it names.
-                    fresh = browser.new_page()
-                    fresh.on("pageerror", lambda error: errors.append(str(error)))
-                    fresh.goto(base + web_links.job_path(1, "x1", "only"))
-                    fresh.wait_for_selector("#explain b >> text=ready", timeout=30_000)
-                    assert "x1.only" in (fresh.locator("#explain p").first.text_content() or "")
-                    fresh.goto(base + "/runs/1/jobs/3")  # by id: the address takes its name
-                    fresh.wait_for_selector("#explain p >> text=y0.only", timeout=30_000)
-                    fresh.wait_for_function(
-                        "location.pathname === " + json.dumps(web_links.job_path(1, "y0", "only"))
-                    )
-                    fresh.goto(base + web_links.attempt_path(1))
-                    fresh.wait_for_selector("#attempt p >> text=x0.only", timeout=30_000)
-                    assert errors == []
-                finally:
-                    browser.close()
+            with browser_page(playwright_api, url) as (page, errors):
+                page.wait_for_selector("#running a >> text=x0.only", timeout=30_000)
+                # Lane b needs a person (no worker): first, with its action, above a.
+                assert page.locator("#needs").is_visible()
+                needs = page.locator("#needs-list tr").all_inner_texts()
+                assert len(needs) == 2 and needs[1].startswith("b\tn2"), needs
+                assert "start a worker" in needs[1] and "--node n2" in needs[1]
+                lanes = page.locator("#lanes tr td:first-child").all_inner_texts()
+                assert lanes == ["b", "a"], lanes
+                page.screenshot(path=str(tmp_path / "needs-you.png"), full_page=True)
+                # Every run, job and attempt shown is a link to its address.
+                job = page.locator("#running a >> text=x0.only")
+                assert job.get_attribute("href") == web_links.job_path(1, "x0", "only")
+                attempt = page.locator("#running a").first
+                assert attempt.get_attribute("href") == web_links.attempt_path(1)
+                assert page.locator("#summary a").get_attribute("href") == web_links.run_path(1)
+                page.wait_for_selector("#runs a >> text=run 1", timeout=30_000)
+                job.click()
+                page.wait_for_selector("#explain p >> text=running", timeout=30_000)
+                assert page.url == base + web_links.job_path(1, "x0", "only")
+                page.click(f'#explain a[href="{web_links.attempt_path(1)}"]')  # its attempt
+                page.wait_for_selector("#attempt p >> text=x0.only", timeout=30_000)
+                assert page.url == base + web_links.attempt_path(1)
+                page.go_back()
+                page.wait_for_function(
+                    "location.pathname === " + json.dumps(web_links.job_path(1, "x0", "only"))
+                )
+                # A pasted address opens the page on what it names.
+                fresh = page.context.browser.new_page()
+                fresh.on("pageerror", lambda error: errors.append(str(error)))
+                fresh.goto(base + web_links.job_path(1, "x1", "only"))
+                fresh.wait_for_selector("#explain b >> text=ready", timeout=30_000)
+                assert "x1.only" in (fresh.locator("#explain p").first.text_content() or "")
+                fresh.goto(base + "/runs/1/jobs/3")  # by id: the address takes its name
+                fresh.wait_for_selector("#explain p >> text=y0.only", timeout=30_000)
+                fresh.wait_for_function(
+                    "location.pathname === " + json.dumps(web_links.job_path(1, "y0", "only"))
+                )
+                fresh.goto(base + web_links.attempt_path(1))
+                fresh.wait_for_selector("#attempt p >> text=x0.only", timeout=30_000)
+                assert errors == []
         finally:
             gate.touch()
             web.send_signal(signal.SIGTERM)
