@@ -23,6 +23,50 @@ from laneway.controller.errors import LanewayError, NoLedgerYet, NotFound, Usage
 
 LogJsonFlag = Annotated[bool, typer.Option("--json", help="Log lifecycle lines as JSON on stderr.")]
 
+NotifyUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--notify-url",
+        help="Also POST every attention state (halt, unknown outcome, budget stop, lost "
+        "worker or controller, breaker pause, run finished) to this webhook, as a run's "
+        "[notify] webhook would; ${NAME} is read from this process's environment.",
+        show_default=False,
+    ),
+]
+NotifyCommand = Annotated[
+    str | None,
+    typer.Option(
+        "--notify-command",
+        help="Also run this command (split like a shell line, run without one) for every "
+        "attention state, the notification as JSON on stdin.",
+        show_default=False,
+    ),
+]
+
+
+def _notify_option(url: str | None, command: str | None) -> Any:
+    """The process's own ``NotifyConfig`` from --notify-url/--notify-command (None when
+    neither is given); a bad value exits 2 with one line naming the option."""
+    if url is None and command is None:
+        return None
+    import shlex
+
+    from pydantic import ValidationError
+
+    from laneway.controller.config_models import NotifyConfig
+
+    try:
+        argv = None if command is None else shlex.split(command)
+    except ValueError as exc:
+        common.fail(UsageError(f"--notify-command: {exc}; quote it as a shell line"))
+    try:
+        return NotifyConfig(webhook=url, command=argv or None)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "--notify-url" if "webhook" in map(str, first["loc"]) else "--notify-command"
+        common.fail(UsageError(f"{where}: {first['msg']}"))
+
+
 WORKER_WAIT_SECONDS = 3.0
 """How often a worker looks again for a ledger not created yet, or for a pipeline that
 names its node (`laneway worker` without --exit-if-unknown)."""
@@ -115,6 +159,8 @@ def worker(
             "names --node, instead of waiting for them.",
         ),
     ] = False,
+    notify_url: NotifyUrl = None,
+    notify_command: NotifyCommand = None,
     as_json: LogJsonFlag = False,
 ) -> None:
     """Run the worker service of one node: lease, supervise, settle, heartbeat.
@@ -123,13 +169,16 @@ def worker(
     signal leaves them running under their supervisors. Until a ledger exists (`run` or
     `start-pipeline` creates it) and a pipeline names --node, it waits, logging
     `worker_waiting` once and writing nothing (TERM exits 0, Ctrl-C 130);
-    --exit-if-unknown exits 2 instead.
+    --exit-if-unknown exits 2 instead. It tells the operator (the runs' [notify]
+    sections, --notify-url/--notify-command) when the controller stops heartbeating.
     """
+    from laneway.controller.notify import Notifier
     from laneway.controller.rows import SessionRows
     from laneway.controller.status_nodes import node_max_jobs
     from laneway.workers.service import WorkerService
 
     log = common.Log(as_json)
+    option = _notify_option(notify_url, notify_command)
     if not exit_if_unknown:
         _wait_until_named(runtime_dir, node, log)
     with common.refusals():
@@ -161,8 +210,14 @@ def worker(
         f"laneway worker {worker_id}",
         ", running attempts stay under their supervisors",
     )
+    notifier = Notifier(engine, actor=worker_id, option=option, watch_controller=True)
+    notifier.on_error = lambda line: log("notify_error", f"laneway worker {worker_id}: {line}")
+    notifier.start()
     stopper = common.Stopper(log)
-    service.serve(stopper.stop)
+    try:
+        service.serve(stopper.stop)
+    finally:
+        notifier.stop()
     if service.revoked is not None:
         log(
             "worker_revoked",
@@ -298,6 +353,8 @@ def controller(
             show_default=False,
         ),
     ] = None,
+    notify_url: NotifyUrl = None,
+    notify_command: NotifyCommand = None,
     as_json: LogJsonFlag = False,
 ) -> None:
     """Run the controller daemon: leases, lost workers, promotion, closing, snapshots.
@@ -306,11 +363,14 @@ def controller(
     attempts whose leases expired, promotes jobs whose needs succeeded (skips those whose
     needs did not), closes runs whose jobs are all terminal, and writes
     runs/RUN/status.json and SUMMARY.json. One controller per runtime dir; the runtime
-    dir must hold a ledger already (`start-pipeline` or `run` creates it).
+    dir must hold a ledger already (`start-pipeline` or `run` creates it). It tells the
+    operator of every attention state (the runs' [notify] sections and
+    --notify-url/--notify-command), each delivery recorded in the ledger.
     """
     from laneway.controller import controller_lock
     from laneway.controller import daemon as daemon_module
 
+    option = _notify_option(notify_url, notify_command)
     with common.refusals():
         engine = ledger_open.open_existing_ledger(runtime_dir)
     log = common.Log(as_json)
@@ -348,13 +408,16 @@ def controller(
         log("metrics", f"laneway controller: metrics at {metrics_url}metrics", url=metrics_url)
     stopper = common.Stopper(log, drains=False)
     try:
-        serving = daemon_module.Controller(engine, lost_after_seconds=lost_after)
+        serving = daemon_module.Controller(engine, lost_after_seconds=lost_after, notify=option)
         _log_outages(serving, log, "laneway controller")
+        serving.notifier.on_error = lambda line: log("notify_error", f"laneway controller: {line}")
         serving.serve(
             stopper.stop,
             interval=interval,
             keep_lock=lambda: controller_lock.hold_controller_lock(runtime, engine),
         )
+        if not serving.lost_lock:
+            serving.close()
     finally:
         controller_lock.release_pidfile(runtime)
     if serving.lost_lock:

@@ -19,7 +19,9 @@ command:
 - no live worker: the command that starts one;
 - a capacity refusal (a cap, full slots, earlier stages pending): nothing to do, it
   clears by itself (no command);
-- a running lane: nothing to do; a lane with nothing left to start: done (no command);
+- a running lane: nothing to do, unless every attempt it has in flight is unverified
+  (its worker stale or lost): the command that starts a worker of its node;
+- a lane with nothing left to start: done (no command);
 - a controller that is gone (``StatusReport.controller``, known on SQLite) while the run
   is active: ``no_controller``, the command that continues the run in the foreground
   (``laneway run --continue N``; its words name ``laneway controller`` too), in place of
@@ -122,7 +124,9 @@ def next_step(lane: Lane, status: StatusReport) -> NextStep:
 def _held_step(lane: Lane, status: StatusReport) -> NextStep:
     """The lane's step from what holds it (``next_step`` before the controller's)."""
     if lane.running:
-        return NextStep(RUNNING, f"nothing to do: {lane.running} running", None)
+        return _unverified_step(lane, status) or NextStep(
+            RUNNING, f"nothing to do: {lane.running} running", None
+        )
     if not lane.pending:
         return NextStep(DONE, "done: the lane has no job left to start", None)
     run = status.run
@@ -190,6 +194,26 @@ def _held_step(lane: Lane, status: StatusReport) -> NextStep:
             None,
         )
     return NextStep(code, WAITS.get(code, f"see `laneway explain JOB` ({code})"), None)
+
+
+def _unverified_step(lane: Lane, status: StatusReport) -> NextStep | None:
+    """A lane whose every in-flight attempt is unverified (its worker stale or lost):
+    the command that starts a worker of its node, which adopts the supervisors that
+    still run or settles them from their exit records. None while any is verified."""
+    mine = [a for a in status.running if a.lane == lane.lane]
+    if not mine or any(a.verified for a in mine):
+        return None
+    starts = {n.node: n.start for n in status.no_worker}
+    start = starts.get(lane.node)
+    if start is None:
+        return None
+    return NextStep(
+        "no_worker",
+        f"nobody can say its {len(mine)} attempt(s) still run ({mine[0].unverified_because});"
+        " start a worker: it adopts the supervisors that still run and settles the rest "
+        "from their exit records",
+        start,
+    )
 
 
 def lane_step(lane: Lane, status: StatusReport) -> NextStep:

@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from laneway.controller import limits
-from laneway.controller.states import Outcome
+from laneway.controller.states import Attention, Outcome
 
 KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 """Item keys become directory names: no slash, no leading dot, so never ``..``."""
@@ -330,6 +330,69 @@ class CloseoutStep(_Strict):
     timeout_seconds: LedgerInt = Field(600, ge=1, le=86400)
 
 
+def _webhook(value: str) -> str:
+    """An http(s) URL; ``${NAME}`` references (a token in the path) are resolved by the
+    notifying process from its environment."""
+    _text(value)
+    if not re.match(r"\Ahttps?://[^\s/]+", ENV_REF.sub("x", value)):
+        raise ValueError(f"{value!r}: give an http:// or https:// URL")
+    if SECRET_LITERAL.search(value):
+        raise ValueError("holds a literal credential; reference it as ${ENV_NAME}")
+    return value
+
+
+class NotifyConfig(_Strict):
+    """Tell the operator when the run needs them (controller/notify.py): a webhook and/or a
+    command, called once per new attention state with the reason, the next step and a
+    dashboard link. Secrets only as ``${NAME}`` references in ``webhook`` and ``headers``,
+    resolved from the notifying process's environment and redacted wherever recorded."""
+
+    webhook: Annotated[str, AfterValidator(_webhook)] | None = Field(
+        None, description="POSTed one JSON object per notification (2xx = delivered)."
+    )
+    headers: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,64}$")], Text] = Field(
+        default_factory=dict,
+        description='Extra request headers, e.g. Authorization = "Bearer ${HOOK_TOKEN}".',
+    )
+    command: list[Text] | None = Field(
+        None,
+        min_length=1,
+        description="argv run without a shell, the notification as JSON on stdin and in "
+        "LANEWAY_NOTIFY_* variables (exit 0 = delivered).",
+    )
+    pass_env: list[Annotated[str, Field(pattern=ENV_NAME_PATTERN)]] = Field(
+        default_factory=list,
+        description="Variables the command gets from the notifier's environment.",
+    )
+    on: list[Attention] = Field(
+        default_factory=lambda: list(Attention), description="Which attention states to tell."
+    )
+    retries: LedgerInt = Field(4, ge=0, le=10, description="Tries after the first, with backoff.")
+    timeout_seconds: Finite = Field(10.0, gt=0, le=120, description="Per try.")
+
+    @model_validator(mode="after")
+    def _check(self) -> NotifyConfig:
+        problems = []
+        if self.webhook is None and self.command is None:
+            problems.append("give a webhook URL, a command, or both")
+        for name, value in self.headers.items():
+            if SECRET_NAME.search(name.replace("-", "_")) or SECRET_LITERAL.search(value):
+                if not ENV_REF.search(value) or SECRET_LITERAL.search(value):
+                    problems.append(
+                        f"headers.{name}: looks like a credential; reference it as "
+                        "${ENV_NAME} from the notifying process's environment"
+                    )
+        for i, value in enumerate(self.command or []):
+            if ENV_REF.search(value) or SECRET_LITERAL.search(value):
+                problems.append(
+                    f"command.{i}: no secrets or ${{...}} in argv (visible in the process "
+                    "list); pass them with pass_env"
+                )
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+
 class PipelineConfig(_Strict):
     name: Name
     nodes: list[NodeConfig] = Field(min_length=1)
@@ -361,6 +424,9 @@ class PipelineConfig(_Strict):
         "or s3://bucket/prefix (S3 or any S3-compatible server; credentials and endpoint "
         "only from the worker's environment). Default: content-addressed under each "
         "worker's runtime dir (artifacts/), which only that machine can read.",
+    )
+    notify: NotifyConfig | None = Field(
+        None, description="Tell the operator when the run needs them (docs/operations.md)."
     )
     closeout: list[CloseoutStep] = Field(
         default_factory=list,

@@ -12,6 +12,13 @@ something to do (each first looks with a read-only session, which takes no write
 - ``closing``: runs whose jobs changed are closed when every job is terminal;
 - ``closeouts``: closeout steps of finished or stopped runs are started and polled.
 
+A serving controller (``serve``, and ``laneway run``'s loop) also ``beat``s: its
+``controllers`` row, registered on the first beat and renewed every
+``HEARTBEAT_SECONDS``, tells every view (and the workers, which notify the operator when
+it stops) that it is alive; its notifier (controller/notify.py), a thread of its own,
+follows the event log from where the previous controller's stopped. ``close`` marks the
+row stopped. A bare ``tick()`` does neither.
+
 Then the derived ``runs/<run>/status.json`` snapshot (and ``SUMMARY.json`` at close) is
 written. ``serve`` ticks when the ledger file changed (``controller.watch``) or a
 periodic step is due, so an idle controller does almost nothing.
@@ -19,6 +26,8 @@ periodic step is due, so an idle controller does almost nothing.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,13 +38,15 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from laneway.controller import closeout, db, ledger, pipeline
+from laneway.controller import closeout, db, identity, ledger, pipeline
 from laneway.controller.attempt import Delivery, ExitRules, Judged, judge_attempt
 from laneway.controller.clock import Clock, SystemClock
+from laneway.controller.config_models import NotifyConfig
 from laneway.controller.crashpoints import crash_point
 from laneway.controller.durable import make_private_dir, write_json
 from laneway.controller.errors import CommitOutcomeUnknown, LedgerUnavailable
 from laneway.controller.models import Attempt, Job
+from laneway.controller.notify import Notifier
 from laneway.controller.states import EventKind
 from laneway.controller.status import build_status
 from laneway.controller.status_nodes import LOST_AFTER_SECONDS
@@ -44,6 +55,9 @@ from laneway.controller.watch import ChangeWatch
 ACTOR = "controller"
 LOCK_CHECK_SECONDS = 5.0
 """How often a serving controller makes sure it still holds the ledger's lock."""
+HEARTBEAT_SECONDS = 2.0
+"""How often a serving controller renews its ``controllers`` row (as often as a
+worker: ``status_nodes.worker_liveness`` judges both)."""
 LOCK_WAIT_GRACE_SECONDS = 1.0
 """A write that waited this long for the ledger's write lock means every writer was
 held up: heartbeats could not land, so no worker is judged by them for a while."""
@@ -67,6 +81,7 @@ class Controller:
         snapshot_seconds: float = 1.0,
         lost_after_seconds: float = LOST_AFTER_SECONDS,
         recovery_seconds: float = 1.0,
+        notify: NotifyConfig | None = None,
     ) -> None:
         self.engine = engine
         self.lost_after_seconds = lost_after_seconds
@@ -78,6 +93,10 @@ class Controller:
         self.clock = clock or SystemClock()
         self.snapshot_seconds = snapshot_seconds
         self.watch = ChangeWatch(engine)
+        self.notifier = Notifier(engine, actor=ACTOR, option=notify, clock=self.clock)
+        self.controller_id: int | None = None
+        """This controller's ``controllers`` row, from its first ``beat``."""
+        self._last_beat = float("-inf")
         self._cursor: int | None = None
         self._retry_cursor: int | None = -1
         """The event cursor when the retry backoffs were last looked at (-1: look)."""
@@ -319,6 +338,50 @@ class Controller:
                 del self._closeouts[run_id]
                 self._closeout_runs.remove(run_id)
 
+    def beat(self) -> None:
+        """Register this controller (first call) or renew its heartbeat when one is due,
+        with the notifier's cursor. The first call starts the notifier after the
+        previous controller's cursor (the ledger's newest event for the first
+        controller ever: what happened before any notifier is not news)."""
+        if time.monotonic() - self._last_beat < HEARTBEAT_SECONDS:
+            return
+        with db.transaction(self.factory) as session:
+            now = db.ledger_now(session, self.clock)
+            if self.controller_id is None:
+                self.controller_id, cursor = ledger.register_controller(
+                    session,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    boot_id=identity.boot_id(),
+                    now=now,
+                )
+                if cursor is None:
+                    cursor = ledger.latest_event_id(session)
+            else:
+                cursor = None
+                ledger.controller_heartbeat(
+                    session, self.controller_id, now=now, notify_cursor=self.notifier.cursor
+                )
+        self._last_beat = time.monotonic()
+        if cursor is not None:
+            self.notifier.follow(cursor)
+            self.notifier.start()
+
+    def close(self) -> None:
+        """A clean stop: the notifier finishes what it holds (bounded), and the
+        controller's row is marked stopped (not lost), with the notifier's cursor."""
+        self.notifier.stop()
+        if self.controller_id is None:
+            return
+        with db.transaction(self.factory) as session:
+            ledger.controller_heartbeat(
+                session,
+                self.controller_id,
+                now=db.ledger_now(session, self.clock),
+                notify_cursor=self.notifier.cursor,
+                stopped=True,
+            )
+
     def write_snapshots(self, run_id: int, *, now: datetime, final: bool = False) -> None:
         """Write status.json (and SUMMARY.json when ``final``) if the ledger changed."""
         with self.reader() as session:
@@ -404,6 +467,7 @@ class Controller:
                     self.lost_lock = True
                     return
             try:
+                self.beat()
                 if self.due():
                     self.tick()
             except Exception as exc:

@@ -304,6 +304,9 @@ class ForegroundRun:
             if not worker.in_flight:
                 worker.stop()
         self._wait_for_closeout(observer, should_abort)
+        # The notifier tells what this run ended in (finished, a budget stop) before
+        # the process goes: a bounded wait, then the row says the controller stopped.
+        self.daemon.close()
         controller_lock.release_controller_lock(self.runtime, self.engine)
         observer.close()
         final = self._status(db.session_factory(self.engine))
@@ -335,6 +338,8 @@ class ForegroundRun:
         while True:
             try:
                 busy = False
+                if own:
+                    self.daemon.beat()
                 if own and self.daemon.due():
                     report = self.daemon.tick()
                     busy = bool(report.promoted or report.closed)

@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     Float,
@@ -33,9 +34,11 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from laneway.controller.states import (
     AttemptState,
+    Attention,
     ControlKind,
     ControlScope,
     JobState,
+    NotificationState,
     Outcome,
     RunState,
     Verdict,
@@ -482,3 +485,64 @@ class AttemptInput(Base):
     node: Mapped[str] = mapped_column(String(64))
     """The node whose worker fetched it (bytes moved down to that node)."""
     created_at: Mapped[datetime] = mapped_column(DateTime())
+
+
+class ControllerRow(Base):
+    """One serving controller (``laneway controller`` or ``laneway run``'s), from the
+    first tick that held the ledger's lock to its clean stop: its heartbeat makes it
+    ``live``, ``stale`` or ``lost`` to every view and to the workers, on any machine."""
+
+    __tablename__ = "controllers"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    boot_id: Mapped[str] = mapped_column(String(64))
+    started_at: Mapped[datetime] = mapped_column(DateTime())
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime())
+    stopped_at: Mapped[datetime | None] = mapped_column(DateTime())
+    notify_cursor: Mapped[int | None] = mapped_column(Integer)
+    """The newest event its notifier has turned into notifications; the next
+    controller's notifier starts after it."""
+
+
+class Notification(Base):
+    """One attention state told to the operator (controller/notify.py): ``key`` names
+    the occurrence, so it is created once, whoever notices it and however often."""
+
+    __tablename__ = "notifications"
+    __table_args__ = (
+        one_of("kind", Attention, "kind"),
+        one_of("state", NotificationState, "state"),
+        Index("ix_notifications_state", "state", "id"),
+        {"sqlite_autoincrement": True},
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(200), unique=True)
+    kind: Mapped[Attention] = mapped_column(EnumText(Attention, 32))
+    run_id: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime())
+    created_by: Mapped[str] = mapped_column(String(128))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """What was sent: kind, run, reason, next step, link."""
+    state: Mapped[NotificationState] = mapped_column(EnumText(NotificationState, 16))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+
+class NotificationDelivery(Base):
+    """One try of one channel of a notification: what answered, or why it failed
+    (secrets redacted)."""
+
+    __tablename__ = "notification_deliveries"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    notification_id: Mapped[int] = mapped_column(ForeignKey("notifications.id"), index=True)
+    channel: Mapped[str] = mapped_column(String(16))
+    """``webhook`` or ``command``."""
+    target: Mapped[str] = mapped_column(Text)
+    """The URL or argv as configured: ``${NAME}`` references unresolved."""
+    try_number: Mapped[int] = mapped_column(Integer)
+    at: Mapped[datetime] = mapped_column(DateTime())
+    ok: Mapped[bool] = mapped_column(Boolean)
+    detail: Mapped[str] = mapped_column(Text)
+    """``HTTP 204``, ``exit 0``, or the failure in words."""

@@ -109,7 +109,7 @@ RECENT_RUN_EVENTS: Final = (
 NEWEST_RUN_EVENT: Final = "SELECT MAX(id) FROM events WHERE run_id = :run"
 """-- name: newest_run_event -- The id of the run's newest event (has the run changed?)."""
 
-_WORKER_COLUMNS = "id, node, host, pid, slots, state, started_at, heartbeat_at, stopped_at"
+_WORKER_COLUMNS = "id, node, host, pid, boot_id, slots, state, started_at, heartbeat_at, stopped_at"
 
 ACTIVE_WORKERS: Final = (
     f"SELECT {_WORKER_COLUMNS} FROM workers "
@@ -125,6 +125,12 @@ ENDED_WORKERS: Final = (
 )
 """-- name: ended_workers -- The last ``RECENT_STOPPED_WORKERS`` stopped or lost workers of
 node ``:node``."""
+
+LATEST_CONTROLLER: Final = (
+    "SELECT id, host, pid, heartbeat_at, stopped_at FROM controllers ORDER BY id DESC LIMIT 1"
+)
+"""-- name: latest_controller -- The newest controller's row: its heartbeat and stop, which
+say whether a controller serves a shared ledger (``status.controller_state``)."""
 
 NODE_MEMORY: Final = (
     "SELECT mem_available_mib, mem_total_mib, memory_floor_mib, max_jobs "

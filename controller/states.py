@@ -165,6 +165,36 @@ OPEN_JOB_STATES = (JobState.WAITING, JobState.READY, JobState.RUNNING, JobState.
 """The complement of TERMINAL_JOB_STATES: a run with one of these is not finished."""
 
 
+class Attention(StrEnum):
+    """A state that needs a person, told to the operator once (controller/notify.py):
+    one notification per new occurrence, each with its reason and next step."""
+
+    HALT = "halt"
+    """laneway halted a run by itself (a fatal outcome, frozen sources that changed)."""
+    UNKNOWN_OUTCOME = "unknown_outcome"
+    """Attempts whose outcome could not be established: a reconcile is needed."""
+    BUDGET_STOP = "budget_stop"
+    """A run paused because its budget leaves nothing more to start."""
+    BREAKER_PAUSE = "breaker_pause"
+    """A run paused by a breaker: infrastructure failures in a row, a harness failure."""
+    WORKER_LOST = "worker_lost"
+    """A worker stopped heartbeating and the controller judged it lost."""
+    CONTROLLER_LOST = "controller_lost"
+    """The controller stopped heartbeating (noticed by a worker)."""
+    RUN_FINISHED = "run_finished"
+    """Every job of a run is terminal."""
+
+
+class NotificationState(StrEnum):
+    PENDING = "pending"
+    """Created; its deliveries are being tried. The process that created it delivers
+    it; a controller that starts delivers those its predecessor left pending."""
+    DELIVERED = "delivered"
+    """Terminal: every channel took it."""
+    FAILED = "failed"
+    """Terminal: a channel refused it after its bounded retries (each try recorded)."""
+
+
 class EventKind(StrEnum):
     """Every kind of row in the append-only ``events`` table; nothing else writes one.
 

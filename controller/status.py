@@ -24,7 +24,7 @@ from laneway.controller.explain import explain_job as explain_job
 from laneway.controller.explain import stderr_tail as stderr_tail
 from laneway.controller.pidfile import running_controller
 from laneway.controller.rows import Rows, SessionRows, _json, _moment
-from laneway.controller.states import EventKind, JobState, Verdict
+from laneway.controller.states import EventKind, JobState, Verdict, WorkerState
 from laneway.controller.status_model import (
     BackingOff,
     Closeout,
@@ -44,12 +44,16 @@ from laneway.controller.status_model import (
 )
 from laneway.controller.status_nodes import (
     LIVE,
+    LOST,
+    LOST_AFTER_SECONDS,
+    STOPPED,
     _last_seen,
     no_worker_reason,
     node_rows,
     node_workers,
     placement,
     worker_command,
+    worker_liveness,
 )
 
 if TYPE_CHECKING:
@@ -219,7 +223,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
         ),
         closeout=closeout_state(source, run),
         recent_events=events,
-        controller=controller_state(source, run["runtime_dir"]),
+        controller=controller_state(source, run["runtime_dir"], now=now),
     )
     for lane in report.lanes:  # one next step per lane, whoever reads the report
         lane.next_step = advice.next_step(lane, report)
@@ -237,27 +241,61 @@ def unverified_because(worker: Worker | None, worker_id: str | None) -> str | No
     return f"worker {worker.worker_id} {worker.liveness_words()}"
 
 
-def controller_state(source: Rows, runtime_dir: str) -> ControllerState:
+def controller_state(source: Rows, runtime_dir: str, *, now: datetime) -> ControllerState:
     """Whether a controller serves ``runtime_dir`` (the run's): on SQLite the ledger and
     its controller are on this machine, so the controller's pidfile (``pidfile.py``,
     written by whoever holds the controller lock, ``laneway run`` or ``laneway
     controller``) says it: ``running`` when a live process holds it, else ``gone``. On a
-    shared ledger (PostgreSQL) the controller may run on another machine: ``running``
-    when this machine's pidfile names a live one, else ``unknown``."""
+    shared ledger (PostgreSQL) the controller may run on another machine, so its
+    heartbeat in the ledger (``controllers``, judged by ``worker_liveness`` as a worker's
+    is) says it: ``running`` while live, ``unknown`` while stale, ``gone`` once lost or
+    stopped; ``unknown`` when no controller ever served it."""
     pid = running_controller(runtime_dir)
     if pid is not None:
         return ControllerState("running", pid, f"the controller runs (pid {pid})")
+    found = source.rows(queries.LATEST_CONTROLLER)
     if _on_sqlite(source) is True:
+        last = ""
+        if found:
+            controller_id, host, row_pid, beat, stopped = found[0]
+            last = (
+                f"; controller {controller_id} (pid {row_pid}) stopped at {iso(_moment(stopped))}"
+                if stopped is not None
+                else f"; controller {controller_id} (pid {row_pid}) last heartbeat at "
+                f"{iso(_moment(beat))}"
+            )
         return ControllerState(
             "gone",
             None,
-            f"no controller runs for {runtime_dir} (no live process holds its pidfile)",
+            f"no controller runs for {runtime_dir} (no live process holds its pidfile){last}",
+        )
+    if not found:
+        return ControllerState(
+            "unknown",
+            None,
+            "unknown: the ledger is shared (PostgreSQL) and no controller has served it yet",
+        )
+    controller_id, host, row_pid, beat, stopped = found[0]
+    heartbeat = _moment(beat)
+    assert heartbeat is not None
+    age = (now - heartbeat).total_seconds()
+    liveness = worker_liveness(
+        WorkerState.STOPPED.value if stopped is not None else WorkerState.ACTIVE.value, age
+    )
+    who = f"controller {controller_id} (pid {row_pid} on {host})"
+    if liveness == LIVE:
+        return ControllerState("running", row_pid, f"the {who} runs (heartbeat {age:.0f} s ago)")
+    if liveness == STOPPED:
+        return ControllerState("gone", None, f"the {who} stopped at {iso(_moment(stopped))}")
+    if liveness == LOST:
+        return ControllerState(
+            "gone", None, f"the {who} is lost: no heartbeat since {iso(heartbeat)}"
         )
     return ControllerState(
         "unknown",
-        None,
-        "unknown: the ledger is shared (PostgreSQL) and its controller may run on another "
-        "machine; none runs on this one",
+        row_pid,
+        f"unknown: the {who} has not heartbeat for {age:.0f} s (lost after "
+        f"{LOST_AFTER_SECONDS:.0f} s)",
     )
 
 

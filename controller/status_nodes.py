@@ -6,11 +6,13 @@ with the command that starts a worker.
 
 from __future__ import annotations
 
+import os
 import shlex
+import socket
 from datetime import datetime
 from typing import Any
 
-from laneway.controller import admission, queries
+from laneway.controller import admission, identity, queries
 from laneway.controller.clock import iso
 from laneway.controller.errors import NotFound
 from laneway.controller.rows import Rows, _moment
@@ -34,17 +36,35 @@ LOST = "lost"
 STOPPED = "stopped"
 
 
-def worker_liveness(state: str, heartbeat_age_seconds: float) -> str:
+def worker_liveness(state: str, heartbeat_age_seconds: float, *, gone: bool = False) -> str:
     """A worker's liveness from its row's ``state`` and its heartbeat's age (seconds, at
     the ledger's ``now``): ``stopped`` or ``lost`` when its row says so; an active one is
     ``live`` while its heartbeat is at most ``STALE_AFTER_SECONDS`` old, ``stale`` up to
-    ``LOST_AFTER_SECONDS``, ``lost`` after that (the controller marks it so then). Every
-    view (status text and JSON, the live display, the web page, metrics) reads this."""
+    ``LOST_AFTER_SECONDS``, ``lost`` after that (the controller marks it so then), and
+    ``lost`` at once when its process is known ``gone`` (``process_gone``: it ran on this
+    machine, and its pid no longer exists). Every view (status text and JSON, the live
+    display, the web page, metrics) reads this."""
     if state == WorkerState.STOPPED.value:
         return STOPPED
-    if state != WorkerState.ACTIVE.value or heartbeat_age_seconds > LOST_AFTER_SECONDS:
+    if state != WorkerState.ACTIVE.value or heartbeat_age_seconds > LOST_AFTER_SECONDS or gone:
         return LOST
     return LIVE if heartbeat_age_seconds <= STALE_AFTER_SECONDS else STALE
+
+
+def process_gone(host: str, boot_id: str, pid: int) -> bool:
+    """Is the process ``pid`` that ran on ``host`` in boot ``boot_id`` known to be gone?
+    Only said for this machine (the same hostname and kernel boot), where no process
+    with that pid exists; a pid that exists may be another process, so it proves
+    nothing and the heartbeat decides."""
+    if host != socket.gethostname() or boot_id != identity.boot_id():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists, another user's: not known gone
+        return False
+    return False
 
 
 def worker_command(node: str, runtime_dir: str) -> str:
@@ -63,11 +83,12 @@ def node_workers(source: Rows, nodes: list[str], *, now: datetime) -> list[Worke
         found += source.rows(queries.ACTIVE_WORKERS, params)
         found += source.rows(queries.ENDED_WORKERS, params)
     workers = []
-    for worker_id, node, host, pid, slots, state, started, beat, stopped in found:
+    for worker_id, node, host, pid, boot_id, slots, state, started, beat, stopped in found:
         heartbeat = _moment(beat)
         assert heartbeat is not None
         age = (now - heartbeat).total_seconds()
-        liveness = worker_liveness(state, age)
+        gone = state == WorkerState.ACTIVE.value and process_gone(host, boot_id, pid)
+        liveness = worker_liveness(state, age, gone=gone)
         workers.append(
             Worker(
                 worker_id=worker_id,

@@ -19,6 +19,7 @@ One module per phase of an attempt's life, each importing only those listed befo
 - ``claim``: leases and intents;
 - ``settle``: spawn identity, outcomes, breakers;
 - ``recovery``: expired leases, orphans, adoption (the lease design note is there);
+- ``notices``: controllers' heartbeats, notifications and their deliveries;
 - ``operator``: reconcile, retry, cancel, closeout bookkeeping.
 
 Callers import this package (``from laneway.controller import ledger``) and use the names below.
@@ -42,6 +43,16 @@ from laneway.controller.ledger.controls import (
     clear_controls,
     run_paused,
     set_control,
+)
+from laneway.controller.ledger.notices import (
+    attention_events,
+    controller_heartbeat,
+    create_notification,
+    finish_notification,
+    latest_controller,
+    pending_notifications,
+    record_delivery,
+    register_controller,
 )
 from laneway.controller.ledger.operator import (
     RECONCILE_AS,
@@ -137,6 +148,7 @@ __all__ = [
     "argv_hash",
     "artifact_store_url",
     "attempt_dir",
+    "attention_events",
     "cancel_pending",
     "changes_after",
     "check_pausable",
@@ -144,11 +156,14 @@ __all__ = [
     "clear_controls",
     "close_run_if_done",
     "closeout_candidates",
+    "controller_heartbeat",
+    "create_notification",
     "create_run",
     "event_row",
     "expire_leases",
     "expired_leases",
     "failed_jobs",
+    "finish_notification",
     "fold_peaks",
     "frozen_config",
     "get_attempt",
@@ -157,6 +172,7 @@ __all__ = [
     "inputs_dir",
     "inputs_for",
     "items_with_waiting",
+    "latest_controller",
     "latest_event_id",
     "mark_closeout_finished",
     "mark_lost_workers",
@@ -167,16 +183,19 @@ __all__ = [
     "next_retry_at",
     "node_runs",
     "orphaned_attempts",
+    "pending_notifications",
     "promote_item",
     "promote_run",
     "reconcile_attempt",
     "record_artifacts",
     "record_capture",
     "record_decisions",
+    "record_delivery",
     "record_inputs",
     "record_samples",
     "record_spawn",
     "refuse_start",
+    "register_controller",
     "register_worker",
     "release",
     "release_due_retries",

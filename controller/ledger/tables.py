@@ -14,6 +14,7 @@ from laneway.controller.models import (
     AttemptInput,
     AttemptUsage,
     Control,
+    ControllerRow,
     Decision,
     Event,
     Item,
@@ -22,6 +23,8 @@ from laneway.controller.models import (
     Lease,
     Node,
     NodeLowWater,
+    Notification,
+    NotificationDelivery,
     Reservation,
     Run,
     StageStats,
@@ -54,3 +57,6 @@ runs = _table(Run)
 stage_stats = _table(StageStats)
 usage_totals = _table(UsageTotal)
 workers = _table(Worker)
+controllers = _table(ControllerRow)
+notifications = _table(Notification)
+notification_deliveries = _table(NotificationDelivery)

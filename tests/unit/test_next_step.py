@@ -174,3 +174,36 @@ def test_the_exit_message_of_a_budget_says_how_many_are_reused():
     assert [n.event for n in notices] == ["run_blocked", "run_budget_spent"]
     assert f"`{NEW_RUN}`" in notices[1].words and "(5) is reused" in notices[1].words
     assert "laneway resume" not in " ".join(n.words for n in notices)
+
+
+def test_a_lane_whose_attempts_are_all_unverified_says_start_a_worker_which_adopts_them():
+    start = f"laneway worker --node n1 --runtime-dir {RT}"
+    lane = {"running": 2, "ready": 1}
+    running = [
+        {
+            "attempt_id": n,
+            "lane": "a",
+            "node": "n1",
+            "item": f"i{n}",
+            "stage": "s",
+            "state": "running",
+            "elapsed_seconds": 9.0,
+            "worker_id": "w-1",
+        }
+        for n in (1, 2)
+    ]
+    unverified = [
+        {**r, "verified": False, "unverified_because": "worker w-1 stale for 12 s"} for r in running
+    ]
+    no_worker = [{"node": "n1", "start": start}]
+    got = step(lane, running=unverified, no_worker=no_worker)
+    assert (got.code, got.command) == ("no_worker", start)
+    assert "worker w-1 stale for 12 s" in got.words and "adopts" in got.words
+    # One attempt its worker vouches for: the lane runs, nothing to do.
+    mixed = [unverified[0], running[1]]
+    assert step(lane, running=mixed, no_worker=no_worker).code == "running"
+    # The controller is gone as well: continuing the run comes first.
+    gone = {"state": "gone", "pid": None, "words": "no controller runs"}
+    assert step(lane, running=unverified, no_worker=no_worker, controller=gone).code == (
+        "no_controller"
+    )
