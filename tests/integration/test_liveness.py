@@ -7,6 +7,9 @@ lanes' next step ``no_controller`` with the ``laneway run --continue`` command; 
 API (``Dashboard.state``) and the live display (``cli/live.py``) say the same step and
 the same worker state.
 
+A worker of this machine whose process is gone is ``lost`` at once; one on another
+machine (the row moved there) goes ``stale`` and then ``lost`` by its heartbeat.
+
 Real processes. Waits are bounded polls; the ages past the kill are set with ``now=``
 (the heartbeat's time plus so many seconds), never waited out on the clock.
 """
@@ -83,9 +86,10 @@ def report_at(runtime: Path, run_id: int, now: datetime) -> StatusReport:
         source.close()
 
 
-def align_controller_heartbeat(runtime: Path) -> None:
-    """Test-only arrangement on a shared ledger whose processes are dead: the newest
-    controller's heartbeat set to its run's worker's."""
+def as_if_elsewhere(runtime: Path) -> None:
+    """Test-only arrangement once a run's processes are dead: its worker's row on
+    another machine (so only its heartbeat judges it), and the newest controller's
+    heartbeat set to the worker's."""
     from sqlalchemy import text
 
     from laneway.controller import ledger_open
@@ -93,6 +97,7 @@ def align_controller_heartbeat(runtime: Path) -> None:
     engine = ledger_open.open_existing_ledger(runtime)
     try:
         with engine.begin() as connection:
+            connection.execute(text("UPDATE workers SET host = 'elsewhere'"))
             connection.execute(
                 text(
                     "UPDATE controllers SET heartbeat_at = "
@@ -173,10 +178,17 @@ def test_a_killed_laneway_run_is_gone_stale_then_lost_in_every_view(tmp_path):
 
         os.killpg(run.pid, signal.SIGKILL)
         run.wait(timeout=BOUND)
-        if not on_sqlite:
-            # Its controller and its worker heartbeat on their own 2 s beats: line the
-            # controller's up with the worker's, so one age judges both below.
-            align_controller_heartbeat(runtime)
+        # This machine's worker whose process is gone is lost at once, in every view.
+        at_once = status_json(runtime)
+        [local] = at_once["workers"]
+        assert local["liveness"] == "lost" and local["heartbeat_age_seconds"] < LOST_AFTER_SECONDS
+        because = f"worker {local['worker_id']} lost"
+        assert [r["unverified_because"] for r in at_once["running"]] == [because, because]
+
+        # A worker on another machine is judged by its heartbeat alone: the same
+        # process, its row moved there (and, on PostgreSQL, its controller's heartbeat,
+        # which beats on its own 2 s, lined up with the worker's, so one age judges both).
+        as_if_elsewhere(runtime)
 
         # `laneway status`, polled until the heartbeat ages past STALE_AFTER_SECONDS.
         after = wait_until(
@@ -210,6 +222,8 @@ def test_a_killed_laneway_run_is_gone_stale_then_lost_in_every_view(tmp_path):
                 "words": after["controller"]["words"],
             }
             assert "no controller runs" in after["controller"]["words"]
+            # When it died: its last heartbeat in the ledger.
+            assert "last heartbeat at 20" in after["controller"]["words"]
             assert lane["next_step"]["code"] == "no_controller"
             assert lane["next_step"]["command"] == continue_command
             assert "laneway controller" in lane["next_step"]["words"]
@@ -278,8 +292,7 @@ def test_the_page_names_the_gone_controller_and_never_shows_unverified_as_runnin
     with killable_run(tmp_path) as (runtime, run, _alive):
         os.killpg(run.pid, signal.SIGKILL)
         run.wait(timeout=BOUND)
-        if os.environ.get("LANEWAY_DATABASE_URL"):
-            align_controller_heartbeat(runtime)
+        as_if_elsewhere(runtime)
         web = spawn("web", "--bind", "127.0.0.1:0", "--runtime-dir", str(runtime))
         try:
             url = serving_url(web)
@@ -287,6 +300,7 @@ def test_the_page_names_the_gone_controller_and_never_shows_unverified_as_runnin
                 lambda: (
                     (body := get_json(url + "api/state"))["running"]
                     and all(r["verified"] is False for r in body["running"])
+                    and body["controller"]["state"] != "running"
                     and body
                 ),
                 BOUND,
