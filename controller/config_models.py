@@ -248,8 +248,9 @@ class StageConfig(_Strict):
     )
     sources: list[Text] | None = Field(
         None,
-        description="The pipeline sources this stage's result depends on (for reuse); "
-        "default: all of them.",
+        description="Files this stage's result depends on besides those its argv names "
+        "(a shared module it imports, a model card): hashed, frozen and part of its reuse "
+        "key. The files its argv names count without being listed.",
     )
     result: Literal["optional", "required"] = Field(
         "optional",
@@ -417,7 +418,16 @@ class PipelineConfig(_Strict):
         description="Usage key -> most the run may spend (e.g. { cost_usd = 50 }); "
         "admission refuses (reason budget) an attempt whose expected cost would pass it.",
     )
-    sources: list[Text] = Field(default_factory=list, description="Files hashed and frozen.")
+    sources: list[Text] = Field(
+        default_factory=list,
+        description="Files hashed and frozen (a change halts the run); in the reuse key of "
+        'the stages that list them, or of every stage with sources_scope = "all".',
+    )
+    sources_scope: Literal["listed", "all"] = Field(
+        "listed",
+        description='Which stages the top-level sources count for in reuse keys: "listed" '
+        '(the stages that list them in their own sources) or "all".',
+    )
     artifact_store: Text | None = Field(
         None,
         description="Where stage outputs are stored, as an fsspec URL: file:///a/shared/mount "
@@ -476,11 +486,6 @@ class PipelineConfig(_Strict):
                     f"stages.{i}.nodes: empty; name at least one node, or leave it out to "
                     "run the stage on its lane's node"
                 )
-            for source in stage_config.sources or []:
-                if source not in self.sources:
-                    problems.append(
-                        f"stages.{i}.sources: {source} is not one of the pipeline's sources"
-                    )
         lanes = {lane.name for lane in self.lanes}
         for i, item in enumerate(self.items):
             if item.lane not in lanes:

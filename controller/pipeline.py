@@ -21,11 +21,12 @@ from urllib.parse import unquote, urlsplit
 
 from sqlalchemy import Engine
 
-from laneway.controller import admission, db, ledger, ledger_open, limits
+from laneway.controller import admission, db, ledger, ledger_open, limits, reuse
 from laneway.controller.clock import Clock, SystemClock
 from laneway.controller.config import (
     ENV_REF,
     PipelineConfig,
+    StageConfig,
     placeholders,
     render,
     render_argv,
@@ -129,7 +130,56 @@ def preflight(
             hashes[source] = hash_file(source)
         except OSError as exc:
             reasons.append(f"sources: cannot read {source}: {exc.strerror or exc}")
+    for stage in config.stages:
+        for source in stage.sources or []:
+            if source not in hashes:
+                try:
+                    hashes[source] = hash_file(source)
+                except OSError as exc:
+                    reasons.append(
+                        f"stages.{stage.name}.sources: cannot read {source}: {exc.strerror or exc}"
+                    )
+        named, problems = _named_files(stage)
+        hashes.update((path, digest) for path, digest in named.items() if path not in hashes)
+        reasons += problems
     return reasons, hashes
+
+
+def _named_files(stage: StageConfig) -> tuple[dict[str, str], list[str]]:
+    """The files ``stage``'s argv names (``reuse.named_paths``) that exist, with their
+    sha256 (frozen with the run: in its key, and a change halts it); and a problem for
+    each one that names a script (``reuse.SCRIPT_SUFFIXES``) that is not there, or any
+    script named relative to a stage without ``cwd`` (it would be looked for in the
+    attempt's empty workspace)."""
+    found: dict[str, str] = {}
+    problems: list[str] = []
+    for index, element, path in reuse.named_paths(stage):
+        if _is_kind(path, stat.S_ISREG):
+            try:
+                found[path] = hash_file(path)
+            except OSError as exc:
+                problems.append(
+                    f"stages.{stage.name}.argv[{index}]: cannot read {path}: {exc.strerror or exc}"
+                )
+        elif index > 0 and not _is_kind(path, stat.S_ISDIR):
+            problems.append(
+                f"stages.{stage.name}.argv[{index}]: {element} is not a file in "
+                f"{os.path.dirname(path) or '/'}; fix the name, or set the stage's cwd to "
+                "the directory that holds it"
+            )
+    if not stage.cwd:
+        for index, element in enumerate(stage.argv[1:], start=1):
+            if (
+                "{" not in element
+                and not os.path.isabs(element)
+                and element.lower().endswith(reuse.SCRIPT_SUFFIXES)
+            ):
+                problems.append(
+                    f"stages.{stage.name}.argv[{index}]: {element} is relative, and the stage "
+                    "has no cwd, so the job would look for it in its empty workspace; set "
+                    'cwd (e.g. cwd = ".", the config\'s directory) or give an absolute path'
+                )
+    return found, problems
 
 
 def _argv_size_preflight(config: PipelineConfig, items: list[Any]) -> list[str]:

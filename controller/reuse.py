@@ -8,8 +8,12 @@ nothing the result depends on changed. The key hashes exactly that:
   never resolved values), pass_env names and declared outputs (a job whose earlier
   result stored other outputs, or none, cannot hand on what its stage now declares);
 - the item: its key, lane and fields;
-- the sha256 of the frozen source files the stage depends on (``stages.sources``;
-  default: all of the pipeline's sources);
+- the sha256 of the frozen files the stage itself depends on (``stage_sources``): the
+  files its argv names (``named_paths``: a literal argv element that is a path to a
+  file, relative to the stage's ``cwd`` or absolute, hashed and frozen at preflight),
+  the ``sources`` the stage declares, and the pipeline's top-level ``sources`` only when
+  ``sources_scope = "all"``: editing ``judge.py`` re-runs judge (and what needs it), not
+  prepare or solve;
 - the reuse keys of the jobs of the same item it needs, so a change upstream changes
   every key downstream of it.
 
@@ -22,12 +26,60 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any
 
 from laneway.controller.config import ItemConfig, PipelineConfig, StageConfig
 
-KEY_VERSION = 1
-"""Bumped when what goes into a key changes: keys of another version never match."""
+KEY_VERSION = 2
+"""Bumped when what goes into a key changes: keys of another version never match (a
+migration recomputes the keys already in a ledger: migration ``0011`` for version 2)."""
+
+SYSTEM_PREFIXES = ("/usr/", "/bin/", "/sbin/", "/lib", "/etc/", "/proc/", "/sys/", "/dev/")
+"""Absolute paths under these are the machine's, not the pipeline's: never a source."""
+SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".r", ".jl", ".js", ".mjs", ".rb", ".pl", ".lua")
+"""An argv element ending so names a script the job opens (preflight refuses a missing
+one, ``pipeline.preflight``)."""
+
+
+def named_paths(stage: StageConfig) -> list[tuple[int, str, str]]:
+    """(argv index, element, absolute path) of each argv element that names code of the
+    pipeline: the program itself when given as a path (``./tool``, ``/opt/x/run``), and
+    every literal (no ``{...}``) element that names a script (``SCRIPT_SUFFIXES``:
+    ``judge.py``), absolute or relative to a literal ``cwd``; never under the system's
+    directories. Data and output files an argv names are not code: a job that appends to
+    one would change its own key, and halt its run (list inputs in ``sources``).
+    Whether it is a file is preflight's look: only files that exist are hashed."""
+    found = []
+    cwd = stage.cwd if stage.cwd and "{" not in stage.cwd else None
+    for index, element in enumerate(stage.argv):
+        if not element or "{" in element or element.startswith("-") or "\0" in element:
+            continue
+        program = index == 0 and "/" in element
+        if not program and not element.lower().endswith(SCRIPT_SUFFIXES):
+            continue
+        if os.path.isabs(element):
+            path = os.path.normpath(element)
+        elif cwd is not None:
+            path = os.path.normpath(os.path.join(cwd, element))
+        else:
+            continue
+        if not path.startswith(SYSTEM_PREFIXES):
+            found.append((index, element, path))
+    return found
+
+
+def stage_sources(
+    stage: StageConfig, config: PipelineConfig, source_hashes: dict[str, str]
+) -> list[str]:
+    """The frozen files ``stage``'s key covers: the files its argv names that were frozen
+    (in ``source_hashes``), its own ``sources``, and every top-level source when the
+    config's ``sources_scope`` is ``all``."""
+    own = {path for _, _, path in named_paths(stage) if path in source_hashes}
+    own.update(stage.sources or ())
+    if config.sources_scope == "all":
+        own.update(config.sources)
+    return sorted(own)
 
 
 def stage_definition(stage: StageConfig) -> dict[str, Any]:
@@ -49,10 +101,10 @@ def job_reuse_key(
     item: ItemConfig,
     source_hashes: dict[str, str],
     needed_keys: dict[str, str],
+    sources: list[str],
 ) -> str:
     """The reuse key of (``item``, ``stage``); ``needed_keys``: stage name -> reuse key of
-    the item's jobs that this stage needs."""
-    sources = sorted(source_hashes) if stage.sources is None else sorted(stage.sources)
+    the item's jobs that this stage needs; ``sources``: ``stage_sources``."""
     body = {
         "version": KEY_VERSION,
         "stage": stage_definition(stage),
@@ -71,7 +123,8 @@ def item_reuse_keys(
     config, so each key can include those of the stages it needs)."""
     keys: dict[str, str] = {}
     for stage in config.stages:
-        keys[stage.name] = job_reuse_key(stage, item, source_hashes, keys)
+        sources = stage_sources(stage, config, source_hashes)
+        keys[stage.name] = job_reuse_key(stage, item, source_hashes, keys, sources)
     return keys
 
 

@@ -383,3 +383,56 @@ def test_an_attempt_reconciled_by_hand_is_reused_only_as_succeeded(
         "item1": ("ready", None),
         "item2": ("ready", None),
     }
+
+
+def test_a_stage_depends_on_the_scripts_its_argv_names_and_the_sources_it_lists(tmp_path):
+    """Issue 'Never re-pay for an unrelated change': a comment in judge.py re-runs judge
+    only; a shared module re-runs the stages that list it; ``sources_scope = "all"``
+    restores the old rule; a typo'd script name is refused at preflight."""
+    (tmp_path / "gate").touch()
+    count = tmp_path / "count.txt"
+    for name in ("prep", "judge"):
+        (tmp_path / f"{name}.py").write_text(
+            "import sys\nimport lib\n"
+            f"open(sys.argv[2], 'a').write('{name} ' + sys.argv[1] + chr(10))\n"
+        )
+    lib = tmp_path / "lib.py"
+    lib.write_text("X = 1\n")
+    stages = [
+        {"name": "prep", "argv": [sys.executable, "prep.py", "{item}", str(count)], "cwd": "."},
+        {
+            "name": "judge",
+            "needs": ["prep"],
+            "argv": [sys.executable, "judge.py", "{item}", str(count)],
+            "cwd": ".",
+            "sources": ["lib.py"],
+        },
+    ]
+    config = write_config(
+        tmp_path, items=2, stages=stages, sources=["prep.py", "judge.py", "lib.py"]
+    )
+    runtime = tmp_path / "rt"
+
+    def new_runs() -> list[str]:
+        before = len(executions(tmp_path))
+        run_once(config, runtime)
+        return sorted(executions(tmp_path)[before:])
+
+    assert len(new_runs()) == 4
+    assert new_runs() == []
+    (tmp_path / "judge.py").write_text((tmp_path / "judge.py").read_text() + "# a comment\n")
+    assert new_runs() == ["judge x1", "judge x2"]
+    lib.write_text("X = 2\n")  # only judge lists it
+    assert new_runs() == ["judge x1", "judge x2"]
+    (tmp_path / "prep.py").write_text((tmp_path / "prep.py").read_text() + "# a comment\n")
+    assert len(new_runs()) == 4  # prep, and judge, which needs it
+    body = json.loads(config.read_text())
+    body["sources_scope"] = "all"  # every stage depends on every top-level source
+    config.write_text(json.dumps(body))
+    assert len(new_runs()) == 4
+    assert new_runs() == []
+    body["stages"][0]["argv"][1] = "prepp.py"
+    config.write_text(json.dumps(body))
+    refused = invoke("run", str(config), "--runtime-dir", str(runtime))
+    assert refused.exit_code == 1
+    assert f"stages.prep.argv[1]: prepp.py is not a file in {tmp_path}" in refused.output

@@ -138,3 +138,67 @@ def test_upgrade_from_every_revision_reaches_the_models(empty_url, start):
         assert names == ["p"]
     finally:
         engine.dispose()
+
+
+def test_0011_recomputes_each_reuse_key_as_a_new_run_of_the_same_config_would(empty_url, tmp_path):
+    """Keys became stage-scoped (version 2): migration 0011 recomputes every job's key
+    from its run's frozen config and source hashes, so what succeeded stays reusable; a
+    script the old run did not freeze (``b.py``) is hashed as it is now."""
+    from datetime import datetime
+
+    from sqlalchemy import update
+
+    from laneway.controller import ledger, reuse
+    from laneway.controller.ledger.tables import jobs
+    from laneway.controller.pipeline import preflight
+    from tests.support import make_config
+
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text(f"# {name}\n")
+    config = make_config(
+        [
+            {"name": "a", "argv": ["python3", "a.py", "{item}"], "cwd": str(tmp_path)},
+            {"name": "b", "needs": ["a"], "argv": ["python3", "b.py"], "cwd": str(tmp_path)},
+        ],
+        items=2,
+        sources=[str(tmp_path / "a.py")],
+    )
+    reasons, hashes = preflight(config)
+    assert reasons == [] and len(hashes) == 2
+    engine = db.make_engine(empty_url)
+    try:
+        ledger_open.upgrade(engine)
+        with db.transaction(db.session_factory(engine)) as session:
+            ledger.create_run(
+                session,
+                config,
+                runtime_dir=str(tmp_path),
+                source_hashes={str(tmp_path / "a.py"): hashes[str(tmp_path / "a.py")]},
+                actor="test",
+                now=datetime(2026, 1, 1),
+            )
+        with engine.begin() as connection:  # as a ledger of version 1 keys left them
+            connection.execute(update(jobs).values(reuse_key="version 1"))
+        alembic = ledger_open.alembic_config()
+        with engine.begin() as connection:
+            alembic.attributes["connection"] = connection
+            command.stamp(alembic, "0010")
+        ledger_open.upgrade(engine)
+        with engine.connect() as connection:
+            got = {
+                (item, stage): key
+                for item, stage, key in connection.execute(
+                    text(
+                        "SELECT i.key, j.stage, j.reuse_key FROM jobs j "
+                        "JOIN items i ON i.id = j.item_id"
+                    )
+                )
+            }
+    finally:
+        engine.dispose()
+    expected = {
+        (item.key, stage): key
+        for item in config.items
+        for stage, key in reuse.item_reuse_keys(config, item, hashes).items()
+    }
+    assert got == expected and len(got) == 4
