@@ -15,6 +15,7 @@ import shlex
 import shutil
 import stat
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -22,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 from sqlalchemy import Engine
 
 from laneway.controller import admission, db, ledger, ledger_open, limits, reuse
+from laneway.controller.attempt.artifacts import GONE, still_stored
 from laneway.controller.clock import Clock, SystemClock
 from laneway.controller.config import (
     ENV_REF,
@@ -491,6 +493,7 @@ def start_run(
     runtime = Path(runtime_dir).resolve()
     engine = engine or ledger_open.open_ledger(runtime)
     clock = clock or SystemClock()
+    distrust = gone_outputs(engine, config, hashes, rerun or ())
     with db.transaction(db.session_factory(engine)) as session:
         unfinished = [] if new else ledger.unfinished_runs(session, config.name)
         if unfinished:
@@ -503,10 +506,32 @@ def start_run(
             actor=actor,
             now=clock.now(),
             rerun=rerun or (),
+            distrust=distrust,
         )
         run_id = run.id
     make_private_dir(runtime / "runs" / str(run_id))
     return run_id, engine
+
+
+def gone_outputs(
+    engine: Engine, config: PipelineConfig, hashes: dict[str, str], rerun: Sequence[str]
+) -> dict[int, str]:
+    """Reuse trusts only the store: the earlier attempts a new run of ``config`` would
+    take over whose stored outputs are gone or hold other bytes (attempt id -> why; their
+    jobs run again). Read, and each object hashed, before the run's write transaction,
+    so nothing of it waits under the write lock; a store this machine cannot look at is
+    trusted (``attempt.artifacts.still_stored``)."""
+    with db.reader(engine)() as session:
+        _keys, found = ledger.reuse_candidates(session, config, hashes, rerun)
+        outputs = ledger.stored_outputs(session, [f.attempt_id for f in found.values()])
+    distrust: dict[int, str] = {}
+    for attempt_id, stored in sorted(outputs.items()):
+        for name, sha256, location in stored:
+            verdict = still_stored(location, sha256)
+            if verdict is not None and verdict[0] == GONE:
+                distrust[attempt_id] = f"output {name} of attempt {attempt_id}: {verdict[1]}"
+                break
+    return distrust
 
 
 def continue_command(run_id: int, runtime_dir: str | Path) -> str:

@@ -368,6 +368,40 @@ class ArtifactStore:
         return digest.hexdigest()
 
 
+GONE = "gone"
+"""``still_stored``: the object is not in the store, or holds other bytes."""
+UNCHECKED = "unchecked"
+"""``still_stored``: this machine cannot look (the store's root is not here, or the
+store does not answer): the object is trusted as before; a consumer fetches and
+verifies it again at its claim, so an unreachable store never makes paid work run
+twice."""
+
+
+def still_stored(location: str, sha256: str) -> tuple[str, str] | None:
+    """None when the object at ``location`` is there and hashes to ``sha256``; else
+    (``GONE`` or ``UNCHECKED``, why in words). A ``file://`` store whose root is not on
+    this machine (a worker's own store, readable only there) is ``UNCHECKED``."""
+    try:
+        fs, path = fsspec.core.url_to_fs(location)
+        if isinstance(fs, LocalFileSystem):
+            root = path.rsplit("/sha256/", 1)[0]
+            if not os.path.isdir(root):
+                return UNCHECKED, f"{root} is not on this machine"
+        fs.invalidate_cache()
+        digest = hashlib.sha256()
+        with fs.open(path, "rb") as stored:
+            while chunk := stored.read(CHUNK):
+                digest.update(chunk)
+    except FileNotFoundError:
+        return GONE, f"{location} is no longer in the store"
+    except Exception as exc:  # fsspec backends raise their own types: all are the store's
+        return UNCHECKED, f"the store did not answer ({type(exc).__name__}: {exc})"
+    actual = digest.hexdigest()
+    if actual != sha256:
+        return GONE, f"{location} holds sha256 {actual[:12]}…, not the {sha256[:12]}… it stored"
+    return None
+
+
 def fetch(
     location: str,
     sha256: str,

@@ -86,6 +86,7 @@ from laneway.controller.ledger.recovery import (
     expired_leases,
     orphaned_attempts,
 )
+from laneway.controller.ledger.reuse import stored_outputs
 from laneway.controller.ledger.runs import (
     active_run_ids,
     active_workers,
@@ -97,6 +98,7 @@ from laneway.controller.ledger.runs import (
     mark_worker_lost,
     node_runs,
     register_worker,
+    reuse_candidates,
     run_config,
     stale_workers,
     stop_worker,
@@ -203,6 +205,7 @@ __all__ = [
     "reservation_mib",
     "retry_failed",
     "retry_job",
+    "reuse_candidates",
     "run_artifacts",
     "run_config",
     "run_has_open_jobs",
@@ -214,6 +217,7 @@ __all__ = [
     "stage_peaks",
     "stale_workers",
     "stop_worker",
+    "stored_outputs",
     "unfinished_runs",
     "unknown_attempts",
     "upsert_node",

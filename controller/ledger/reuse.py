@@ -112,3 +112,19 @@ def hand_offs(session: Session, attempt_ids: Collection[int]) -> HandOffs:
     return HandOffs(
         {a: frozenset(v) for a, v in wrote.items()}, {a: frozenset(v) for a, v in read.items()}
     )
+
+
+def stored_outputs(
+    session: Session, attempt_ids: Collection[int]
+) -> dict[int, list[tuple[str, str, str]]]:
+    """Attempt id -> (name, sha256, location) of each artifact it stored."""
+    found: dict[int, list[tuple[str, str, str]]] = {}
+    ids = sorted(set(attempt_ids))
+    for start in range(0, len(ids), CHUNK):
+        for attempt_id, name, sha, location in session.execute(
+            select(
+                artifacts.c.attempt_id, artifacts.c.name, artifacts.c.sha256, artifacts.c.location
+            ).where(artifacts.c.attempt_id.in_(ids[start : start + CHUNK]))
+        ).all():
+            found.setdefault(attempt_id, []).append((name, sha, location))
+    return found

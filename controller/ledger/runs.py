@@ -8,8 +8,9 @@ only the hash.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy import insert, select, update
@@ -19,7 +20,7 @@ from laneway.controller import reuse
 from laneway.controller.config import PipelineConfig, config_from_frozen
 from laneway.controller.errors import IllegalTransition, NotFound, StaleLease
 from laneway.controller.ledger import statements
-from laneway.controller.ledger.reuse import hand_offs, reusable_attempts
+from laneway.controller.ledger.reuse import Reusable, hand_offs, reusable_attempts
 from laneway.controller.ledger.tables import leases, node_low_water, nodes, workers
 from laneway.controller.ledger.transitions import append_event, append_events, event_row, rowcount
 from laneway.controller.models import Item, Job, Lane, Node, Run, Worker
@@ -64,6 +65,26 @@ def upsert_node(session: Session, node: Any, *, now: datetime) -> None:
             setattr(row, key, value)
 
 
+def reuse_candidates(
+    session: Session,
+    config: PipelineConfig,
+    source_hashes: dict[str, str],
+    rerun: Collection[str] = (),
+) -> tuple[list[dict[str, str]], dict[str, Reusable]]:
+    """The reuse keys of a new run of ``config`` (per item taken on: stage -> key) and
+    the earlier succeeded attempts they match, for the stages that allow reuse."""
+    chosen = frozenset(rerun)
+    items = config.items[: config.batch_cap] if config.batch_cap else config.items
+    keys = [reuse.item_reuse_keys(config, item, source_hashes) for item in items]
+    wanted = {
+        item_keys[stage.name]
+        for item_keys in keys
+        for stage in config.stages
+        if reuse.reuse_allowed(stage, chosen)
+    }
+    return keys, reusable_attempts(session, wanted) if wanted else {}
+
+
 def create_run(
     session: Session,
     config: PipelineConfig,
@@ -73,6 +94,7 @@ def create_run(
     actor: str,
     now: datetime,
     rerun: Collection[str] = (),
+    distrust: Mapping[int, str] = MappingProxyType({}),
 ) -> Run:
     """Freeze ``config`` into a new run with its lanes, items and jobs.
 
@@ -87,7 +109,9 @@ def create_run(
     no stage) and every job it needs in this run was reused too (so what re-runs
     upstream re-runs downstream) from attempts that wrote exactly the artifacts (by
     sha256) the earlier attempt read (``HandOffs.same_inputs``); a job whose needs were
-    all reused starts ready.
+    all reused starts ready. ``distrust``: earlier attempts whose outputs are no longer in
+    the store as they were stored (attempt id -> why; ``pipeline.start_run`` looks before
+    this transaction): their jobs run again, the reason on the job.
     """
     chosen = frozenset(rerun)
     for node in config.nodes:
@@ -118,14 +142,8 @@ def create_run(
         ],
     )
     items = config.items[: config.batch_cap] if config.batch_cap else config.items
-    keys = [reuse.item_reuse_keys(config, item, source_hashes) for item in items]
-    wanted = {
-        item_keys[stage.name]
-        for item_keys in keys
-        for stage in config.stages
-        if reuse.reuse_allowed(stage, chosen)
-    }
-    earlier = reusable_attempts(session, wanted) if wanted else {}
+    keys, all_found = reuse_candidates(session, config, source_hashes, chosen)
+    earlier = {k: found for k, found in all_found.items() if found.attempt_id not in distrust}
     handed = hand_offs(session, [found.attempt_id for found in earlier.values()])
     reused_jobs: list[Job] = []
     for position, item_config in enumerate(items):
@@ -157,6 +175,7 @@ def create_run(
                 state = JobState.READY
             else:
                 state = JobState.WAITING
+            doubted = distrust.get(getattr(all_found.get(key), "attempt_id", -1))
             job = Job(
                 run_id=run.id,
                 item_id=item.id,
@@ -170,6 +189,8 @@ def create_run(
                 updated_at=now,
                 reuse_key=key,
             )
+            if doubted is not None:
+                job.state_reason = f"runs again, not reused: {doubted}"
             if takes_over:
                 assert found is not None
                 job.reused_from = found.attempt_id

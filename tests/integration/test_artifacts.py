@@ -345,3 +345,65 @@ def test_the_worker_renews_its_leases_within_one_large_transfer(
     # Storing: 8 chunks hashed, 8 written, 8 read back (+1 before the file); fetching: 8.
     assert done["store"] >= 24 and done["fetch"] >= 8
     assert {a.outcome for a in attempts(engine, run_id)} == {"succeeded"}
+
+
+def test_reuse_trusts_only_the_store_a_producer_whose_output_is_gone_runs_again(
+    engine, factory, make_run, runtime, tmp_path
+):
+    """A new run takes over a producer only while every artifact it stored is still in
+    the store with its bytes (``pipeline.gone_outputs``, looked at before the run's
+    transaction); otherwise the producer runs again (the reason on its job) and its
+    consumer with it, instead of failing on an input that is not there."""
+    from urllib.parse import urlsplit
+
+    from laneway.controller import ledger, pipeline
+    from laneway.controller.models import Job
+
+    config = make_config(stages(tmp_path), items=3)
+    first = make_run(config)
+    worker = start_worker(engine)
+    drive(engine, [worker], first)
+    packets = {
+        a.attempt_id: a for a in rows(engine, Artifact, run_id=first) if a.name == "packet.json"
+    }
+    gone, changed, kept = sorted(packets.values(), key=lambda a: a.attempt_id)
+    Path(urlsplit(gone.location).path).unlink()
+    Path(urlsplit(changed.location).path).write_text('{"item": "tampered"}')
+
+    distrust = pipeline.gone_outputs(engine, config, {}, ())
+    assert distrust == {
+        gone.attempt_id: (
+            f"output packet.json of attempt {gone.attempt_id}: {gone.location} is no longer "
+            "in the store"
+        ),
+        changed.attempt_id: (
+            f"output packet.json of attempt {changed.attempt_id}: {changed.location} holds "
+            f"sha256 {sha256(Path(urlsplit(changed.location).path))[:12]}…, not the "
+            f"{changed.sha256[:12]}… it stored"
+        ),
+    }
+    with db.transaction(factory) as session:
+        second = ledger.create_run(
+            session,
+            config,
+            runtime_dir=str(runtime),
+            source_hashes={},
+            actor="test",
+            now=SystemClock().now(),
+            distrust=distrust,
+        ).id
+    # Created ready, each saying why it was not reused; the intact producer is reused.
+    prepares = sorted(rows(engine, Job, run_id=second, stage="prepare"), key=lambda j: j.id)
+    assert [(j.state.value, j.reused_from) for j in prepares] == [
+        ("ready", None),
+        ("ready", None),
+        ("succeeded", kept.attempt_id),
+    ]
+    assert [j.state_reason for j in prepares[:2]] == [
+        f"runs again, not reused: {distrust[gone.attempt_id]}",
+        f"runs again, not reused: {distrust[changed.attempt_id]}",
+    ]
+    drive(engine, [worker], second)
+    ran = sorted(a.attempt_dir.rsplit("/", 2)[-2] for a in attempts(engine, second))
+    assert ran == ["item0.prepare", "item0.solve", "item1.prepare", "item1.solve"]
+    assert all(a.outcome == "succeeded" for a in attempts(engine, second))
