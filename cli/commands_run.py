@@ -68,11 +68,81 @@ def migrate(
     )
 
 
-def dry_run(config: ConfigPath, as_json: JsonFlag = False) -> None:
+PlanRuntimeDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--runtime-dir",
+        help="Also say, against this runtime dir's ledger, which jobs a new run would "
+        "reuse, which it would run and why, and what it would spend (as `laneway plan`).",
+        show_default=False,
+    ),
+]
+
+
+def plan_run(
+    config: ConfigPath,
+    runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
+    database_url: DatabaseUrl = None,
+    rerun: RerunOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """What a new run of CONFIG would do, before anything is created: per stage, how
+    many jobs would be reused (from which run) and how many would run, and why (which
+    file, field, definition or input changed; what it needs runs again; new), then the
+    expected spend against each budget. Reads the ledger only. Exit 1 if preflight
+    refuses, 2 if the config is invalid.
+    """
+    reasons, found = _reuse_plan(config, runtime_dir, rerun)
+    if as_json:
+        typer.echo(
+            render.as_json(
+                {**found.as_dict(), "preflight": {"ok": not reasons, "reasons": reasons}}
+            )
+        )
+    else:
+        from laneway.controller.run_plan import plan_lines
+
+        for line in plan_lines(found):
+            typer.echo(line)
+        for reason in reasons:
+            typer.echo(f"preflight: {reason}")
+    if reasons:
+        raise typer.Exit(1)
+
+
+def _reuse_plan(config: Path, runtime_dir: Path, rerun: list[str] | None) -> tuple[list[str], Any]:
+    """Preflight's reasons and the ``RunPlan`` of a new run of ``config`` on the ledger
+    of ``runtime_dir`` (every job new when it has none yet)."""
+    from laneway.controller import config as config_module
+    from laneway.controller import pipeline
+    from laneway.controller.errors import NoLedgerYet
+    from laneway.controller.run_plan import build_plan
+
+    with common.refusals():
+        parsed = config_module.load_config(config)
+        reasons, hashes = pipeline.preflight(parsed)
+        pipeline.check_rerun(parsed, rerun or [])
+        try:
+            engine = ledger_open.open_existing_ledger(runtime_dir)
+        except NoLedgerYet:
+            engine = None
+        try:
+            return reasons, build_plan(engine, parsed, hashes, rerun or [])
+        finally:
+            if engine is not None:
+                engine.dispose()
+
+
+def dry_run(
+    config: ConfigPath,
+    runtime_dir: PlanRuntimeDir = None,
+    as_json: JsonFlag = False,
+) -> None:
     """Validate a config and print its plan; writes nothing.
 
     The plan: items, jobs per stage and lane, each stage's retry policy, the closeout
-    steps, capacity arithmetic, and the first admission decisions with their reasons.
+    steps, capacity arithmetic, and the first admission decisions with their reasons;
+    with --runtime-dir, what a new run would reuse and run there (`laneway plan`).
     Exit 1 if preflight refuses, 2 if the config is invalid.
     """
     from laneway.controller import config as config_module
@@ -91,6 +161,10 @@ def dry_run(config: ConfigPath, as_json: JsonFlag = False) -> None:
         parsed,
         {stage: sum(lanes.values()) for stage, lanes in plan["jobs_per_stage_and_lane"].items()},
     )
+    against = None
+    if runtime_dir is not None:
+        against = _reuse_plan(config, runtime_dir, [])[1]
+        plan["reuse_plan"] = against.as_dict()
     if as_json:
         typer.echo(render.as_json(plan))
     else:
@@ -99,6 +173,12 @@ def dry_run(config: ConfigPath, as_json: JsonFlag = False) -> None:
         typer.echo(plan_text.plan_text(plan))
         for line in usage.budget_plan_lines(plan["budgets"]):
             typer.echo(line)
+        if against is not None:
+            from laneway.controller.run_plan import plan_lines
+
+            typer.echo("")
+            for line in plan_lines(against):
+                typer.echo(line)
         if plan["argv_preview"]:
             typer.echo("")
             typer.echo(f"argv of the first item ({parsed.items[0].key}) per stage:")
@@ -210,6 +290,40 @@ def _started_text(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _confirm_plan(
+    config: Path,
+    runtime_dir: Path,
+    rerun: list[str] | None,
+    *,
+    yes: bool,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """``run --new``: the plan on stderr (one JSON line with --json; none with
+    ``quiet``); on a terminal,
+    unless ``yes``, ask before running paid stages' jobs again (no: exit 1, nothing
+    created). Preflight's refusals are left to the start, which says them."""
+    import sys
+
+    reasons, found = _reuse_plan(config, runtime_dir, rerun)
+    if reasons:
+        return
+    if quiet:
+        pass
+    elif as_json:
+        common.Log(True)("plan", "plan", **found.as_dict())
+    else:
+        from laneway.controller.run_plan import plan_lines
+
+        for line in plan_lines(found):
+            typer.echo(line, err=True)
+    if yes or not found.reruns_paid_work or not (sys.stdin.isatty() and sys.stderr.isatty()):
+        return
+    paid = ", ".join(s.stage for s in found.stages if s.paid and s.run)
+    if not typer.confirm(f"this runs paid work again ({paid}); start it?", err=True):
+        common.fail(UsageError("not started: nothing was created (--yes starts without asking)"))
+
+
 def run_pipeline(
     config: Annotated[
         str | None,
@@ -231,6 +345,13 @@ def run_pipeline(
     ] = False,
     new: NewOpt = False,
     rerun: RerunOpt = None,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes",
+            help="With --new: start without asking, even when the plan re-runs paid work.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
     quiet: Annotated[
         bool,
@@ -252,7 +373,9 @@ def run_pipeline(
     these prints the command that continues the run.
 
     When the ledger holds an unfinished run of the same pipeline it refuses (exit 1):
-    `--continue` carries that run on, `--new` starts another deliberately.
+    `--continue` carries that run on, `--new` starts another deliberately. With `--new`
+    it first prints the plan (`laneway plan`) and, on a terminal, asks before a run
+    that would run paid stages' jobs again (`--yes` does not ask).
     """
     from laneway.cli import live
     from laneway.controller import config as config_module
@@ -267,6 +390,10 @@ def run_pipeline(
         else:
             if config is None:
                 raise UsageError("name a pipeline CONFIG (or pass --continue)")
+            if new:
+                _confirm_plan(
+                    Path(config), runtime_dir, rerun, yes=yes, as_json=as_json, quiet=quiet
+                )
             parsed = config_module.load_config(Path(config))
             foreground = ForegroundRun.start(
                 parsed,

@@ -74,6 +74,7 @@ def _options(
 app.command("schema")(commands_run.schema)
 app.command("migrate")(commands_run.migrate)
 app.command("dry-run")(commands_run.dry_run)
+app.command("plan")(commands_run.plan_run)
 app.command("start-pipeline")(commands_run.start_pipeline)
 app.command("status")(commands_read.status)
 app.command("runs")(commands_read.runs)

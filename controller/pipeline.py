@@ -480,13 +480,7 @@ def start_run(
 
     Never clears a pause or halt: controls are separate rows that only operators lift.
     """
-    stage_names = [stage.name for stage in config.stages]
-    for name in rerun or []:
-        if name != "all" and name not in stage_names:
-            raise UsageError(
-                f"--rerun: {name!r} is not a stage of {config.name!r}; "
-                f"name one of {', '.join(stage_names)} or all"
-            )
+    check_rerun(config, rerun or [])
     reasons, hashes = preflight(config)
     if reasons:
         raise PreflightError(reasons)
@@ -511,6 +505,17 @@ def start_run(
         run_id = run.id
     make_private_dir(runtime / "runs" / str(run_id))
     return run_id, engine
+
+
+def check_rerun(config: PipelineConfig, rerun: Sequence[str]) -> None:
+    """UsageError when ``--rerun`` names a stage the config does not have."""
+    stage_names = [stage.name for stage in config.stages]
+    for name in rerun:
+        if name != "all" and name not in stage_names:
+            raise UsageError(
+                f"--rerun: {name!r} is not a stage of {config.name!r}; "
+                f"name one of {', '.join(stage_names)} or all"
+            )
 
 
 def gone_outputs(

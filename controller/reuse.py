@@ -96,24 +96,42 @@ def stage_definition(stage: StageConfig) -> dict[str, Any]:
     return definition
 
 
-def job_reuse_key(
+def key_body(
     stage: StageConfig,
     item: ItemConfig,
     source_hashes: dict[str, str],
     needed_keys: dict[str, str],
     sources: list[str],
-) -> str:
-    """The reuse key of (``item``, ``stage``); ``needed_keys``: stage name -> reuse key of
-    the item's jobs that this stage needs; ``sources``: ``stage_sources``."""
-    body = {
+) -> dict[str, Any]:
+    """What the reuse key of (``item``, ``stage``) hashes; ``needed_keys``: stage name ->
+    reuse key of the item's jobs that this stage needs; ``sources``: ``stage_sources``.
+    ``laneway plan`` compares two bodies to say what changed."""
+    return {
         "version": KEY_VERSION,
         "stage": stage_definition(stage),
         "item": {"key": item.key, "lane": item.lane, "fields": item.fields},
         "sources": {path: source_hashes.get(path) for path in sources},
         "needs": {need: needed_keys[need] for need in sorted(stage.needs)},
     }
+
+
+def job_reuse_key(body: dict[str, Any]) -> str:
+    """The reuse key: the sha256 of a ``key_body``."""
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def item_key_bodies(
+    config: PipelineConfig, item: ItemConfig, source_hashes: dict[str, str]
+) -> dict[str, dict[str, Any]]:
+    """Stage name -> ``key_body``, for every stage of ``item``."""
+    keys: dict[str, str] = {}
+    bodies: dict[str, dict[str, Any]] = {}
+    for stage in config.stages:
+        sources = stage_sources(stage, config, source_hashes)
+        bodies[stage.name] = key_body(stage, item, source_hashes, keys, sources)
+        keys[stage.name] = job_reuse_key(bodies[stage.name])
+    return bodies
 
 
 def item_reuse_keys(
@@ -121,11 +139,8 @@ def item_reuse_keys(
 ) -> dict[str, str]:
     """Stage name -> reuse key, for every stage of ``item`` (needs come first in the
     config, so each key can include those of the stages it needs)."""
-    keys: dict[str, str] = {}
-    for stage in config.stages:
-        sources = stage_sources(stage, config, source_hashes)
-        keys[stage.name] = job_reuse_key(stage, item, source_hashes, keys, sources)
-    return keys
+    bodies = item_key_bodies(config, item, source_hashes)
+    return {stage: job_reuse_key(body) for stage, body in bodies.items()}
 
 
 def reuse_allowed(stage: StageConfig, rerun: frozenset[str]) -> bool:

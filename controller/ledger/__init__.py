@@ -86,7 +86,7 @@ from laneway.controller.ledger.recovery import (
     expired_leases,
     orphaned_attempts,
 )
-from laneway.controller.ledger.reuse import stored_outputs
+from laneway.controller.ledger.reuse import hand_offs, stored_outputs
 from laneway.controller.ledger.runs import (
     active_run_ids,
     active_workers,
@@ -102,6 +102,7 @@ from laneway.controller.ledger.runs import (
     run_config,
     stale_workers,
     stop_worker,
+    takeovers,
     unfinished_runs,
     upsert_node,
 )
@@ -170,6 +171,7 @@ __all__ = [
     "frozen_config",
     "get_attempt",
     "get_run",
+    "hand_offs",
     "heartbeat",
     "inputs_dir",
     "inputs_for",
@@ -218,6 +220,7 @@ __all__ = [
     "stale_workers",
     "stop_worker",
     "stored_outputs",
+    "takeovers",
     "unfinished_runs",
     "unknown_attempts",
     "upsert_node",

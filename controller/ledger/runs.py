@@ -20,7 +20,7 @@ from laneway.controller import reuse
 from laneway.controller.config import PipelineConfig, config_from_frozen
 from laneway.controller.errors import IllegalTransition, NotFound, StaleLease
 from laneway.controller.ledger import statements
-from laneway.controller.ledger.reuse import Reusable, hand_offs, reusable_attempts
+from laneway.controller.ledger.reuse import HandOffs, Reusable, hand_offs, reusable_attempts
 from laneway.controller.ledger.tables import leases, node_low_water, nodes, workers
 from laneway.controller.ledger.transitions import append_event, append_events, event_row, rowcount
 from laneway.controller.models import Item, Job, Lane, Node, Run, Worker
@@ -85,6 +85,37 @@ def reuse_candidates(
     return keys, reusable_attempts(session, wanted) if wanted else {}
 
 
+def takeovers(
+    config: PipelineConfig,
+    keys: list[dict[str, str]],
+    earlier: Mapping[str, Reusable],
+    handed: HandOffs,
+    rerun: Collection[str],
+) -> list[dict[str, Reusable]]:
+    """Per item taken on (``keys``' order): stage -> the earlier attempt its job takes
+    over; a stage absent runs. Taken over when its key matched, its stage allows reuse,
+    every job it needs was taken over too, from attempts that wrote exactly what the
+    earlier attempt read (``HandOffs.same_inputs``). ``create_run`` and ``laneway
+    plan`` decide with this one function."""
+    chosen = frozenset(rerun)
+    decided: list[dict[str, Reusable]] = []
+    for item_keys in keys:
+        reused: dict[str, Reusable] = {}
+        for stage in config.stages:
+            found = earlier.get(item_keys[stage.name])
+            if (
+                found is not None
+                and reuse.reuse_allowed(stage, chosen)
+                and all(need in reused for need in stage.needs)
+                and handed.same_inputs(
+                    found.attempt_id, [reused[n].attempt_id for n in stage.needs]
+                )
+            ):
+                reused[stage.name] = found
+        decided.append(reused)
+    return decided
+
+
 def create_run(
     session: Session,
     config: PipelineConfig,
@@ -145,6 +176,7 @@ def create_run(
     keys, all_found = reuse_candidates(session, config, source_hashes, chosen)
     earlier = {k: found for k, found in all_found.items() if found.attempt_id not in distrust}
     handed = hand_offs(session, [found.attempt_id for found in earlier.values()])
+    decisions = takeovers(config, keys, earlier, handed, chosen)
     reused_jobs: list[Job] = []
     for position, item_config in enumerate(items):
         item = Item(
@@ -156,20 +188,13 @@ def create_run(
         )
         session.add(item)
         session.flush()
-        reused: dict[str, int] = {}
-        """Stage -> the attempt this item's job of it takes over."""
+        reused = decisions[position]
+        """Stage -> the earlier attempt this item's job of it takes over."""
         for stage_position, stage in enumerate(config.stages):
             key = keys[position][stage.name]
-            found = earlier.get(key)
-            takes_over = (
-                found is not None
-                and reuse.reuse_allowed(stage, chosen)
-                and all(need in reused for need in stage.needs)
-                and handed.same_inputs(found.attempt_id, [reused[n] for n in stage.needs])
-            )
+            found = reused.get(stage.name)
+            takes_over = found is not None
             if takes_over:
-                assert found is not None
-                reused[stage.name] = found.attempt_id
                 state = JobState.SUCCEEDED
             elif all(need in reused for need in stage.needs):
                 state = JobState.READY

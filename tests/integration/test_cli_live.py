@@ -53,12 +53,12 @@ def test_watch_off_a_terminal_prints_plain_lines_until_interrupted(tmp_path):
         f"worker --node n1 --runtime-dir {where}"
     )
     # `start-pipeline --no-controller`: no controller runs, and the lines say so (on a
-    # shared ledger nobody here can say whether one runs elsewhere).
+    # shared ledger no controller has heartbeat in it yet, so none is claimed gone).
     if os.environ.get("LANEWAY_DATABASE_URL"):
         assert first == [
             "run 1: 0/2 jobs terminal · ready 2",
-            "run 1: controller: unknown: the ledger is shared (PostgreSQL) and its "
-            "controller may run on another machine; none runs on this one",
+            "run 1: controller: unknown: the ledger is shared (PostgreSQL) and no "
+            "controller has served it yet",
             idle,
         ]
     else:

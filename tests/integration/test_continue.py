@@ -436,3 +436,63 @@ def test_a_stage_depends_on_the_scripts_its_argv_names_and_the_sources_it_lists(
     refused = invoke("run", str(config), "--runtime-dir", str(runtime))
     assert refused.exit_code == 1
     assert f"stages.prep.argv[1]: prepp.py is not a file in {tmp_path}" in refused.output
+
+
+def test_plan_says_what_a_new_run_would_reuse_run_and_why_before_anything_is_created(tmp_path):
+    (tmp_path / "gate").touch()
+    count = tmp_path / "count.txt"
+    for name in ("prep", "judge"):
+        (tmp_path / f"{name}.py").write_text(
+            f"import sys\nopen(sys.argv[2], 'a').write('{name} ' + sys.argv[1] + chr(10))\n"
+        )
+    stages = [
+        {"name": "prep", "argv": [sys.executable, "prep.py", "{item}", str(count)], "cwd": "."},
+        {
+            "name": "judge",
+            "needs": ["prep"],
+            "argv": [sys.executable, "judge.py", "{item}", str(count)],
+            "cwd": ".",
+            "expected_usage": {"cost_usd": 0.25},
+        },
+    ]
+    config = write_config(tmp_path, items=3, stages=stages, budget={"cost_usd": 10})
+    runtime = tmp_path / "rt"
+
+    def plan() -> dict[str, Any]:
+        result = invoke("plan", str(config), "--runtime-dir", str(runtime), "--json")
+        assert result.exit_code == 0, result.output
+        return {s["stage"]: s for s in json.loads(result.stdout)["stages"]}
+
+    # No ledger yet: everything is new, nothing is created.
+    assert {name: (s["run"], s["why"]) for name, s in plan().items()} == {
+        "prep": (3, {"new: never run": 3}),
+        "judge": (3, {"new: never run": 3}),
+    }
+    assert not runtime.exists()
+    run_once(config, runtime)
+    (tmp_path / "judge.py").write_text((tmp_path / "judge.py").read_text() + "# a comment\n")
+    body = json.loads(config.read_text())
+    body["items"][2]["level"] = 2  # one item's field: its two jobs
+    config.write_text(json.dumps(body))
+    before = len(executions(tmp_path))
+    planned = plan()
+    assert planned["prep"]["reuse"] == 2 and planned["prep"]["reuse_from"] == {"1": 2}
+    assert planned["prep"]["why"] == {"item fields changed": 1}
+    assert planned["judge"]["run"] == 3 and planned["judge"]["paid"] is True
+    assert planned["judge"]["why"] == {"judge.py changed": 2, "prep runs again": 1}
+    text = invoke("plan", str(config), "--runtime-dir", str(runtime))
+    assert "  judge  run 3 paid (2 judge.py changed; 1 prep runs again)" in text.stdout
+    assert "budget (run) cost_usd: judge 3 x 0.25 = 0.75 of 10 — fits" in text.stdout
+    assert len(executions(tmp_path)) == before  # the plan ran nothing
+
+    # `run --new` says the same plan first (off a terminal it does not ask), then runs
+    # exactly that.
+    result = invoke("run", str(config), "--runtime-dir", str(runtime), "--new", "--quiet")
+    assert result.exit_code == 0, result.output
+    dry = invoke("dry-run", str(config), "--runtime-dir", str(runtime), "--json")
+    assert json.loads(dry.stdout)["reuse_plan"]["stages"][0]["reuse"] == 3
+    ran = sorted(executions(tmp_path)[before:])
+    assert ran == ["judge x1", "judge x2", "judge x3", "prep x3"]
+    shown = invoke("run", str(config), "--runtime-dir", str(runtime), "--new")
+    assert "plan of a new run of cont:" in shown.stderr
+    assert "  prep   reuse 3 (from run 1, run 2)" in shown.stderr

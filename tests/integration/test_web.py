@@ -133,11 +133,15 @@ def test_endpoints_show_the_running_pipeline_and_refuse_writes(running):
     lane = state["lanes"][0]
     assert lane["running"] == 1 and lane["action"] is None
     assert [r["id"] for r in get_json(url + "api/runs")] == [1]
+    # The job may print before its worker records the spawn (intent -> running).
     attempt = wait_until(
-        lambda: (found := get_json(url + "api/attempt?id=1"))["logs"]["stdout"]["text"] and found
+        lambda: (
+            (found := get_json(url + "api/attempt?id=1"))["logs"]["stdout"]["text"]
+            and found["state"] == "running"
+            and found
+        )
     )
     assert attempt["logs"]["stdout"]["text"] == "working\n"
-    assert attempt["state"] == "running"
     assert get_json(url + "api/explain?job=2")["state"] == "ready"
     by_name = get_json(url + "api/explain?job=x1.only&run=1")  # ITEM.STAGE, as the CLI
     assert (by_name["job_id"], by_name["item"], by_name["stage"]) == (2, "x1", "only")

@@ -1,0 +1,294 @@
+"""``laneway plan``: what a new run of a config would reuse and run, why, and what it
+would spend, read from the ledger before anything is created.
+
+The decision is ``create_run``'s own (``ledger.reuse_candidates``, ``gone_outputs``,
+``ledger.takeovers``), so the plan and the run cannot disagree. For each job that would
+run, the reason: its stage opts out or ``--rerun`` names it; an output of the earlier
+attempt is gone from the store; what it needs runs again; or, comparing its reuse key's
+parts (``reuse.key_body``) with those of the newest earlier job of the same pipeline,
+item and stage, which file, field or definition changed; "never run" when there is none.
+The expected spend is each stage's jobs to run times its ``expected_usage``
+(``usage.budget_plan``), against every budget.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+
+from laneway.controller import db, ledger, reuse, usage
+from laneway.controller.config import ItemConfig, PipelineConfig, config_from_frozen
+from laneway.controller.pipeline import gone_outputs
+
+CHUNK = 500
+
+
+@dataclass
+class StagePlan:
+    """One stage of the plan: jobs reused (by the run they come from) and jobs to run,
+    counted by why."""
+
+    stage: str
+    reuse: int = 0
+    reuse_from: dict[int, int] = field(default_factory=dict)
+    run: int = 0
+    why: dict[str, int] = field(default_factory=dict)
+    paid: bool = False
+    """Its attempts report usage (``expected_usage`` set, or earlier attempts did)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "reuse": self.reuse,
+            "reuse_from": {str(run): n for run, n in sorted(self.reuse_from.items())},
+            "run": self.run,
+            "why": dict(sorted(self.why.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "paid": self.paid,
+        }
+
+
+@dataclass
+class RunPlan:
+    pipeline: str
+    stages: list[StagePlan]
+    budgets: list[dict[str, Any]]
+    expected: dict[str, float]
+    """Usage key -> the run's expected spend (jobs to run x expected_usage)."""
+
+    @property
+    def reruns_paid_work(self) -> bool:
+        return any(stage.paid and stage.run for stage in self.stages)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pipeline": self.pipeline,
+            "stages": [stage.as_dict() for stage in self.stages],
+            "expected": self.expected,
+            "budgets": self.budgets,
+            "reruns_paid_work": self.reruns_paid_work,
+        }
+
+
+def build_plan(
+    engine: Engine | None, config: PipelineConfig, hashes: dict[str, str], rerun: list[str]
+) -> RunPlan:
+    """The plan of a new run of ``config`` (``hashes``: its preflight's) on ``engine``'s
+    ledger (None: no ledger yet, so every job is new); reads only."""
+    if engine is None:
+        return _all_new(config)
+    chosen = frozenset(rerun)
+    distrust = gone_outputs(engine, config, hashes, rerun)
+    items = config.items[: config.batch_cap] if config.batch_cap else config.items
+    plans = {stage.name: StagePlan(stage.name) for stage in config.stages}
+    with db.reader(engine)() as session:
+        keys, found = ledger.reuse_candidates(session, config, hashes, rerun)
+        earlier = {k: f for k, f in found.items() if f.attempt_id not in distrust}
+        handed = ledger.hand_offs(session, [f.attempt_id for f in earlier.values()])
+        decided = ledger.takeovers(config, keys, earlier, handed, rerun)
+        unmatched = [
+            (item.key, stage.name)
+            for position, item in enumerate(items)
+            for stage in config.stages
+            if stage.name not in decided[position] and keys[position][stage.name] not in found
+        ]
+        previous = _previous_bodies(session, config, unmatched)
+        paid_earlier = _stages_with_usage(session, config)
+    bodies = {item.key: reuse.item_key_bodies(config, item, hashes) for item in items}
+    for position, item in enumerate(items):
+        taken = decided[position]
+        for stage in config.stages:
+            plan = plans[stage.name]
+            if stage.name in taken:
+                plan.reuse += 1
+                run_id = taken[stage.name].run_id
+                plan.reuse_from[run_id] = plan.reuse_from.get(run_id, 0) + 1
+                continue
+            plan.run += 1
+            why = _why(
+                stage.name,
+                stage.reuse,
+                chosen,
+                found.get(keys[position][stage.name]),
+                distrust,
+                [need for need in stage.needs if need not in taken],
+                previous.get((item.key, stage.name)),
+                bodies[item.key][stage.name],
+            )
+            plan.why[why] = plan.why.get(why, 0) + 1
+    for stage in config.stages:
+        plans[stage.name].paid = bool(stage.expected_usage) or stage.name in paid_earlier
+    to_run = {name: plan.run for name, plan in plans.items()}
+    expected: dict[str, float] = {}
+    for stage in config.stages:
+        for key, amount in stage.expected_usage.items():
+            expected[key] = expected.get(key, 0.0) + to_run[stage.name] * amount
+    return RunPlan(
+        pipeline=config.name,
+        stages=[plans[stage.name] for stage in config.stages],
+        budgets=usage.budget_plan(config, to_run),
+        expected=dict(sorted(expected.items())),
+    )
+
+
+def _all_new(config: PipelineConfig) -> RunPlan:
+    count = len(config.items[: config.batch_cap] if config.batch_cap else config.items)
+    stages = [
+        StagePlan(
+            s.name,
+            run=count,
+            why={"new: never run": count} if count else {},
+            paid=bool(s.expected_usage),
+        )
+        for s in config.stages
+    ]
+    to_run = {s.stage: s.run for s in stages}
+    expected: dict[str, float] = {}
+    for stage in config.stages:
+        for key, amount in stage.expected_usage.items():
+            expected[key] = expected.get(key, 0.0) + count * amount
+    return RunPlan(config.name, stages, usage.budget_plan(config, to_run), expected)
+
+
+def _why(
+    stage: str,
+    allowed: bool,
+    rerun: frozenset[str],
+    found: Any,
+    distrust: dict[int, str],
+    needs_running: list[str],
+    before: dict[str, Any] | None,
+    now: dict[str, Any],
+) -> str:
+    """Why one job runs, in a few words (counted per stage)."""
+    if not allowed:
+        return "reuse = false"
+    if "all" in rerun or stage in rerun:
+        return "--rerun"
+    if found is not None and found.attempt_id in distrust:
+        return "an output of its earlier attempt is gone from the store"
+    if found is None and before is None:
+        return "new: never run"
+    if needs_running:
+        return f"{', '.join(needs_running)} runs again"
+    if found is not None or before is None:
+        return "its inputs differ from what the earlier attempt read"
+    return what_changed(before, now)
+
+
+def what_changed(before: dict[str, Any], now: dict[str, Any]) -> str:
+    """What differs between two ``reuse.key_body``s, in words: the first of the stage's
+    definition, the item, a file, what it needs."""
+    if before.get("version") != now.get("version"):
+        return "the reuse key's rule changed"
+    if before["stage"] != now["stage"]:
+        parts = sorted(
+            k
+            for k in set(before["stage"]) | set(now["stage"])
+            if before["stage"].get(k) != now["stage"].get(k)
+        )
+        return f"stage {', '.join(parts)} changed"
+    if before["item"] != now["item"]:
+        return "item fields changed"
+    changed = [
+        os.path.basename(path)
+        for path in sorted(set(before["sources"]) | set(now["sources"]))
+        if before["sources"].get(path) != now["sources"].get(path)
+    ]
+    if changed:
+        return f"{', '.join(changed)} changed"
+    needs = [n for n in sorted(now["needs"]) if before["needs"].get(n) != now["needs"].get(n)]
+    if needs:
+        return f"{', '.join(needs)} runs again"
+    return "no earlier success (it failed or never ran)"
+
+
+def _previous_bodies(
+    session: Session, config: PipelineConfig, wanted: list[tuple[str, str]]
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """(item key, stage) -> the key body of the newest earlier job of the same pipeline,
+    item and stage, from its run's frozen config and source hashes."""
+    newest: dict[tuple[str, str], tuple[int, int]] = {}
+    keys = sorted({item for item, _ in wanted})
+    for start in range(0, len(keys), CHUNK):
+        chunk = keys[start : start + CHUNK]
+        names = ", ".join(f":k{i}" for i in range(len(chunk)))
+        rows = session.execute(
+            text(
+                "SELECT i.key, j.stage, j.run_id, i.id FROM jobs j "
+                "JOIN items i ON i.id = j.item_id JOIN runs r ON r.id = j.run_id "
+                f"WHERE r.name = :name AND i.key IN ({names}) ORDER BY j.id DESC"
+            ),
+            {"name": config.name, **{f"k{i}": k for i, k in enumerate(chunk)}},
+        ).all()
+        for item_key, stage, run_id, item_id in rows:
+            newest.setdefault((item_key, stage), (run_id, item_id))
+    bodies: dict[tuple[str, str], dict[str, Any]] = {}
+    runs: dict[int, tuple[PipelineConfig, dict[str, str]] | None] = {}
+    for pair in wanted:
+        if pair not in newest:
+            continue
+        run_id, item_id = newest[pair]
+        if run_id not in runs:
+            frozen, hashes = session.execute(
+                text("SELECT config_json, source_hashes FROM runs WHERE id = :id"), {"id": run_id}
+            ).one()
+            try:
+                runs[run_id] = (config_from_frozen(frozen), _json(hashes))
+            except ValueError:
+                runs[run_id] = None
+        known = runs[run_id]
+        if known is None:
+            continue
+        key, lane, fields = session.execute(
+            text("SELECT key, lane, fields FROM items WHERE id = :id"), {"id": item_id}
+        ).one()
+        item = ItemConfig.model_validate({**_json(fields), "key": key, "lane": lane})
+        old_bodies = reuse.item_key_bodies(known[0], item, known[1])
+        if pair[1] in old_bodies:
+            bodies[pair] = old_bodies[pair[1]]
+    return bodies
+
+
+def _stages_with_usage(session: Session, config: PipelineConfig) -> set[str]:
+    """The stages of ``config`` whose earlier attempts (same pipeline) reported usage."""
+    rows = session.execute(
+        text(
+            "SELECT DISTINCT j.stage FROM attempt_usage u JOIN attempts a ON a.id = u.attempt_id "
+            "JOIN jobs j ON j.id = a.job_id JOIN runs r ON r.id = a.run_id WHERE r.name = :name"
+        ),
+        {"name": config.name},
+    ).all()
+    return {stage for (stage,) in rows}
+
+
+def _json(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    import json
+
+    loaded = json.loads(value) if value else {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def plan_lines(plan: RunPlan) -> list[str]:
+    """The plan in words, one line per stage, then the spend."""
+    lines = [f"plan of a new run of {plan.pipeline}:"]
+    width = max(len(stage.stage) for stage in plan.stages)
+    for stage in plan.stages:
+        parts = []
+        if stage.reuse:
+            sources = ", ".join(f"run {run}" for run in sorted(stage.reuse_from))
+            parts.append(f"reuse {stage.reuse} (from {sources})")
+        if stage.run:
+            why = "; ".join(f"{n} {reason}" for reason, n in stage.as_dict()["why"].items())
+            parts.append(f"run {stage.run}{' paid' if stage.paid else ''} ({why})")
+        lines.append(f"  {stage.stage:<{width}}  {', '.join(parts) or 'no jobs'}")
+    if plan.expected:
+        spend = ", ".join(f"{key} {amount:g}" for key, amount in plan.expected.items())
+        lines.append(f"expected spend of what runs (expected_usage): {spend}")
+    lines += usage.budget_plan_lines(plan.budgets)
+    return lines
