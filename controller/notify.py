@@ -39,6 +39,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import tenacity
 from sqlalchemy import Engine
@@ -169,6 +170,17 @@ def _resolve(value: str, environ: Mapping[str, str], secrets: list[str]) -> str:
     return ENV_REF.sub(one, value)
 
 
+def shown_url(url: str) -> str:
+    """A webhook URL as recorded: its path and query kept only as ``${NAME}`` templates;
+    a literal one (a hook's URL is often its secret, as a chat service's is) becomes
+    ``/…``."""
+    parts = urlsplit(url)
+    rest = parts.path + (f"?{parts.query}" if parts.query else "")
+    if rest in ("", "/") or ENV_REF.fullmatch(rest.lstrip("/")):
+        return url
+    return f"{parts.scheme}://{parts.netloc}/…"
+
+
 def post_webhook(
     config: NotifyConfig, body: bytes, environ: Mapping[str, str], secrets: list[str]
 ) -> str:
@@ -247,7 +259,7 @@ def deliver(
     channels: list[tuple[str, str, Callable[[list[str]], str]]] = []
     if config.webhook is not None:
         channels.append(
-            ("webhook", config.webhook, lambda s: post_webhook(config, body, environ, s))
+            ("webhook", shown_url(config.webhook), lambda s: post_webhook(config, body, environ, s))
         )
     if config.command is not None:
         channels.append(

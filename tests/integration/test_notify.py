@@ -215,7 +215,8 @@ def test_a_worker_tells_once_that_the_controller_is_lost(engine, factory, make_r
     # The run's own section (an unreachable URL) was tried too, and recorded as failed.
     assert [kind for kind, _, _ in notifications(factory)] == ["controller_lost"]
     assert notifications(factory)[0][1] == "failed"
-    assert {d.target for d in deliveries(factory)} == {hook.url, "http://127.0.0.1:9/unused"}
+    # A literal path is not recorded (a hook's URL is often its secret).
+    assert {d.target for d in deliveries(factory)} == {hook.url, "http://127.0.0.1:9/…"}
 
 
 def test_laneway_run_delivers_what_its_run_ended_in_before_it_exits(tmp_path):

@@ -212,3 +212,12 @@ def test_a_failing_command_is_retried_and_its_stderr_redacted():
     missing = NotifyConfig(command=["/nonexistent/notify"], retries=3)
     assert deliver(missing, PAYLOAD, record, environ={}) is False
     assert [(n, good) for _, n, good, _ in recorded] == [(1, False)]  # not retried
+
+
+def test_a_webhook_is_recorded_without_a_literal_path_which_may_be_its_secret():
+    from laneway.controller.notify import shown_url
+
+    assert shown_url("https://hooks.example") == "https://hooks.example"
+    assert shown_url("https://hooks.example/${HOOK_PATH}") == "https://hooks.example/${HOOK_PATH}"
+    assert shown_url("https://hooks.example/services/T0/B0/XyZ") == "https://hooks.example/…"
+    assert shown_url("http://h:8/x?token=abc") == "http://h:8/…"
