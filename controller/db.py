@@ -186,6 +186,33 @@ def reader(engine: Engine) -> sessionmaker[Session]:
     return factory
 
 
+def forget_readers() -> None:
+    """Dispose every cached ``reader`` engine and forget them: for a process that opens
+    many ledgers one after another (the test suite), so their files do not stay open."""
+    for factory in _readers.values():
+        bind = factory.kw.get("bind")
+        if bind is not None:
+            bind.dispose()
+    _readers.clear()
+
+
+@contextmanager
+def one_read(engine: Engine) -> Iterator[Session]:
+    """A read-only session for one look (a command's, before it writes), not a polling
+    loop's: on SQLite through a read-only engine of its own, disposed after, so no
+    connection stays open (``reader`` keeps one per ledger for the loops that poll)."""
+    if not is_sqlite(engine):
+        with session_factory(engine)() as session:
+            yield session
+        return
+    own = make_engine(engine.url.render_as_string(hide_password=False), readonly=True)
+    try:
+        with session_factory(own)() as session:
+            yield session
+    finally:
+        own.dispose()
+
+
 @contextmanager
 def transaction(factory: sessionmaker[Session], *, fair: bool = True) -> Iterator[Session]:
     """One write transaction: commit on success, roll back on any error.

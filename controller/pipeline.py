@@ -526,7 +526,7 @@ def gone_outputs(
     jobs run again). Read, and each object hashed, before the run's write transaction,
     so nothing of it waits under the write lock; a store this machine cannot look at is
     trusted (``attempt.artifacts.still_stored``)."""
-    with db.reader(engine)() as session:
+    with db.one_read(engine) as session:
         _keys, found = ledger.reuse_candidates(session, config, hashes, rerun)
         outputs = ledger.stored_outputs(session, [f.attempt_id for f in found.values()])
     distrust: dict[int, str] = {}

@@ -84,7 +84,7 @@ def build_plan(
     distrust = gone_outputs(engine, config, hashes, rerun)
     items = config.items[: config.batch_cap] if config.batch_cap else config.items
     plans = {stage.name: StagePlan(stage.name) for stage in config.stages}
-    with db.reader(engine)() as session:
+    with db.one_read(engine) as session:
         keys, found = ledger.reuse_candidates(session, config, hashes, rerun)
         earlier = {k: f for k, f in found.items() if f.attempt_id not in distrust}
         handed = ledger.hand_offs(session, [f.attempt_id for f in earlier.values()])

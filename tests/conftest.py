@@ -105,9 +105,10 @@ def clock() -> FixedClock:
 def make_run(
     factory: sessionmaker[Session], runtime: Path, clock: FixedClock
 ) -> Callable[..., int]:
-    """Create a run from a config (default: one stage, one item); returns its id."""
+    """Create a run from a config (default: one stage, one item); returns its id.
+    ``create``: more of ``ledger.create_run``'s arguments (``distrust``)."""
 
-    def _make(config: PipelineConfig | None = None) -> int:
+    def _make(config: PipelineConfig | None = None, **create: Any) -> int:
         config = config or make_config()
         with db.transaction(factory) as session:
             run = ledger.create_run(
@@ -117,6 +118,7 @@ def make_run(
                 source_hashes={},
                 actor="test",
                 now=clock.now(),
+                **create,
             )
             return run.id
 
@@ -146,6 +148,14 @@ def force_job_state(session: Session, job_id: int, state: str) -> None:
     terminal = state in ("succeeded", "failed", "skipped", "cancelled")
     finished = FixedClock().now() if terminal else None
     session.execute(update(Job).where(Job.id == job_id).values(state=state, finished_at=finished))
+
+
+@pytest.fixture(autouse=True)
+def _readers_closed_after_each_test() -> Iterator[None]:
+    """Each test's ledgers' cached read-only engines (``db.reader``) are disposed after
+    it: one process opening a thousand ledgers must not keep their files open."""
+    yield
+    db.forget_readers()
 
 
 @pytest.fixture(autouse=True)

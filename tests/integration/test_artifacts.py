@@ -348,7 +348,7 @@ def test_the_worker_renews_its_leases_within_one_large_transfer(
 
 
 def test_reuse_trusts_only_the_store_a_producer_whose_output_is_gone_runs_again(
-    engine, factory, make_run, runtime, tmp_path
+    engine, make_run, tmp_path
 ):
     """A new run takes over a producer only while every artifact it stored is still in
     the store with its bytes (``pipeline.gone_outputs``, looked at before the run's
@@ -356,7 +356,7 @@ def test_reuse_trusts_only_the_store_a_producer_whose_output_is_gone_runs_again(
     consumer with it, instead of failing on an input that is not there."""
     from urllib.parse import urlsplit
 
-    from laneway.controller import ledger, pipeline
+    from laneway.controller import pipeline
     from laneway.controller.models import Job
 
     config = make_config(stages(tmp_path), items=3)
@@ -382,16 +382,7 @@ def test_reuse_trusts_only_the_store_a_producer_whose_output_is_gone_runs_again(
             f"{changed.sha256[:12]}… it stored"
         ),
     }
-    with db.transaction(factory) as session:
-        second = ledger.create_run(
-            session,
-            config,
-            runtime_dir=str(runtime),
-            source_hashes={},
-            actor="test",
-            now=SystemClock().now(),
-            distrust=distrust,
-        ).id
+    second = make_run(config, distrust=distrust)
     # Created ready, each saying why it was not reused; the intact producer is reused.
     prepares = sorted(rows(engine, Job, run_id=second, stage="prepare"), key=lambda j: j.id)
     assert [(j.state.value, j.reused_from) for j in prepares] == [

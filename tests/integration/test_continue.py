@@ -385,29 +385,36 @@ def test_an_attempt_reconciled_by_hand_is_reused_only_as_succeeded(
     }
 
 
-def test_a_stage_depends_on_the_scripts_its_argv_names_and_the_sources_it_lists(tmp_path):
-    """Issue 'Never re-pay for an unrelated change': a comment in judge.py re-runs judge
-    only; a shared module re-runs the stages that list it; ``sources_scope = "all"``
-    restores the old rule; a typo'd script name is refused at preflight."""
+def script_stages(tmp_path: Path, **judge: Any) -> list[dict[str, Any]]:
+    """Two stages run as scripts their argv names, ``prep.py`` and ``judge.py`` (judge
+    needs prep; ``judge``: more of its definition), both importing ``lib.py``, each
+    appending ``STAGE ITEM`` to count.txt (``executions``)."""
     (tmp_path / "gate").touch()
     count = tmp_path / "count.txt"
+    (tmp_path / "lib.py").write_text("X = 1\n")
     for name in ("prep", "judge"):
         (tmp_path / f"{name}.py").write_text(
             "import sys\nimport lib\n"
             f"open(sys.argv[2], 'a').write('{name} ' + sys.argv[1] + chr(10))\n"
         )
-    lib = tmp_path / "lib.py"
-    lib.write_text("X = 1\n")
-    stages = [
+    return [
         {"name": "prep", "argv": [sys.executable, "prep.py", "{item}", str(count)], "cwd": "."},
         {
             "name": "judge",
             "needs": ["prep"],
             "argv": [sys.executable, "judge.py", "{item}", str(count)],
             "cwd": ".",
-            "sources": ["lib.py"],
+            **judge,
         },
     ]
+
+
+def test_a_stage_depends_on_the_scripts_its_argv_names_and_the_sources_it_lists(tmp_path):
+    """Issue 'Never re-pay for an unrelated change': a comment in judge.py re-runs judge
+    only; a shared module re-runs the stages that list it; ``sources_scope = "all"``
+    restores the old rule; a typo'd script name is refused at preflight."""
+    stages = script_stages(tmp_path, sources=["lib.py"])
+    lib = tmp_path / "lib.py"
     config = write_config(
         tmp_path, items=2, stages=stages, sources=["prep.py", "judge.py", "lib.py"]
     )
@@ -439,22 +446,7 @@ def test_a_stage_depends_on_the_scripts_its_argv_names_and_the_sources_it_lists(
 
 
 def test_plan_says_what_a_new_run_would_reuse_run_and_why_before_anything_is_created(tmp_path):
-    (tmp_path / "gate").touch()
-    count = tmp_path / "count.txt"
-    for name in ("prep", "judge"):
-        (tmp_path / f"{name}.py").write_text(
-            f"import sys\nopen(sys.argv[2], 'a').write('{name} ' + sys.argv[1] + chr(10))\n"
-        )
-    stages = [
-        {"name": "prep", "argv": [sys.executable, "prep.py", "{item}", str(count)], "cwd": "."},
-        {
-            "name": "judge",
-            "needs": ["prep"],
-            "argv": [sys.executable, "judge.py", "{item}", str(count)],
-            "cwd": ".",
-            "expected_usage": {"cost_usd": 0.25},
-        },
-    ]
+    stages = script_stages(tmp_path, expected_usage={"cost_usd": 0.25})
     config = write_config(tmp_path, items=3, stages=stages, budget={"cost_usd": 10})
     runtime = tmp_path / "rt"
 
