@@ -46,12 +46,13 @@ def named_paths(stage: StageConfig) -> list[tuple[int, str, str]]:
     """(argv index, element, absolute path) of each argv element that names code of the
     pipeline: the program itself when given as a path (``./tool``, ``/opt/x/run``), and
     every literal (no ``{...}``) element that names a script (``SCRIPT_SUFFIXES``:
-    ``judge.py``), absolute or relative to a literal ``cwd``; never under the system's
+    ``judge.py``), absolute or relative to a literal, absolute ``cwd`` (a loaded config's
+    is); never under the system's
     directories. Data and output files an argv names are not code: a job that appends to
     one would change its own key, and halt its run (list inputs in ``sources``).
     Whether it is a file is preflight's look: only files that exist are hashed."""
     found = []
-    cwd = stage.cwd if stage.cwd and "{" not in stage.cwd else None
+    cwd = stage.cwd if stage.cwd and "{" not in stage.cwd and os.path.isabs(stage.cwd) else None
     for index, element in enumerate(stage.argv):
         if not element or "{" in element or element.startswith("-") or "\0" in element:
             continue
