@@ -62,7 +62,10 @@ FOLLOWED = [
     EventKind.RUN_FINISHED.value,
 ]
 """The event kinds an attention state begins with."""
-POLL_SECONDS = 0.5
+POLL_SECONDS = 2.0
+"""How often a notifier looks at the event log (and a worker's at the controller's
+heartbeat): notifications are for people, so seconds are soon enough, and an idle
+controller or worker pays two small reads per look."""
 BATCH = 500
 STOP_GRACE_SECONDS = 15.0
 """How long a stopping process lets its notifier finish what it holds."""
