@@ -306,7 +306,14 @@ class ForegroundRun:
         self._wait_for_closeout(observer, should_abort)
         # The notifier tells what this run ended in (finished, a budget stop) before
         # the process goes: a bounded wait, then the row says the controller stopped.
-        self.daemon.close()
+        try:
+            self.daemon.close()
+        except Exception as exc:
+            # The ledger did not take the stop: the row then reads lost once its
+            # heartbeat ages, which is what a stopped controller is to the workers.
+            if not (db.is_transient(exc) or isinstance(exc, LedgerUnavailable)):
+                raise
+            observer.note(f"the ledger did not record the controller's stop ({exc})")
         controller_lock.release_controller_lock(self.runtime, self.engine)
         observer.close()
         final = self._status(db.session_factory(self.engine))
