@@ -7,6 +7,7 @@ while the ledger is briefly away) and renders it. Registered in order by cli/mai
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -405,6 +406,12 @@ def retry(
         RetryOutcome | None,
         typer.Option("--outcome", help="Bulk: only jobs whose last attempt settled so."),
     ] = None,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes", help="Re-run producers whose stored outputs are gone without asking."
+        ),
+    ] = False,
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     database_url: DatabaseUrl = None,
     as_json: JsonFlag = False,
@@ -414,9 +421,10 @@ def retry(
     One job (`retry JOB` or `retry ITEM.STAGE`), or every failed job of a run that
     matches (`retry --run RUN [--stage S] [--outcome failed|infra_failure|timed_out]`),
     in one transaction. Jobs of the same item skipped because of them wait again; a
-    finished run reopens.
+    finished run reopens. When an input a retried job needs has left the store, the job
+    that produced it runs again too, after one confirmation (`--yes` for scripts).
     """
-    from laneway.controller import ledger
+    from laneway.controller import ledger, retry_plan
     from laneway.controller.states import Outcome
 
     with common.refusals(as_json):
@@ -432,9 +440,34 @@ def retry(
                 stages = [s.name for s in ledger.run_config(ledger.get_run(session, run)).stages]
             if stage not in stages:
                 raise UsageError(f"--stage: {stage!r} is not a stage of run {run}")
+        if job_id is not None:
+            named = [job_id]
+        else:
+            assert run is not None
+            with db.one_read(engine) as session:
+                ledger.get_run(session, run)
+                named = ledger.failed_jobs(
+                    session,
+                    run,
+                    stage=stage,
+                    outcome=None if outcome is None else Outcome(outcome.value),
+                )
+        reruns = retry_plan.producers_to_rerun(engine, named)
+    if reruns and not yes:
+        _confirm_reruns(reruns, as_json)
+    with common.refusals(as_json):
         for trying in db.retrying(patience=RETRY_SECONDS):
             with trying, db.transaction(db.session_factory(engine)) as session:
                 now = SystemClock().now()
+                for rerun in reversed(reruns):  # the deepest producer first
+                    ledger.rerun_producer(
+                        session,
+                        rerun.job_id,
+                        why=rerun.why,
+                        reason=why,
+                        actor=common.actor(),
+                        now=now,
+                    )
                 if job_id is not None:
                     moved = ledger.retry_job(
                         session, job_id, reason=why, actor=common.actor(), now=now
@@ -453,18 +486,49 @@ def retry(
                         outcome=None if outcome is None else Outcome(outcome.value),
                     )
                     moved = len(retried)
+    rerun_ids = [rerun.job_id for rerun in reruns]
+    also = f"; re-run first: job(s) {', '.join(map(str, rerun_ids))}" if reruns else ""
+    listed = [rerun.as_dict() for rerun in reruns]
     if job_id is not None:
         common.emit(
-            {"ok": True, "job_id": job_id, "jobs_moved": moved},
+            {"ok": True, "job_id": job_id, "jobs_moved": moved, "rerun": listed},
             as_json,
-            lambda b: f"job {job_id} is ready for a new attempt ({moved} job(s) moved)",
+            lambda b: f"job {job_id} is ready for a new attempt ({moved} job(s) moved){also}",
         )
         return
     common.emit(
-        {"ok": True, "run_id": run, "retried": retried},
+        {"ok": True, "run_id": run, "retried": retried, "rerun": listed},
         as_json,
         lambda b: (
             f"{len(retried)} failed job(s) of run {run} are ready for a new attempt"
             + (f": {', '.join(map(str, retried))}" if retried else " (none matched)")
+            + also
         ),
     )
+
+
+def _confirm_reruns(reruns: list[Any], as_json: bool) -> None:
+    """Name each producer that must run again and why, and ask once; without a terminal
+    (or with --json) refuse, naming ``--yes``: re-running succeeded work needs the
+    operator's word."""
+    lines = [
+        f"job {r.job_id} ({r.label}) succeeded, but {r.why}"
+        + ("; it reported usage, so running it again may cost money" if r.paid else "")
+        for r in reruns
+    ]
+    if as_json or not (sys.stdin.isatty() and sys.stderr.isatty()):
+        common.fail(
+            UsageError(
+                f"{len(reruns)} producer(s) must run again first ({lines[0]}"
+                + (f"; and {len(reruns) - 1} more" if len(reruns) > 1 else "")
+                + "): pass --yes to re-run them with this retry"
+            ),
+            as_json,
+        )
+    for line in lines:
+        typer.echo(render.clean(line), err=True)
+    if not typer.confirm(f"re-run {len(reruns)} producer(s) first, then retry?", err=True):
+        typer.echo(
+            "laneway: not retried: nothing was changed (--yes re-runs without asking)", err=True
+        )
+        raise typer.Exit(1)

@@ -30,10 +30,12 @@ class JobState(StrEnum):
     """Its attempt's outcome could not be established. Only an operator's reconcile moves
     it (to succeeded, failed, or ready when the attempt did not run)."""
     SUCCEEDED = "succeeded"
-    """Terminal. Nothing moves it."""
+    """Terminal. Only an operator's retry of a job that needs it, after the outputs it
+    stored left the store, moves it back to ready, or to waiting while a job it needs is
+    re-run too (one confirmation, ``laneway retry``)."""
     FAILED = "failed"
-    """Terminal unless an operator asks for a retry (then ready). The attempt's outcome
-    column says which failure class."""
+    """Terminal unless an operator asks for a retry (then ready, or waiting while a job it
+    needs is re-run with it). The attempt's outcome column says which failure class."""
     SKIPPED = "skipped"
     """Terminal: a needed stage did not succeed (reason on the job). Only an operator's
     retry of that stage moves it back to waiting."""
@@ -140,8 +142,11 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.UNKNOWN: frozenset(
         {JobState.SUCCEEDED, JobState.FAILED, JobState.READY, JobState.CANCELLED}
     ),
-    JobState.FAILED: frozenset({JobState.READY}),  # only an operator's retry
-    JobState.SUCCEEDED: frozenset(),
+    # only an operator's retry; waiting when a producer it needs is re-run with it
+    JobState.FAILED: frozenset({JobState.READY, JobState.WAITING}),
+    # only an operator's retry of a consumer whose input left the store (waiting while
+    # a producer it needs is re-run with it)
+    JobState.SUCCEEDED: frozenset({JobState.READY, JobState.WAITING}),
     JobState.SKIPPED: frozenset({JobState.WAITING}),  # only an operator's retry upstream
     JobState.CANCELLED: frozenset(),
 }

@@ -86,6 +86,7 @@ from laneway.controller.ledger.recovery import (
     expired_leases,
     orphaned_attempts,
 )
+from laneway.controller.ledger.rerun import Delivered, delivered_inputs, rerun_producer
 from laneway.controller.ledger.reuse import hand_offs, stored_outputs
 from laneway.controller.ledger.runs import (
     active_run_ids,
@@ -141,6 +142,7 @@ __all__ = [
     "RECONCILE_AS",
     "Changes",
     "Claim",
+    "Delivered",
     "RunInfo",
     "active_run_ids",
     "active_workers",
@@ -162,6 +164,7 @@ __all__ = [
     "controller_heartbeat",
     "create_notification",
     "create_run",
+    "delivered_inputs",
     "event_row",
     "expire_leases",
     "expired_leases",
@@ -204,6 +207,7 @@ __all__ = [
     "release",
     "release_due_retries",
     "request_cancel",
+    "rerun_producer",
     "reservation_mib",
     "retry_failed",
     "retry_job",

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from laneway.controller import usage as usage_math
 from laneway.controller.errors import IllegalTransition, NotFound
 from laneway.controller.ledger.promotion import promote_item
+from laneway.controller.ledger.rerun import unmet
 from laneway.controller.ledger.runs import run_config
 from laneway.controller.ledger.settle import fold_peaks, record_result_usage, release
 from laneway.controller.ledger.tables import attempts, jobs, runs
@@ -130,24 +131,28 @@ def unknown_attempts(session: Session, run_id: int) -> list[tuple[Attempt, str, 
 
 def retry_job(session: Session, job_id: int, *, reason: str, actor: str, now: datetime) -> int:
     """An operator's explicit retry of a failed job: it becomes ready for a new attempt
-    (new idempotency key). Downstream jobs of the item that were skipped because of it
-    wait again, and a finished run is reopened. Returns how many jobs moved."""
+    (new idempotency key), or waiting when a job it needs is no longer succeeded (the
+    operator re-runs that producer in the same transaction, ``rerun_producer``).
+    Downstream jobs of the item that were skipped because of it wait again, and a
+    finished run is reopened. Returns how many jobs moved."""
     job = session.get(Job, job_id, populate_existing=True)
     if job is None:
         raise NotFound(f"job {job_id} is not in the ledger")
+    run = session.get(Run, job.run_id)
+    assert run is not None
+    config = run_config(run)
     move_job(
         session,
         job_id,
         JobState.FAILED,
-        JobState.READY,
+        JobState.WAITING
+        if unmet(session, job.item_id, config.stage(job.stage).needs)
+        else JobState.READY,
         now=now,
         actor=actor,
         reason=f"retry by {actor}: {reason}",
     )
     moved = 1
-    run = session.get(Run, job.run_id)
-    assert run is not None
-    config = run_config(run)
     retried = {job.stage}
     for later in session.execute(
         select(jobs.c.id, jobs.c.stage, jobs.c.state)

@@ -488,3 +488,91 @@ def test_plan_says_what_a_new_run_would_reuse_run_and_why_before_anything_is_cre
     shown = invoke("run", str(config), "--runtime-dir", str(runtime), "--new")
     assert "plan of a new run of cont:" in shown.stderr
     assert "  prep   reuse 3 (from run 1, run 2)" in shown.stderr
+
+
+CHAIN = """
+import os, sys
+item, stage, count, gate = sys.argv[1:5]
+with open(count, 'a') as handle:
+    handle.write(stage + ' ' + item + chr(10))
+given = sys.argv[5] if len(sys.argv) > 5 else None
+data = open(os.path.join(given, 'out.txt')).read() if given else item
+open('out.txt', 'w').write(data + '>' + stage)
+sys.exit(1 if os.path.exists(gate + '.fail.' + stage) else 0)
+"""
+
+
+def test_retry_of_a_consumer_whose_input_left_the_store_re_runs_its_producers(tmp_path):
+    """Issue 'Never re-pay ... reuse trusts only the store': judge failed; since then the
+    outputs prep and solve stored were deleted from the store. Retrying judge alone would
+    fail the same way (its input is not there): the retry names the producers that must
+    run again, asks once (refused off a terminal without --yes, nothing changed), and
+    with --yes re-runs solve and, for it, prep; `run --continue` then runs the chain."""
+    count, gate = tmp_path / "count.txt", tmp_path / "gate"
+    argv = [sys.executable, "-c", CHAIN, "{item}", "{stage}", str(count), str(gate)]
+
+    def stage(name: str, need: str | None) -> dict[str, Any]:
+        return {
+            "name": name,
+            "argv": [a.replace("{stage}", name) for a in argv]
+            + ([f"{{inputs.{need}}}"] if need else []),
+            "outputs": ["out.txt"],
+            "needs": [need] if need else [],
+            "retry": {"max_attempts": 1},
+        }
+
+    stages = [stage("prep", None), stage("solve", "prep"), stage("judge", "solve")]
+    config = write_config(tmp_path, items=1, stages=stages)
+    runtime = tmp_path / "rt"
+    rt = ["--runtime-dir", str(runtime)]
+    (tmp_path / "gate.fail.judge").touch()
+    first = invoke("run", str(config), *rt, "--json")
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout)["jobs"]["judge"] == {"failed": 1}
+    (tmp_path / "gate.fail.judge").unlink()
+    stored = {
+        row["stage"]: (row["job_id"], Path(row["location"].removeprefix("file://")))
+        for row in sql(
+            runtime,
+            "SELECT j.stage, j.id AS job_id, ar.location FROM artifacts ar "
+            "JOIN attempts a ON a.id = ar.attempt_id JOIN jobs j ON j.id = a.job_id",
+        )
+    }
+    for name in ("prep", "solve"):
+        stored[name][1].unlink()
+
+    def states() -> dict[str, str]:
+        rows = sql(runtime, "SELECT stage, state, reused_from FROM jobs ORDER BY id")
+        return {r["stage"]: r["state"] for r in rows}
+
+    before = states()
+    asked = invoke("retry", "x1.judge", "--reason", "store pruned by mistake", *rt)
+    assert asked.exit_code == 2, asked.output
+    solve_job = stored["solve"][0]
+    assert f"job {solve_job} (x1.solve) succeeded, but output out.txt of attempt" in asked.stderr
+    assert "is no longer in the store" in asked.stderr and "pass --yes" in asked.stderr
+    assert states() == before == {"prep": "succeeded", "solve": "succeeded", "judge": "failed"}
+
+    why = "store pruned by mistake"
+    done = invoke("retry", "x1.judge", "--reason", why, "--yes", *rt, "--json")
+    assert done.exit_code == 0, done.output
+    rerun = json.loads(done.stdout)["rerun"]
+    assert [(r["job"], r["for_job"]) for r in rerun] == [
+        ("x1.solve", json.loads(done.stdout)["job_id"]),
+        ("x1.prep", solve_job),
+    ]
+    assert states() == {"prep": "ready", "solve": "waiting", "judge": "waiting"}
+    events = sql(runtime, "SELECT job_id, detail FROM events WHERE kind = 'job_retry' ORDER BY id")
+    reasons = [(e["job_id"], json.loads(e["detail"])["reason"].split(" (")[0]) for e in events]
+    retried = json.loads(done.stdout)["job_id"]
+    assert sorted(reasons) == sorted(
+        [(stored["prep"][0], why), (stored["solve"][0], why), (retried, why)]
+    )
+
+    before_runs = len(executions(tmp_path))
+    again = invoke("run", "--continue", "1", *rt, "--json")
+    assert again.exit_code == 0, again.output
+    assert executions(tmp_path)[before_runs:] == ["prep x1", "solve x1", "judge x1"]
+    assert states() == {"prep": "succeeded", "solve": "succeeded", "judge": "succeeded"}
+    attempts_made = sql(runtime, "SELECT j.stage, j.attempt_count FROM jobs j ORDER BY j.id")
+    assert [a["attempt_count"] for a in attempts_made] == [2, 2, 2]

@@ -44,6 +44,9 @@ EXPECTED_JOB_EDGES = {
     ("unknown", "ready"),
     ("unknown", "cancelled"),
     ("failed", "ready"),
+    ("failed", "waiting"),
+    ("succeeded", "ready"),
+    ("succeeded", "waiting"),
     ("skipped", "waiting"),
 }
 EXPECTED_ATTEMPT_EDGES = {
