@@ -133,9 +133,21 @@ def _reuse_plan(config: Path, runtime_dir: Path, rerun: list[str] | None) -> tup
                 engine.dispose()
 
 
+SecretsOnWorkers = Annotated[
+    bool,
+    typer.Option(
+        "--secrets-on-workers",
+        help="The secrets the stages' env references are set on the workers, not here: "
+        "do not refuse a reference unset here (a worker that lacks one refuses the "
+        "stage's jobs as secret_missing, naming the variable and its node).",
+    ),
+]
+
+
 def dry_run(
     config: ConfigPath,
     runtime_dir: PlanRuntimeDir = None,
+    secrets_on_workers: SecretsOnWorkers = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Validate a config and print its plan; writes nothing.
@@ -151,7 +163,7 @@ def dry_run(
 
     with common.refusals(as_json):
         parsed = config_module.load_config(config)
-        reasons, _ = pipeline.preflight(parsed)
+        reasons, _ = pipeline.preflight(parsed, secrets_on_workers=secrets_on_workers)
     plan = pipeline.plan(parsed, mem_available_mib=psutil_memory()[0])
     plan["preflight"] = {"ok": not reasons, "reasons": reasons}
     # What would run: each stage's argv for the first item, as a worker renders it
@@ -206,6 +218,7 @@ def start_pipeline(
     ] = True,
     new: NewOpt = False,
     rerun: RerunOpt = None,
+    secrets_on_workers: SecretsOnWorkers = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Preflight a config and freeze it into a new run.
@@ -226,6 +239,7 @@ def start_pipeline(
             actor=common.actor(),
             new=new,
             rerun=rerun,
+            secrets_on_workers=secrets_on_workers,
         )
         backend = engine.dialect.name
         ledger_shown = db.shown_url(engine.url.render_as_string(hide_password=False))

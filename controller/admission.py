@@ -12,6 +12,10 @@ Reason codes, in the order they are checked for a candidate job:
 - ``halted`` — a halt control covers the run, lane or everything.
 - ``unknown_outcome`` — the run has an attempt whose outcome is unknown (invariant 3).
 - ``paused`` / ``stopped`` — a pause or stop (drain) control covers it.
+- ``secret_missing`` — this worker's environment lacks a variable the stage's ``env``
+  references or its ``pass_env`` names (a run started with ``--secrets-on-workers``
+  leaves them to the workers): it claims none of the stage's jobs, instead of failing
+  them; a worker of the node that has them (or this one, restarted with them) does.
 - ``max_jobs`` — the node already runs ``max_jobs`` attempts.
 - ``slots_full`` — this worker has no free slot.
 - ``lane_cap`` — the lane's cap for the stage is reached.
@@ -138,6 +142,8 @@ class Snapshot:
     """(run, stage or None for the run) -> usage key -> budget."""
     spend: dict[tuple[int, str | None, str], tuple[float, float]] = field(default_factory=dict)
     """(run, stage or None, usage key) -> (spent, reserved by live attempts)."""
+    missing_secrets: dict[tuple[int, str], list[str]] = field(default_factory=dict)
+    """(run, stage) -> the variables this worker lacks to start the stage's jobs."""
 
 
 @dataclass(frozen=True)
@@ -250,6 +256,9 @@ def _refusals(
     if over is not None:
         yield over
     node = snap.node
+    lacking = snap.missing_secrets.get((job.run_id, job.stage))
+    if lacking:
+        yield "secret_missing", {"node": node.name, "variables": lacking}
     if running >= node.max_jobs:
         yield "max_jobs", {"running": running, "max_jobs": node.max_jobs}
     if free <= 0:
@@ -386,6 +395,11 @@ def describe(code: str, detail: dict[str, Any]) -> str:
         return (
             f"other_node — node {detail['node']} does not run this stage; it runs on "
             f"{', '.join(detail['nodes'])}"
+        )
+    if code == "secret_missing":
+        return (
+            f"secret_missing — {', '.join(detail['variables'])} not set in the environment "
+            f"of the worker on node {detail['node']}"
         )
     if code == "needs_pending":
         return "needs_pending — waiting for earlier stages to finish"

@@ -68,7 +68,16 @@ WAITS = {
 
 NO_CONTROLLER = "no_controller"
 OPERATOR_FIRST = frozenset(
-    {"unknown_outcome", "halted", "paused", "stopped", "breaker", "budget", "sources_changed"}
+    {
+        "unknown_outcome",
+        "halted",
+        "paused",
+        "stopped",
+        "breaker",
+        "budget",
+        "sources_changed",
+        "secret_missing",
+    }
 )
 """Steps a person takes first even when the controller is gone: continuing the run
 would only be held by them again."""
@@ -81,6 +90,7 @@ RUN_ORDER = (
     "breaker",
     "paused",
     "stopped",
+    "secret_missing",
     NO_CONTROLLER,
     "no_worker",
 )
@@ -185,6 +195,16 @@ def _held_step(lane: Lane, status: StatusReport) -> NextStep:
                 command,
             )
         return NextStep(code, "once the cause is fixed", command)
+    if code == "secret_missing":
+        names = " ".join(str(v) for v in reason.detail.get("variables", []))
+        node = reason.detail.get("node") or reason.node or lane.node
+        return NextStep(
+            code,
+            f"the worker on node {node} lacks {names or 'a secret the stage references'}: "
+            "set it in that worker's environment and restart the worker (it adopts what "
+            "runs); nothing of the stage was started or failed",
+            None,
+        )
     if code == "memory_floor":
         return NextStep(
             code,

@@ -101,6 +101,17 @@ def job_environment(
     return env, secret_names, strip
 
 
+def missing_variables(
+    templates: Mapping[str, str], pass_env: Iterable[str], environ: Mapping[str, str]
+) -> list[str]:
+    """The variables a stage's ``env`` references or its ``pass_env`` names that are not
+    set in ``environ`` (in the order the stage names them; each once): a service
+    without them cannot start the stage's jobs (``job_environment`` would refuse)."""
+    wanted = [ref for template in templates.values() for ref in ENV_REF.findall(template)]
+    wanted += list(pass_env)
+    return list(dict.fromkeys(name for name in wanted if name not in environ))
+
+
 def secret_values(env: Mapping[str, str], names: Iterable[str]) -> list[str]:
     return [env[name] for name in names if env.get(name)]
 

@@ -160,7 +160,7 @@ def _explain_on(
     from sqlalchemy import func, select
 
     from laneway.controller import ledger
-    from laneway.controller.models import Attempt, Node
+    from laneway.controller.models import Attempt, Decision, Node
 
     node = session.get(Node, node_name)
     assert node is not None
@@ -194,6 +194,20 @@ def _explain_on(
         return [], None
     candidate = snapshot.candidates[0]
     blocked = [_blocker(code, detail) for code, detail in admission.explain(snapshot, candidate)]
+    # What only the node's worker knows (its environment): its newest recorded refusal.
+    newest = session.execute(
+        select(Decision.reason_code, Decision.detail)
+        .where(
+            Decision.run_id == job.run_id,
+            Decision.lane == job.lane,
+            Decision.stage == job.stage,
+            Decision.node == node_name,
+        )
+        .order_by(Decision.id.desc())
+        .limit(1)
+    ).first()
+    if newest is not None and newest.reason_code == "secret_missing":
+        blocked.insert(0, _blocker("secret_missing", dict(newest.detail)))
     peak = ledger.stage_peaks(session, [job.run_id]).get((job.run_id, job.stage), (None, None))
     free = node.mem_available_mib
     arithmetic = {

@@ -95,9 +95,16 @@ def no_items_reason(config: PipelineConfig) -> str:
 
 
 def preflight(
-    config: PipelineConfig, environ: dict[str, str] | None = None
+    config: PipelineConfig,
+    environ: dict[str, str] | None = None,
+    *,
+    secrets_on_workers: bool = False,
 ) -> tuple[list[str], dict[str, str]]:
-    """Every reason the config cannot start now, and the source hashes if it can."""
+    """Every reason the config cannot start now, and the source hashes if it can.
+
+    ``secrets_on_workers``: the ``${NAME}`` references of the stages' ``env`` need not be
+    set here (a submit host without the workers' secrets); a worker that lacks one
+    refuses the stage's jobs (``secret_missing``) instead of failing them."""
     environ = dict(os.environ) if environ is None else environ
     reasons: list[str] = []
     if not config.items:
@@ -118,10 +125,11 @@ def preflight(
                 reasons.append(f"stages.{stage.name}.argv[0]: {problem}")
         for name, value in stage.env.items():
             for reference in ENV_REF.findall(value):
-                if reference not in environ:
+                if reference not in environ and not secrets_on_workers:
                     reasons.append(
                         f"stages.{stage.name}.env.{name}: ${{{reference}}} is not set; export "
-                        "it in the environment of laneway and its workers"
+                        "it in the environment of laneway and its workers (or pass "
+                        "--secrets-on-workers when only the workers have it)"
                     )
     reasons += _argv_size_preflight(config, items)
     reasons += _closeout_preflight(config)
@@ -464,6 +472,7 @@ def start_run(
     engine: Engine | None = None,
     new: bool = False,
     rerun: list[str] | None = None,
+    secrets_on_workers: bool = False,
 ) -> tuple[int, Engine]:
     """Preflight, then freeze ``config`` into a new run. Raises PreflightError (having
     created nothing) when preflight refuses. Returns the new run's id and the engine it
@@ -472,7 +481,8 @@ def start_run(
     process.
 
     ``rerun``: stage names (or ``all``) whose jobs must run even where an earlier run's
-    result could be reused (``ledger.create_run``).
+    result could be reused (``ledger.create_run``). ``secrets_on_workers``: as in
+    ``preflight``.
 
     Raises UnfinishedRun (creating nothing) when the ledger holds an unfinished run of
     the same pipeline, unless ``new``: running the same command again after an
@@ -481,7 +491,7 @@ def start_run(
     Never clears a pause or halt: controls are separate rows that only operators lift.
     """
     check_rerun(config, rerun or [])
-    reasons, hashes = preflight(config)
+    reasons, hashes = preflight(config, secrets_on_workers=secrets_on_workers)
     if reasons:
         raise PreflightError(reasons)
     runtime = Path(runtime_dir).resolve()

@@ -53,6 +53,7 @@ from laneway.workers import oom as oom_watch
 from laneway.workers.finishing import Finishing
 from laneway.workers.flight import InFlight, StageRules, measurements
 from laneway.workers.gpu import GpuProbe, GpuReading, NvmlGpu
+from laneway.workers.jobenv import missing_variables
 from laneway.workers.ports import free_ports
 from laneway.workers.recovery import Recovery
 from laneway.workers.sampler import Sampler
@@ -139,6 +140,9 @@ class WorkerService:
         """Why the launcher was given up on, if it was (exec from then on)."""
         self.stages = StageRules()
         """Each stage's exit codes, capture, result rule and output cap, read once."""
+        self._lacking: dict[int, dict[str, list[str]]] = {}
+        """Run id -> stage -> the variables this worker's environment lacks to start the
+        stage's jobs (read once per run: its config is frozen, this environment fixed)."""
         self.recovered: list[str] = []
         self.heartbeat_failures = 0
         self.last_sample_error: str | None = None
@@ -366,17 +370,33 @@ class WorkerService:
 
     # -- claim and spawn -----------------------------------------------------
 
-    def _source_problems(self) -> dict[int, list[str]]:
-        """Invariant 12, checked before the claim's transaction (hashing files is not
-        work for the write lock): run id -> what changed in its frozen sources."""
+    def _before_claim(self) -> tuple[dict[int, list[str]], dict[tuple[int, str], list[str]]]:
+        """What is checked before the claim's transaction (hashing files and reading
+        configs is not work for the write lock): run id -> what changed in its frozen
+        sources (invariant 12); (run, stage) -> the variables this worker's environment
+        lacks to start the stage's jobs (refused as ``secret_missing``, not claimed)."""
         problems: dict[int, list[str]] = {}
         with db.reader(self.engine)() as session:
             runs = ledger.node_runs(session, node=self.node)
+            for run_id, _ in runs:
+                if run_id not in self._lacking:
+                    config = ledger.run_config(ledger.get_run(session, run_id))
+                    self._lacking[run_id] = {
+                        stage.name: names
+                        for stage in config.stages
+                        if (names := missing_variables(stage.env, stage.pass_env, os.environ))
+                    }
         for run_id, hashes in runs:
             drift = pipeline.source_drift(hashes) if hashes else []
             if drift:
                 problems[run_id] = drift
-        return problems
+        self._lacking = {run_id: self._lacking[run_id] for run_id, _ in runs}  # ended: gone
+        lacking = {
+            (run_id, stage): names
+            for run_id, by_stage in self._lacking.items()
+            for stage, names in by_stage.items()
+        }
+        return problems, lacking
 
     def _settle_and_claim(
         self, finished: list[tuple[int, InFlight]], free: int
@@ -385,7 +405,7 @@ class WorkerService:
         a stale one does not undo the others), then lease work for ``free`` slots and
         write its intents. Exit records and source files are read before it begins."""
         classified = self.finishing.judge_all(finished)
-        sources = self._source_problems() if free > 0 else {}
+        sources, lacking = self._before_claim() if free > 0 else ({}, {})
         available = self.memory_probe()[0] if free > 0 else None
         if available is not None:
             self._probed(available)
@@ -411,6 +431,7 @@ class WorkerService:
                     pick_ports=free_ports,
                     seen=seen,
                     runtime_dir=self.runtime_dir,
+                    missing_secrets=lacking,
                 )
                 self._waiting_on_capacity = seen.get("candidates", 0) > len(claims)
                 for claim in claims:

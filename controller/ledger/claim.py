@@ -97,8 +97,13 @@ def claim_jobs(
     pick_ports: PortPicker | None = None,
     seen: dict[str, int] | None = None,
     runtime_dir: str | None = None,
+    missing_secrets: dict[tuple[int, str], list[str]] | None = None,
 ) -> list[Claim]:
     """Lease admissible jobs for up to ``free_slots`` and write their intents.
+
+    ``missing_secrets`` ((run, stage) -> variables): what this worker's environment lacks
+    to start a stage's jobs, found before the transaction; such jobs are refused
+    (``secret_missing``), not claimed.
 
     ``runtime_dir``: where this worker keeps attempt directories (its own machine's
     runtime dir); default: the run's, as recorded when it was created.
@@ -121,6 +126,7 @@ def claim_jobs(
         mem=mem_available_mib,
         limit=candidate_limit,
     )
+    snapshot.missing_secrets = missing_secrets or {}
     verdict = admission.admit(snapshot)
     if seen is not None:
         seen["candidates"] = len(snapshot.candidates)

@@ -9,12 +9,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+from sqlalchemy import select
 from typer.testing import CliRunner
 
 from laneway.cli.main import app
 from laneway.controller import db, ledger, ledger_open
 from laneway.controller.daemon import Controller
-from laneway.controller.models import Run
+from laneway.controller.models import Decision, Run
 from tests.integration.test_worker import attempts, drive, run_with_token, start_worker
 from tests.support import escape, make_config
 
@@ -108,7 +109,11 @@ def test_no_laneway_variable_of_the_worker_reaches_the_job(engine, runtime, make
             assert b"worker-only-value-2d4f" not in data, path
 
 
-def test_an_unset_pass_env_variable_is_a_harness_failure_naming_it(engine, make_run, monkeypatch):
+def test_a_worker_without_a_pass_env_variable_refuses_the_stage_naming_it(
+    engine, make_run, monkeypatch
+):
+    """An unset ``pass_env`` variable is the worker's refusal (``secret_missing``, the
+    variable and the node), not a failed attempt: nothing is started."""
     monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
     stage = {
         "name": "needy",
@@ -122,9 +127,13 @@ def test_an_unset_pass_env_variable_is_a_harness_failure_naming_it(engine, make_
     for _ in range(3):
         controller.tick()
         service.tick()
-    (attempt,) = attempts(engine, run_id)
-    assert attempt.outcome == "harness_failure"
-    assert "pass_env NOT_SET_ANYWHERE" in attempt.state_reason
+    assert attempts(engine, run_id) == []
+    with db.session_factory(engine)() as session:
+        (refusal,) = session.scalars(select(Decision).where(Decision.run_id == run_id)).all()
+    assert (refusal.reason_code, refusal.detail) == (
+        "secret_missing",
+        {"node": "n1", "variables": ["NOT_SET_ANYWHERE"]},
+    )
 
 
 RESULT_LEAK = textwrap.dedent(

@@ -200,10 +200,16 @@ def test_timeout_settles_timed_out(engine, make_run):
     assert attempt.state_reason == "timed out after 1 s (stages.slow.timeout_seconds = 1)"
 
 
-def test_missing_secret_settles_harness_failure_without_starting(engine, make_run):
+def test_a_secret_gone_after_the_claim_settles_harness_failure_without_starting(engine, make_run):
+    """A worker claims no job whose secret it lacks (``secret_missing``,
+    test_secrets_on_workers.py); should the variable leave its environment after that
+    check (its look is cached per run), the spawn finds it missing and the attempt
+    settles ``harness_failure`` with nothing started."""
     stage = py_stage("s", "raise SystemExit(0)", env={"API_KEY": "${LANEWAY_TEST_UNSET_VAR}"})
     run_id = make_run(make_config([stage]))
-    drive(engine, [start_worker(engine)], run_id)
+    worker = start_worker(engine)
+    worker._lacking[run_id] = {}  # as if it had been set when the worker looked
+    drive(engine, [worker], run_id)
     (attempt,) = attempts(engine, run_id)
     assert attempt.outcome == "harness_failure"
     assert "LANEWAY_TEST_UNSET_VAR" in attempt.state_reason

@@ -32,6 +32,7 @@ ORDER = [
     "paused",
     "stopped",
     "budget",
+    "secret_missing",
     "max_jobs",
     "slots_full",
     "lane_cap",
@@ -141,6 +142,7 @@ def conditions_snapshot(active: set[str]) -> Snapshot:
         unknown_runs={RUN: 2} if "unknown_outcome" in active else {},
         budgets={(RUN, None): {"cost_usd": 10.0}},
         spend={(RUN, None, "cost_usd"): (7.0, 1.5 if "budget" in active else 0.0)},
+        missing_secrets={(RUN, "solve"): ["API_KEY"]} if "secret_missing" in active else {},
     )
 
 
@@ -160,6 +162,7 @@ EXPECTED_DETAIL: dict[str, dict[str, Any]] = {
         "expected_from": "p90 of 3",
         "budget": 10.0,
     },
+    "secret_missing": {"node": "n1", "variables": ["API_KEY"]},
     "max_jobs": {"running": 2, "max_jobs": 2},
     "slots_full": {"slots": 0},
     "lane_cap": {"running": 1, "cap": 1},
