@@ -148,6 +148,15 @@ def dry_run(
     config: ConfigPath,
     runtime_dir: PlanRuntimeDir = None,
     secrets_on_workers: SecretsOnWorkers = False,
+    gpu_description: Annotated[
+        Path | None,
+        typer.Option(
+            "--gpu-description",
+            help="Plan as if every node the config gives no GPUs had the GPUs this JSON "
+            "file describes (as `laneway worker --gpu-description`).",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Validate a config and print its plan; writes nothing.
@@ -159,12 +168,19 @@ def dry_run(
     """
     from laneway.controller import config as config_module
     from laneway.controller import pipeline, usage
+    from laneway.workers.gpu import DescriptionError, load_description
     from laneway.workers.service import psutil_memory
 
     with common.refusals(as_json):
         parsed = config_module.load_config(config)
-        reasons, _ = pipeline.preflight(parsed, secrets_on_workers=secrets_on_workers)
-    plan = pipeline.plan(parsed, mem_available_mib=psutil_memory()[0])
+        try:
+            described = [] if gpu_description is None else load_description(gpu_description)[0]
+        except DescriptionError as exc:
+            raise UsageError(str(exc)) from None
+        reasons, _ = pipeline.preflight(
+            parsed, secrets_on_workers=secrets_on_workers, described_gpus=len(described)
+        )
+    plan = pipeline.plan(parsed, mem_available_mib=psutil_memory()[0], described=described)
     plan["preflight"] = {"ok": not reasons, "reasons": reasons}
     # What would run: each stage's argv for the first item, as a worker renders it
     # (values in a shell's -c script quoted), so a user sees it before anything runs.

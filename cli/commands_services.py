@@ -123,6 +123,18 @@ def web(
         dashboard.close()
 
 
+GpuDescription = Annotated[
+    Path | None,
+    typer.Option(
+        "--gpu-description",
+        help="Describe this machine's GPUs from a JSON file instead of measuring them "
+        "through NVML (a machine without GPUs: CI, a laptop; configs/gpu-node-4x80g.json "
+        "is an example); status marks them described.",
+        show_default=False,
+    ),
+]
+
+
 def worker(
     node: Annotated[
         str,
@@ -161,6 +173,7 @@ def worker(
     ] = False,
     notify_url: NotifyUrl = None,
     notify_command: NotifyCommand = None,
+    gpu_description: GpuDescription = None,
     as_json: LogJsonFlag = False,
 ) -> None:
     """Run the worker service of one node: lease, supervise, settle, heartbeat.
@@ -179,6 +192,14 @@ def worker(
 
     log = common.Log(as_json)
     option = _notify_option(notify_url, notify_command)
+    gpu = None
+    if gpu_description is not None:
+        from laneway.workers.gpu import DescribedGpu, DescriptionError
+
+        try:
+            gpu = DescribedGpu(gpu_description)
+        except DescriptionError as exc:
+            common.fail(UsageError(str(exc)))
     if not exit_if_unknown:
         _wait_until_named(runtime_dir, node, log)
     with common.refusals():
@@ -193,6 +214,7 @@ def worker(
             runtime_dir=runtime_dir,
             lease_seconds=lease_seconds,
             heartbeat_seconds=min(2.0, lease_seconds / 4),
+            gpu=gpu,
         )
         worker_id = service.start()
     log(

@@ -268,9 +268,26 @@ def workers_text(status: StatusReport) -> list[str]:
                 ],
             )
         )
+        for n in status.nodes:
+            out += [clean(line) for line in gpu_lines(n.node, n.gpus)]
     for entry in status.no_worker:
         out.append(clean(f"  node {entry.node}: no live worker — start one: {entry.start}"))
     return out if len(out) > 2 else []
+
+
+def gpu_lines(node: str, gpus: list[dict[str, Any]]) -> list[str]:
+    """One line per device of ``node``: its use (ours and others'), and whether the
+    figures are described (``--gpu-description``) or measured."""
+    lines = []
+    for d in gpus:
+        how = f"described by {d['described']}" if d.get("described") else "measured"
+        name = f" ({d['uuid']})" if d.get("uuid") else ""
+        lines.append(
+            f"  {node} GPU {d.get('index')}{name}: {d.get('used_mib', 0):.0f} of "
+            f"{d.get('total_mib', 0):.0f} MiB used (ours {d.get('ours_mib', 0):.0f}, others "
+            f"{d.get('baseline_mib', 0):.0f}) — {how}"
+        )
+    return lines
 
 
 def placement_lines(

@@ -20,9 +20,15 @@ Reason codes, in the order they are checked for a candidate job:
 - ``slots_full`` — this worker has no free slot.
 - ``lane_cap`` — the lane's cap for the stage is reached.
 - ``stage_cap`` — the stage's global cap (across lanes) is reached.
-- ``gpu_capacity`` — a GPU stage on a node without a GPU; or another GPU attempt runs
-  on the node and a measured peak is missing (the first runs alone) or
-  ``baseline + k * peak > fraction * total`` (invariant 9; see ``_gpu_refusal``).
+- ``gpu_capacity`` — a GPU stage on a node without a GPU, or with fewer devices than
+  the stage's ``gpus``.
+- ``gpu_busy`` — a ``gpus = N`` stage: fewer than N of the node's devices are free (a
+  whole device is given to one attempt only); a ``gpu_mib`` stage: every device is held
+  whole. Names each device and what holds it.
+- ``gpu_memory`` — a ``gpu_mib`` stage (a share of one device): on no device does it
+  fit, per device: another attempt holds it and a measured peak is missing (the first
+  runs alone on a device), or ``baseline + k * peak > fraction * total`` of that device
+  (invariant 9; see ``_gpu_refusal``), with each device's arithmetic.
 - ``memory_floor`` — ``available - unreleased - stage reservation < floor``. Equality
   admits. ``available`` is the node's live free memory (psutil), which already includes
   what running attempts use; ``unreleased`` is, summed over the node's running (and
@@ -50,7 +56,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from laneway.controller import usage as usage_math
@@ -86,6 +92,32 @@ class Candidate:
     """Usage key -> where the expected cost comes from (``p90 of N attempt(s)``, ...)."""
     nodes: tuple[str, ...] = ()
     """The nodes that may run it (``runs_on``); empty: not said, any node."""
+    gpus: int = 0
+    """Whole devices it asks for (stage ``gpus``); 0: none, or a share (``gpu_mib``)."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """An attempt holding (part of) a device: whole, or a share with its stage's
+    measured GPU peak (None: not measured yet)."""
+
+    whole: bool
+    peak_mib: float | None = None
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    """One GPU of a node (a MIG instance counts as one): its memory and who holds it."""
+
+    index: int
+    total_mib: float
+    baseline_mib: float = 0
+    """Memory used by processes that are not ours (measured, else configured)."""
+    uuid: str | None = None
+    holders: tuple[Holder, ...] = ()
+
+    def label(self) -> str:
+        return f"GPU {self.index}"
 
 
 @dataclass(frozen=True)
@@ -119,6 +151,18 @@ class NodeView:
     gpu_fraction: float = 1.0
     gpu_baseline_mib: float = 0
     """GPU memory used by processes that are not ours (measured, else configured)."""
+    devices: tuple[DeviceView, ...] = ()
+    """The node's GPUs, each with its holders. Empty on a node with ``has_gpu``: one
+    device of ``gpu_total_mib`` held by ``gpu_running_peaks`` (``node_devices``)."""
+
+
+def node_devices(node: NodeView) -> tuple[DeviceView, ...]:
+    """The node's devices (``NodeView.devices``, or the single device its pool
+    describes)."""
+    if node.devices or not node.has_gpu:
+        return node.devices
+    holders = tuple(Holder(False, peak) for peak in node.gpu_running_peaks)
+    return (DeviceView(0, node.gpu_total_mib, node.gpu_baseline_mib, None, holders),)
 
 
 @dataclass
@@ -163,6 +207,8 @@ class Refusal:
 class Admission:
     starts: list[Candidate] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
+    devices: dict[int, tuple[DeviceView, ...]] = field(default_factory=dict)
+    """Job id -> the devices given to it (a GPU job that starts)."""
 
 
 def admit(snapshot: Snapshot) -> Admission:
@@ -174,7 +220,7 @@ def admit(snapshot: Snapshot) -> Admission:
     running = snapshot.node.running
     free = snapshot.free_slots
     reserved = snapshot.node.reserved_mib
-    gpu_peaks = list(snapshot.node.gpu_running_peaks)
+    devices = list(node_devices(snapshot.node))
     lane_stage = Counter(snapshot.running_lane_stage)
     stage = Counter(snapshot.running_stage)
     held: dict[tuple[int, str | None, str], float] = {}
@@ -183,14 +229,20 @@ def admit(snapshot: Snapshot) -> Admission:
 
     for job in snapshot.candidates:
         reason = next(
-            _refusals(snapshot, job, running, free, reserved, gpu_peaks, lane_stage, stage, held),
+            _refusals(snapshot, job, running, free, reserved, devices, lane_stage, stage, held),
             None,
         )
         if reason is None:
             result.starts.append(job)
             running += 1
-            if job.gpu_mib > 0:
-                gpu_peaks.append(job.gpu_peak_mib)
+            if job.gpus > 0 or job.gpu_mib > 0:
+                given = pick_devices(devices, job, snapshot.node.gpu_fraction)
+                assert given is not None  # _refusals said it fits
+                result.devices[job.job_id] = given
+                holder = Holder(job.gpus > 0, job.gpu_peak_mib)
+                devices = [
+                    replace(d, holders=(*d.holders, holder)) if d in given else d for d in devices
+                ]
             free -= 1
             reserved += job.memory_mib
             lane_stage[(job.run_id, job.lane, job.stage)] += 1
@@ -228,7 +280,7 @@ def explain(snap: Snapshot, job: Candidate) -> list[tuple[str, dict[str, Any]]]:
             node.running,
             snap.free_slots,
             node.reserved_mib,
-            list(node.gpu_running_peaks),
+            list(node_devices(node)),
             Counter(snap.running_lane_stage),
             Counter(snap.running_stage),
             {},
@@ -242,7 +294,7 @@ def _refusals(
     running: int,
     free: int,
     reserved: float,
-    gpu_peaks: list[float | None],
+    devices: list[DeviceView],
     lane_stage: Counter[tuple[int, str, str]],
     stage: Counter[tuple[int, str]],
     held: dict[tuple[int, str | None, str], float],
@@ -271,8 +323,8 @@ def _refusals(
     in_stage = stage[(job.run_id, job.stage)]
     if global_cap is not None and in_stage >= global_cap:
         yield "stage_cap", {"running": in_stage, "cap": global_cap}
-    if job.gpu_mib > 0:
-        gpu = _gpu_refusal(node, job, gpu_peaks)
+    if job.gpus > 0 or job.gpu_mib > 0:
+        gpu = _gpu_refusal(node, job, devices)
         if gpu is not None:
             yield gpu
     if node.mem_available_mib is None:
@@ -313,36 +365,88 @@ def _budget_refusal(
     return None
 
 
-def _gpu_refusal(
-    node: NodeView, job: Candidate, gpu_peaks: list[float | None]
-) -> tuple[str, dict[str, Any]] | None:
-    """The GPU rule (invariant 9). The first GPU attempt on a node runs alone. Another is
-    admitted only when every running GPU attempt's stage and this job's stage have a
-    measured peak and ``baseline + sum(peaks) + peak <= fraction * total`` — for k
+def _share_fits(device: DeviceView, job: Candidate, fraction: float) -> str | None:
+    """None when a share of ``device`` fits ``job`` (invariant 9, per device), else why
+    not in words. The first attempt on a device runs alone, measured or not. Another
+    shares it only when every holder's stage and this job's stage have a measured peak
+    and ``baseline + sum(peaks) + peak <= fraction * total`` of that device — for k
     attempts of one stage, ``baseline + k * peak <= fraction * total``. Never inferred
     from success rates."""
-    if not node.has_gpu:
-        return "gpu_capacity", {"why": "node has no GPU configured"}
-    if not gpu_peaks:
+    if not device.holders:
         return None
-    if job.gpu_peak_mib is None or any(peak is None for peak in gpu_peaks):
-        return "gpu_capacity", {
-            "why": "no measured GPU peak yet: a GPU attempt runs alone on its node",
-            "gpu_running": len(gpu_peaks),
-        }
-    need = node.gpu_baseline_mib + sum(p for p in gpu_peaks if p is not None) + job.gpu_peak_mib
-    limit = node.gpu_fraction * node.gpu_total_mib
+    if any(holder.whole for holder in device.holders):
+        return "held whole by another attempt"
+    peaks = [holder.peak_mib for holder in device.holders]
+    if job.gpu_peak_mib is None or any(peak is None for peak in peaks):
+        return (
+            f"{len(peaks)} attempt(s) on it and no measured GPU peak yet: "
+            "a GPU attempt runs alone on its device until measured"
+        )
+    running = sum(p for p in peaks if p is not None)
+    need = device.baseline_mib + running + job.gpu_peak_mib
+    limit = fraction * device.total_mib
     if need > limit:
-        return "gpu_capacity", {
-            "why": (
-                f"baseline {node.gpu_baseline_mib:.0f} + running peaks "
-                f"{sum(p for p in gpu_peaks if p is not None):.0f} + peak "
-                f"{job.gpu_peak_mib:.0f} = {need:.0f} MiB > {node.gpu_fraction:g} x "
-                f"{node.gpu_total_mib:.0f} = {limit:.0f} MiB"
-            ),
-            "gpu_running": len(gpu_peaks),
-        }
+        return (
+            f"baseline {device.baseline_mib:.0f} + running peaks {running:.0f} + peak "
+            f"{job.gpu_peak_mib:.0f} = {need:.0f} MiB > {fraction:g} x "
+            f"{device.total_mib:.0f} = {limit:.0f} MiB"
+        )
     return None
+
+
+def pick_devices(
+    devices: Sequence[DeviceView], job: Candidate, fraction: float
+) -> tuple[DeviceView, ...] | None:
+    """The devices ``job`` gets, or None when it does not fit now: ``gpus = N``, the
+    first N free devices (no holder) in index order; a share (``gpu_mib``), the device
+    with the fewest holders whose share rule admits it (so attempts spread before they
+    share), lowest index first among equals."""
+    if job.gpus > 0:
+        free = [d for d in devices if not d.holders]
+        return tuple(free[: job.gpus]) if len(free) >= job.gpus else None
+    for device in sorted(devices, key=lambda d: (len(d.holders), d.index)):
+        if _share_fits(device, job, fraction) is None:
+            return (device,)
+    return None
+
+
+def _gpu_refusal(
+    node: NodeView, job: Candidate, devices: list[DeviceView]
+) -> tuple[str, dict[str, Any]] | None:
+    """Why ``job`` gets no device on ``node`` now (None: ``pick_devices`` finds some):
+    ``gpu_capacity`` (no GPU, or fewer devices than asked), ``gpu_busy`` (whole devices
+    held), ``gpu_memory`` (a share fits on no device; each device's arithmetic)."""
+    if not devices:
+        return "gpu_capacity", {"why": "node has no GPU configured"}
+    if job.gpus > len(devices):
+        return "gpu_capacity", {
+            "why": f"the stage asks for {job.gpus} GPU(s); node has {len(devices)}"
+        }
+    if pick_devices(devices, job, node.gpu_fraction) is not None:
+        return None
+    held = {d.label(): f"held by {len(d.holders)} attempt(s)" for d in devices if d.holders}
+    if job.gpus > 0:
+        free = len(devices) - len(held)
+        return "gpu_busy", {
+            "why": f"the stage asks for {job.gpus} whole GPU(s); {free} of "
+            f"{len(devices)} free ({'; '.join(f'{k} {v}' for k, v in held.items())})",
+            "devices": held,
+        }
+    if all(any(h.whole for h in d.holders) for d in devices):
+        return "gpu_busy", {
+            "why": "every GPU of the node is held whole by another attempt",
+            "devices": held,
+        }
+    per_device = {
+        d.label(): why
+        for d in devices
+        if (why := _share_fits(d, job, node.gpu_fraction)) is not None
+    }
+    return "gpu_memory", {
+        "why": "; ".join(f"{label}: {why}" for label, why in per_device.items()),
+        "devices": per_device,
+        "gpu_running": sum(len(d.holders) for d in devices),
+    }
 
 
 def _control_refusal(snap: Snapshot, job: Candidate) -> tuple[str, dict[str, Any]] | None:

@@ -121,7 +121,8 @@ class _Strict(BaseModel):
 class GpuCapacity(_Strict):
     """A node's GPU budget for the concurrency rule of invariant 9."""
 
-    total_mib: LedgerInt = Field(gt=0, description="GPU memory of the node's device, MiB.")
+    total_mib: LedgerInt = Field(gt=0, description="GPU memory of each of the node's devices, MiB.")
+    devices: int = Field(1, ge=1, le=64, description="How many such devices the node has.")
     fraction: Finite = Field(0.9, gt=0, le=1, description="Usable share of total_mib.")
     baseline_mib: LedgerInt = Field(0, ge=0, description="Memory used by processes not ours, MiB.")
 
@@ -207,7 +208,19 @@ class StageConfig(_Strict):
         "of this stage have settled with a measured peak.",
     )
     memory_margin: Finite = Field(1.25, ge=1, le=10)
-    gpu_mib: LedgerInt = Field(0, ge=0, description="GPU memory reserved while an attempt runs.")
+    gpu_mib: LedgerInt = Field(
+        0,
+        ge=0,
+        description="A share of one GPU: the job gets one device (CUDA_VISIBLE_DEVICES), "
+        "shared with others only while measured peaks say they fit.",
+    )
+    gpus: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Whole GPUs per attempt: the job gets that many devices of its own "
+        "(CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES).",
+    )
     needs: list[Name] = Field(default_factory=list)
     outputs: list[OutputName] = Field(
         default_factory=list,
@@ -262,6 +275,11 @@ class StageConfig(_Strict):
     @model_validator(mode="after")
     def _check(self) -> StageConfig:
         problems = []
+        if self.gpus and self.gpu_mib:
+            problems.append(
+                "gpus: a stage asks for whole GPUs (gpus) or a share of one (gpu_mib), "
+                "not both; drop one"
+            )
         for code, outcome in self.exit_codes.items():
             if outcome in (Outcome.NOT_RUN, Outcome.CANCELLED, Outcome.TIMED_OUT):
                 problems.append(

@@ -31,6 +31,9 @@ Series (``run`` is the run id; every gauge is the ledger's state at the scrape):
   ``laneway_node_live_workers{node}`` (live workers only),
   ``laneway_node_workers{node,liveness}``: the node's workers by liveness (``live``,
   ``stale``, ``lost``, ``stopped``: ``status_nodes.worker_liveness``)
+- ``laneway_gpu_total_mib{node,device,uuid,described}``, ``laneway_gpu_used_mib{…}``,
+  ``laneway_gpu_ours_mib{…}``: each GPU as its node's worker last reported it
+  (``described="true"``: from ``--gpu-description``, not measured)
 - ``laneway_stage_peak_rss_mib{run,stage}``, ``laneway_stage_peak_gpu_mib{run,stage}``,
   ``laneway_stage_measured_attempts{run,stage}``: measured peaks (``stage_stats``)
 - ``laneway_lease_expiries_total{run}``: leases released after they had expired (their
@@ -42,6 +45,7 @@ Series (``run`` is the run id; every gauge is the ledger's state at the scrape):
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -193,6 +197,27 @@ def _run_metrics(f: _Families, source: Rows, run_id: int, status: StatusReport) 
     )
 
 
+def _gpu_metrics(f: _Families, source: Rows, nodes: list[str]) -> None:
+    """Per device of each node, as its worker last reported: total, used, ours."""
+    labels = ["node", "device", "uuid", "described"]
+    total = f.gauge("gpu_total_mib", "A GPU's memory.", labels)
+    used = f.gauge("gpu_used_mib", "A GPU's memory in use, by anyone.", labels)
+    ours = f.gauge("gpu_ours_mib", "A GPU's memory our attempts use.", labels)
+    for name in nodes:
+        for row in source.rows(queries.NODE_MEMORY, {"node": name}):
+            devices = json.loads(row[4]) if isinstance(row[4], str) else row[4]
+            for d in devices or []:
+                key = [
+                    name,
+                    str(d.get("index")),
+                    str(d.get("uuid") or ""),
+                    str(bool(d.get("described"))).lower(),
+                ]
+                total.add_metric(key, float(d.get("total_mib") or 0))
+                used.add_metric(key, float(d.get("used_mib") or 0))
+                ours.add_metric(key, float(d.get("ours_mib") or 0))
+
+
 def _node_metrics(f: _Families, source: Rows, nodes: list[str], *, now: datetime) -> None:
     free = f.gauge("node_free_memory_mib", "A node's free memory, last sampled.", ["node"])
     floor = f.gauge("node_memory_floor_mib", "A node's memory floor.", ["node"])
@@ -211,6 +236,7 @@ def _node_metrics(f: _Families, source: Rows, nodes: list[str], *, now: datetime
         sampled = _moment(sampled_at)
         if sampled is not None:
             age.add_metric([name], max(0.0, (now - sampled).total_seconds()))
+    _gpu_metrics(f, source, nodes)
     counts: dict[str, int] = dict.fromkeys(nodes, 0)
     found = node_workers(source, nodes, now=now)
     for worker in found:

@@ -226,6 +226,9 @@ class Attempt(Base):
     gpu_note: Mapped[str | None] = mapped_column(Text)
     """Why the GPU columns are null (no driver, no device, no per-process figures)."""
     sampled_at: Mapped[datetime | None] = mapped_column(DateTime())
+    gpu_devices: Mapped[list[Any] | None] = mapped_column(JSON)
+    """The GPUs admission gave it (``[{"index", "uuid", "whole"}]``; stage ``gpus`` or
+    ``gpu_mib``): its job's ``CUDA_VISIBLE_DEVICES``. Null: it asked for none."""
     ports: Mapped[list[Any] | None] = mapped_column(JSON)
     """Ports allocated to the attempt (stage ``ports = N``): distinct from every other
     in-flight attempt's on the node; free again once it settles."""
@@ -261,6 +264,8 @@ class Node(Base):
     gpu_total_mib: Mapped[int | None] = mapped_column(Integer)
     gpu_fraction: Mapped[float | None] = mapped_column(Float)
     gpu_baseline_mib: Mapped[int | None] = mapped_column(Integer)
+    gpu_devices: Mapped[int | None] = mapped_column(Integer)
+    """How many devices of ``gpu_total_mib`` each the config says it has (null: one)."""
     mem_available_mib: Mapped[float | None] = mapped_column(Float)
     mem_total_mib: Mapped[float | None] = mapped_column(Float)
     gpus: Mapped[list[Any] | None] = mapped_column(JSON)

@@ -99,12 +99,15 @@ def preflight(
     environ: dict[str, str] | None = None,
     *,
     secrets_on_workers: bool = False,
+    described_gpus: int = 0,
 ) -> tuple[list[str], dict[str, str]]:
     """Every reason the config cannot start now, and the source hashes if it can.
 
     ``secrets_on_workers``: the ``${NAME}`` references of the stages' ``env`` need not be
     set here (a submit host without the workers' secrets); a worker that lacks one
-    refuses the stage's jobs (``secret_missing``) instead of failing them."""
+    refuses the stage's jobs (``secret_missing``) instead of failing them.
+    ``described_gpus``: devices a ``--gpu-description`` gives every node (``gpus = N``
+    stages need a node they run on with N devices, configured or described)."""
     environ = dict(os.environ) if environ is None else environ
     reasons: list[str] = []
     if not config.items:
@@ -131,6 +134,7 @@ def preflight(
                         "it in the environment of laneway and its workers (or pass "
                         "--secrets-on-workers when only the workers have it)"
                     )
+    reasons += _gpu_preflight(config, described_gpus)
     reasons += _argv_size_preflight(config, items)
     reasons += _closeout_preflight(config)
     reasons += artifact_store_preflight(config.artifact_store)
@@ -153,6 +157,37 @@ def preflight(
         hashes.update((path, digest) for path, digest in named.items() if path not in hashes)
         reasons += problems
     return reasons, hashes
+
+
+def _planned_devices(node: Any, described: Sequence[Any]) -> tuple[admission.DeviceView, ...]:
+    """A node's devices as configured, else as described (``--gpu-description``)."""
+    if node.gpu is not None:
+        return tuple(
+            admission.DeviceView(i, node.gpu.total_mib, node.gpu.baseline_mib)
+            for i in range(node.gpu.devices)
+        )
+    return tuple(admission.DeviceView(d.index, d.total_mib, d.used_mib, d.uuid) for d in described)
+
+
+def _gpu_preflight(config: PipelineConfig, described: int) -> list[str]:
+    """A ``gpus = N`` stage needs a node it runs on with at least N devices: configured
+    (``[nodes.gpu]`` ``devices``) or described (``--gpu-description``)."""
+    reasons = []
+    devices = {
+        node.name: max(node.gpu.devices if node.gpu else 0, described) for node in config.nodes
+    }
+    for stage in config.stages:
+        if not stage.gpus:
+            continue
+        nodes = stage.nodes or sorted({lane.node for lane in config.lanes})
+        if max((devices.get(name, 0) for name in nodes), default=0) < stage.gpus:
+            reasons.append(
+                f"stages.{stage.name}.gpus: {stage.gpus} GPU(s) per attempt, but no node it "
+                f"runs on ({', '.join(nodes)}) has that many; say how many the node has "
+                "(`[nodes.gpu]` total_mib and devices), or describe them with "
+                "--gpu-description FILE"
+            )
+    return reasons
 
 
 def _named_files(stage: StageConfig) -> tuple[dict[str, str], list[str]]:
@@ -327,8 +362,15 @@ def artifact_plan(config: PipelineConfig) -> dict[str, Any]:
     }
 
 
-def plan(config: PipelineConfig, *, mem_available_mib: float | None) -> dict[str, Any]:
-    """What a run of this config would hold, and the first admission decisions."""
+def plan(
+    config: PipelineConfig,
+    *,
+    mem_available_mib: float | None,
+    described: Sequence[Any] = (),
+) -> dict[str, Any]:
+    """What a run of this config would hold, and the first admission decisions.
+    ``described``: the devices (``workers.gpu.GpuDevice``) of a ``--gpu-description``,
+    given to every node the config gives none."""
     count = taken_items(config)
     items = config.items[:count]
     per_lane = Counter(item.lane for item in items)
@@ -352,6 +394,7 @@ def plan(config: PipelineConfig, *, mem_available_mib: float | None) -> dict[str
                 stage=stage.name,
                 memory_mib=stage.memory_mib,
                 gpu_mib=stage.gpu_mib,
+                gpus=stage.gpus,
                 nodes=admission.runs_on(stage.nodes, lane_node[item.lane]),
             )
             for position, item in enumerate(items)
@@ -368,7 +411,9 @@ def plan(config: PipelineConfig, *, mem_available_mib: float | None) -> dict[str
                 mem_available_mib=mem_available_mib,
                 reserved_mib=0,
                 running=0,
-                has_gpu=node.gpu is not None,
+                has_gpu=node.gpu is not None or bool(described),
+                gpu_fraction=node.gpu.fraction if node.gpu else 1.0,
+                devices=_planned_devices(node, described),
             ),
             free_slots=node.max_jobs,
             candidates=candidates,
@@ -390,6 +435,11 @@ def plan(config: PipelineConfig, *, mem_available_mib: float | None) -> dict[str
                     "stage": start.stage,
                     "item": items[position].key,
                     "verdict": "dispatch",
+                    **(
+                        {"gpus": [d.label() for d in verdict.devices[start.job_id]]}
+                        if start.job_id in verdict.devices
+                        else {}
+                    ),
                 }
             )
         for refusal in verdict.refusals:

@@ -133,11 +133,12 @@ LATEST_CONTROLLER: Final = (
 say whether a controller serves a shared ledger (``status.controller_state``)."""
 
 NODE_MEMORY: Final = (
-    "SELECT mem_available_mib, mem_total_mib, memory_floor_mib, max_jobs "
+    "SELECT mem_available_mib, mem_total_mib, memory_floor_mib, max_jobs, gpus, gpu_note "
     "FROM nodes WHERE name = :node"
 )
 """-- name: node_memory -- Node ``:node``'s free and total memory (last heartbeat), its
-floor and its ``max_jobs``."""
+floor, its ``max_jobs``, and its GPUs as its worker last reported them (per device, or
+why there are none)."""
 
 NODE_IN_FLIGHT: Final = (
     f"SELECT COUNT(*) FROM attempts WHERE node = :node AND state IN ({_IN_FLIGHT})"

@@ -193,6 +193,21 @@ class NodeSummary(_Flat):
     memory_floor_mib: int | None
     running: int
     max_jobs: int | None
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    """Per device, as its worker last reported: index, uuid, total_mib, used_mib, ours_mib,
+    baseline_mib, and ``described`` (the file) when described rather than measured."""
+    gpu_note: str | None = None
+    """Why no GPU figures: NVML missing, no driver, no device.
+
+    ``gpus`` and ``gpu_note`` are in ``as_dict`` only when set."""
+
+    def as_dict(self) -> dict[str, Any]:
+        body = dict(self.__dict__)
+        if not body["gpus"]:
+            del body["gpus"]
+        if body["gpu_note"] is None:
+            del body["gpu_note"]
+        return body
 
 
 @dataclass

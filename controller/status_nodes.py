@@ -6,6 +6,7 @@ with the command that starts a worker.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
@@ -121,7 +122,9 @@ def node_rows(source: Rows, nodes: list[str], workers: list[Worker]) -> list[Nod
         # The newest heartbeat of any of its workers, a stopped or lost one's too: a node
         # whose workers have all stopped was last heard from then, not "never".
         beats = [w.heartbeat_at for w in mine if w.heartbeat_at is not None]
-        available, total, floor, max_jobs = memory[0] if memory else (None, None, None, None)
+        available, total, floor, max_jobs, gpus, gpu_note = memory[0] if memory else (None,) * 6
+        if isinstance(gpus, str):  # a raw read of a JSON column (the read-only ledger)
+            gpus = json.loads(gpus)
         found.append(
             NodeSummary(
                 node=node,
@@ -133,6 +136,8 @@ def node_rows(source: Rows, nodes: list[str], workers: list[Worker]) -> list[Nod
                 memory_floor_mib=floor,
                 running=in_flight,
                 max_jobs=max_jobs,
+                gpus=list(gpus) if gpus else [],
+                gpu_note=gpu_note,
             )
         )
     return found

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import psutil
 from sqlalchemy import Engine
@@ -122,6 +123,9 @@ class WorkerService:
         self._last_sample = float("-inf")
         self._last_flush = float("-inf")
         self._gpu_reading: GpuReading | None = None
+        self._our_pids: set[int] = set()
+        """The processes of our attempts' trees at the last sample (their GPU use is not
+        the node's baseline)."""
         self.in_flight: dict[int, InFlight] = {}
         self.worker_id = ""
         self._last_heartbeat = float("-inf")
@@ -272,6 +276,7 @@ class WorkerService:
             reading,
         )
         now = self.clock.now()
+        self._our_pids = {pid for sample in samples.values() for pid in sample.pids}
         for flight in flights:
             sample = samples[flight.claim.attempt_id]
             flight.peaks.add(sample.rss_mib, sample.gpu_mib, sample.gpu_note, now)
@@ -299,27 +304,35 @@ class WorkerService:
             flight.peaks.changed = False
         self._last_flush = now_mono
 
-    def _gpu_for_heartbeat(self) -> tuple[list[dict[str, float]] | None, str | None]:
-        """Per device: total, used, and the baseline used by processes that are not ours."""
+    def _gpu_for_heartbeat(self) -> tuple[list[dict[str, Any]] | None, str | None]:
+        """Per device: index, uuid, total, used, ours (our attempts' processes on it, as
+        last sampled) and the baseline used by processes that are not ours; and
+        ``described`` (the file) when the devices are described, not measured."""
         reading = self._gpu_reading or self.sampler.read_gpu()
         self._gpu_reading = None
         if not reading.available:
             return None, reading.note
-        ours = sum(f.peaks.current_gpu_mib or 0.0 for f in self.in_flight.values())
-        used = sum(d.used_mib for d in reading.devices)
-        return [
-            {
+        ours_total = sum(f.peaks.current_gpu_mib or 0.0 for f in self.in_flight.values())
+        used_total = sum(d.used_mib for d in reading.devices)
+        found = []
+        for d in reading.devices:
+            if d.process_mib:
+                ours = sum(mib for pid, mib in d.process_mib.items() if pid in self._our_pids)
+            else:
+                # No per-device figures: our use spread over devices as their use is.
+                ours = ours_total * d.used_mib / used_total if used_total else 0.0
+            entry: dict[str, Any] = {
                 "index": d.index,
+                "uuid": d.uuid,
                 "total_mib": round(d.total_mib, 1),
                 "used_mib": round(d.used_mib, 1),
-                # Our attempts' use is spread over devices as NVML reports it; the node's
-                # baseline is what is left when ours is taken away.
-                "baseline_mib": round(max(0.0, d.used_mib - ours * d.used_mib / used), 1)
-                if used
-                else 0.0,
+                "ours_mib": round(ours, 1),
+                "baseline_mib": round(max(0.0, d.used_mib - ours), 1),
             }
-            for d in reading.devices
-        ], None
+            if reading.described:
+                entry["described"] = reading.described
+            found.append(entry)
+        return found, None
 
     def _heartbeat_if_due(self) -> None:
         if time.monotonic() - self._last_heartbeat < self.heartbeat_seconds:

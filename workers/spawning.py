@@ -111,6 +111,18 @@ def _release_launcher(sock: socket.socket, process: subprocess.Popen[bytes]) -> 
         process.wait()
 
 
+def visible_devices(given: list[dict[str, Any]]) -> dict[str, str]:
+    """What a job given ``given`` GPUs sees: exactly those devices, by UUID where the
+    worker knows it (CUDA and the NVIDIA container runtime accept ``GPU-…`` and
+    ``MIG-…`` names), else by index; ``LANEWAY_GPUS`` holds the indices."""
+    names = ",".join(str(d.get("uuid") or d["index"]) for d in given)
+    return {
+        "CUDA_VISIBLE_DEVICES": names,
+        "NVIDIA_VISIBLE_DEVICES": names,
+        "LANEWAY_GPUS": ",".join(str(d["index"]) for d in given),
+    }
+
+
 class Spawning:
     """Start the supervisors of claimed attempts (``spawn_all``) and record who they are
     (``record_reports``)."""
@@ -237,6 +249,8 @@ class Spawning:
         )
         if claim.inputs:
             env["LANEWAY_INPUTS_DIR"] = ledger.inputs_dir(str(directory))
+        if claim.gpu_devices:
+            env.update(visible_devices(claim.gpu_devices))
         spec = {
             "attempt_id": claim.attempt_id,
             "attempt_dir": str(directory),

@@ -57,6 +57,19 @@ def record_artifacts(
     )
 
 
+def delivering_attempt(session: Session, job_id: int, reused_from: int | None) -> int | None:
+    """The attempt whose outputs a succeeded job hands on: the earlier run's attempt it
+    reused, else its own newest succeeded one (None when none is recorded)."""
+    if reused_from is not None:
+        return reused_from
+    found: int | None = session.execute(
+        select(func.max(attempts.c.id)).where(
+            attempts.c.job_id == job_id, attempts.c.outcome == Outcome.SUCCEEDED.value
+        )
+    ).scalar_one()
+    return found
+
+
 def inputs_for(
     session: Session, *, job_id: int, needs_outputs: list[str]
 ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -79,14 +92,7 @@ def inputs_for(
     given: list[dict[str, Any]] = []
     problems: list[str] = []
     for producer in sorted(producers, key=lambda row: needs_outputs.index(row.stage)):
-        attempt_id = producer.reused_from
-        if attempt_id is None:
-            attempt_id = session.execute(
-                select(func.max(attempts.c.id)).where(
-                    attempts.c.job_id == producer.id,
-                    attempts.c.outcome == Outcome.SUCCEEDED.value,
-                )
-            ).scalar_one()
+        attempt_id = delivering_attempt(session, producer.id, producer.reused_from)
         rows = (
             session.execute(
                 select(

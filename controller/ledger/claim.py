@@ -77,6 +77,8 @@ class Claim:
     artifact_store: str = ""
     """Where its outputs are stored: the run's ``artifact_store`` URL or the worker's
     default store (``launch.artifact_store_url``)."""
+    gpu_devices: list[dict[str, Any]] = field(default_factory=list)
+    """The GPUs admission gave it (index, uuid, whole): its ``CUDA_VISIBLE_DEVICES``."""
 
 
 PortPicker = Callable[[int, set[int]], list[int]]
@@ -157,6 +159,10 @@ def claim_jobs(
                 run,
                 memory_mib=candidate.memory_mib,
                 expected_usage=candidate.expected_usage,
+                gpu_devices=[
+                    {"index": d.index, "uuid": d.uuid, "whole": candidate.gpus > 0}
+                    for d in verdict.devices.get(candidate.job_id, ())
+                ],
                 pick_ports=pick_ports,
                 taken_ports=taken,
                 worker_id=worker_id,
@@ -257,6 +263,7 @@ def _grant(
     *,
     memory_mib: float,
     expected_usage: dict[str, float],
+    gpu_devices: list[dict[str, Any]],
     pick_ports: PortPicker | None,
     taken_ports: set[int],
     worker_id: str,
@@ -301,9 +308,11 @@ def _grant(
             raise IllegalTransition(f"stage {stage.name} asks for ports; no port picker given")
         ports = pick_ports(stage.ports, taken_ports)
         taken_ports.update(ports)
+    devices = {"gpu_devices": gpu_devices} if gpu_devices else {}  # else SQL NULL
     attempt_id = session.execute(
         statements.INSERT_ATTEMPT,
         {
+            **devices,
             "ports": ports,
             "job_id": job.id,
             "run_id": run.id,
@@ -386,6 +395,7 @@ def _grant(
         artifact_store=launch.artifact_store_url(
             run.config.artifact_store, runtime_dir or run.runtime_dir
         ),
+        gpu_devices=gpu_devices,
     )
 
 

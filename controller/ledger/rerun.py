@@ -15,15 +15,16 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from laneway.controller.config import PipelineConfig
 from laneway.controller.errors import NotFound
+from laneway.controller.ledger.artifacts import delivering_attempt
 from laneway.controller.ledger.runs import get_run, run_config
-from laneway.controller.ledger.tables import artifacts, attempt_usage, attempts, items, jobs
+from laneway.controller.ledger.tables import artifacts, attempt_usage, items, jobs
 from laneway.controller.ledger.transitions import append_event, move_job
-from laneway.controller.states import EventKind, JobState, Outcome
+from laneway.controller.states import EventKind, JobState
 
 
 @dataclass(frozen=True)
@@ -69,14 +70,7 @@ def delivered_inputs(session: Session, job_ids: Collection[int]) -> list[Deliver
             )
             .order_by(jobs.c.stage_position)
         ).all():
-            attempt_id = producer.reused_from
-            if attempt_id is None:
-                attempt_id = session.execute(
-                    select(func.max(attempts.c.id)).where(
-                        attempts.c.job_id == producer.id,
-                        attempts.c.outcome == Outcome.SUCCEEDED.value,
-                    )
-                ).scalar_one()
+            attempt_id = delivering_attempt(session, producer.id, producer.reused_from)
             outputs = session.execute(
                 select(artifacts.c.name, artifacts.c.sha256, artifacts.c.location)
                 .where(artifacts.c.attempt_id == attempt_id)

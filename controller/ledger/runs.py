@@ -56,6 +56,7 @@ def upsert_node(session: Session, node: Any, *, now: datetime) -> None:
         "gpu_total_mib": gpu.total_mib if gpu else None,
         "gpu_fraction": gpu.fraction if gpu else None,
         "gpu_baseline_mib": gpu.baseline_mib if gpu else None,
+        "gpu_devices": gpu.devices if gpu else None,
         "updated_at": now,
     }
     if row is None:
@@ -332,7 +333,7 @@ def heartbeat(
     lease_seconds: float,
     mem_available_mib: float | None,
     mem_total_mib: float | None,
-    gpus: list[dict[str, float]] | None = None,
+    gpus: list[dict[str, Any]] | None = None,
     gpu_note: str | None = None,
     mem_low_mib: float | None = None,
     mem_low_at: datetime | None = None,

@@ -82,6 +82,37 @@ def _gpu_capacity(node: Row[Any]) -> dict[str, float]:
     }
 
 
+def node_devices(
+    node: Row[Any], holders: dict[int, list[admission.Holder]]
+) -> tuple[admission.DeviceView, ...]:
+    """The node's GPUs: as its worker last reported them (measured or described), else
+    as configured (``gpu_devices`` devices of ``gpu_total_mib`` each), each with the
+    attempts that hold it."""
+    if node.gpus:
+        return tuple(
+            admission.DeviceView(
+                int(d.get("index", i)),
+                float(d["total_mib"]),
+                float(d.get("baseline_mib") or 0.0),
+                d.get("uuid"),
+                tuple(holders.get(int(d.get("index", i)), ())),
+            )
+            for i, d in enumerate(node.gpus)
+        )
+    if node.gpu_total_mib is None:
+        return ()
+    return tuple(
+        admission.DeviceView(
+            i,
+            float(node.gpu_total_mib),
+            float(node.gpu_baseline_mib or 0),
+            None,
+            tuple(holders.get(i, ())),
+        )
+        for i in range(node.gpu_devices or 1)
+    )
+
+
 def admission_snapshot(
     session: Session,
     *,
@@ -165,6 +196,7 @@ def admission_snapshot(
                 stage=job.stage,
                 memory_mib=reservation_mib(stage, rss_peak),
                 gpu_mib=stage.gpu_mib,
+                gpus=stage.gpus,
                 gpu_peak_mib=gpu_peak,
                 expected_usage={key: cost for key, (cost, _) in costs.items()},
                 expected_from={key: source for key, (_, source) in costs.items()},
@@ -187,14 +219,21 @@ def admission_snapshot(
     # (free memory already shows what it uses). Never sampled: the whole reservation.
     reserved = 0.0
     gpu_running_peaks: list[float | None] = []
-    for memory_mib, gpu_mib, current_rss, run_id, stage_name in session.execute(
+    holders: dict[int, list[admission.Holder]] = {}
+    for memory_mib, gpu_mib, current_rss, run_id, stage_name, given in session.execute(
         statements.NODE_RESERVATIONS, {"node": node}
     ).all():
         reserved += max(0.0, memory_mib - (current_rss or 0.0))
-        if gpu_mib > 0:
+        if gpu_mib > 0 or given:
             if (run_id, stage_name) not in peaks:
                 peaks.update(stage_peaks(session, [run_id]))
-            gpu_running_peaks.append(peaks.get((run_id, stage_name), (None, None))[1])
+            peak = peaks.get((run_id, stage_name), (None, None))[1]
+            gpu_running_peaks.append(peak)
+            # An attempt admitted before devices were recorded holds a share of device 0.
+            for device in given or [{"index": 0, "whole": False}]:
+                holders.setdefault(int(device["index"]), []).append(
+                    admission.Holder(bool(device.get("whole")), peak)
+                )
     controls = [
         admission.ControlView(c.kind, c.scope, c.run_id, c.lane, c.reason)
         for c in session.execute(statements.ACTIVE_CONTROLS).all()
@@ -227,6 +266,7 @@ def admission_snapshot(
             running=node_running,
             has_gpu=node_row.gpu_total_mib is not None or bool(node_row.gpus),
             gpu_running_peaks=tuple(gpu_running_peaks),
+            devices=node_devices(node_row, holders),
             **_gpu_capacity(node_row),
         ),
         free_slots=free_slots,

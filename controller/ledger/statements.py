@@ -213,6 +213,7 @@ NODE_RESERVATIONS = (
         attempts.c.current_rss_mib,
         attempts.c.run_id,
         jobs.c.stage,
+        attempts.c.gpu_devices,
     )
     .join(attempts, attempts.c.id == reservations.c.attempt_id)
     .join(jobs, jobs.c.id == attempts.c.job_id)

@@ -12,6 +12,7 @@ import textwrap
 import types
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -345,27 +346,66 @@ class FakeNvmlError(Exception):
 
 def fake_pynvml(
     per_device: list[list[tuple[int, float | None]] | Exception],
+    mig: dict[int, int] | None = None,
 ) -> types.SimpleNamespace:
     """A stand-in for the ``pynvml`` module: per device, its (pid, bytes) processes or the
-    exception its process query raises."""
+    exception its process query raises; ``mig``: device index -> MIG instances (device
+    in MIG mode; each instance a handle ``(index, slot)`` with 10 GiB and no process)."""
+    mig = mig or {}
 
-    def processes(index: int) -> list[types.SimpleNamespace]:
-        entry = per_device[index]
+    def processes(handle: Any) -> list[types.SimpleNamespace]:
+        if isinstance(handle, tuple):
+            return []
+        entry = per_device[handle]
         if isinstance(entry, Exception):
             raise entry
         return [types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in entry]
 
+    def memory(handle: Any) -> types.SimpleNamespace:
+        if isinstance(handle, tuple):
+            return types.SimpleNamespace(total=10 * 1024 * 2**20, used=0)
+        return types.SimpleNamespace(total=80 * 1024 * 2**20, used=(handle + 1) * 1024 * 2**20)
+
+    def mig_mode(handle: int) -> tuple[int, int]:
+        if handle not in mig:
+            raise FakeNvmlError("Not Supported")
+        return 1, 1
+
+    def mig_instance(handle: int, slot: int) -> tuple[int, int]:
+        if slot >= mig[handle]:
+            raise FakeNvmlError("Not Found")  # an empty slot
+        return handle, slot
+
+    def uuid(handle: Any) -> bytes:
+        if isinstance(handle, tuple):
+            return f"MIG-{handle[0]}-{handle[1]}".encode()
+        return f"GPU-{handle}".encode()
+
     # ``import pynvml`` returns whatever sys.modules holds under that name.
     return types.SimpleNamespace(
         NVMLError=FakeNvmlError,
+        NVML_DEVICE_MIG_ENABLE=1,
         nvmlInit=lambda: None,
         nvmlDeviceGetCount=lambda: len(per_device),
         nvmlDeviceGetHandleByIndex=lambda index: index,
-        nvmlDeviceGetMemoryInfo=lambda index: types.SimpleNamespace(
-            total=80 * 1024 * 2**20, used=(index + 1) * 1024 * 2**20
-        ),
+        nvmlDeviceGetMemoryInfo=memory,
         nvmlDeviceGetComputeRunningProcesses=processes,
+        nvmlDeviceGetUUID=uuid,
+        nvmlDeviceGetMigMode=mig_mode,
+        nvmlDeviceGetMaxMigDeviceCount=lambda handle: 7,
+        nvmlDeviceGetMigDeviceHandleByIndex=mig_instance,
     )
+
+
+def test_nvml_probe_gives_mig_instances_as_devices_with_their_uuids(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([[(10, 2**20)], []], mig={1: 2}))
+    reading = NvmlGpu().read()
+    assert [(d.index, d.uuid, d.total_mib) for d in reading.devices] == [
+        (0, "GPU-0", 81920.0),
+        (1, "MIG-1-0", 10240.0),
+        (2, "MIG-1-1", 10240.0),
+    ]
+    assert reading.devices[0].process_mib == {10: 1.0}
 
 
 def test_nvml_probe_sums_a_pid_over_devices(monkeypatch):

@@ -13,6 +13,8 @@ from laneway.controller.admission import (
     Admission,
     Candidate,
     ControlView,
+    DeviceView,
+    Holder,
     NodeView,
     Refusal,
     Snapshot,
@@ -236,7 +238,7 @@ def test_second_gpu_attempt_refused_when_one_already_runs_on_the_node() -> None:
     result = admit(snapshot(job(1, gpu_mib=100), node=node(has_gpu=True, gpu_running=1)))
     assert result.starts == []
     [refusal] = result.refusals
-    assert refusal.code == "gpu_capacity"
+    assert refusal.code == "gpu_memory"
     assert "no measured GPU peak" in refusal.detail["why"]
 
 
@@ -254,7 +256,7 @@ def test_gpu_attempts_of_the_stage_elsewhere_do_not_block_this_node() -> None:
 def test_two_gpu_candidates_in_one_call_only_one_starts() -> None:
     result = admit(snapshot(job(1, gpu_mib=100), job(2, gpu_mib=100), node=node(has_gpu=True)))
     assert started(result) == [1]
-    assert result.refusals[0].code == "gpu_capacity"
+    assert result.refusals[0].code == "gpu_memory"
 
 
 def test_second_gpu_attempt_refused_within_the_same_call() -> None:
@@ -262,7 +264,7 @@ def test_second_gpu_attempt_refused_within_the_same_call() -> None:
         snapshot(job(1, gpu_mib=100), job(2, gpu_mib=100, lane="b"), node=node(has_gpu=True))
     )
     assert started(result) == [1]
-    assert [(r.job_id, r.code) for r in result.refusals] == [(2, "gpu_capacity")]
+    assert [(r.job_id, r.code) for r in result.refusals] == [(2, "gpu_memory")]
     assert "no measured GPU peak" in result.refusals[0].detail["why"]
 
 
@@ -613,7 +615,7 @@ def test_gpu_k_rule(running_peaks, peak, baseline, admitted) -> None:
     result = admit(snapshot(job(1, gpu_mib=100, gpu_peak=peak), node=gpu_node))
     assert (started(result) == [1]) is admitted
     if not admitted:
-        assert result.refusals[0].code == "gpu_capacity"
+        assert result.refusals[0].code == "gpu_memory"
 
 
 def test_gpu_refusal_states_the_arithmetic() -> None:
@@ -750,3 +752,78 @@ def test_the_lane_cap_counts_the_lanes_jobs_running_on_other_nodes() -> None:
 def test_explain_names_other_node_first() -> None:
     snap = snapshot(replace(job(1), nodes=("n2",)), free_slots=0)
     assert [code for code, _ in explain(snap, snap.candidates[0])] == ["other_node", "slots_full"]
+
+
+# -- GPUs as devices ---------------------------------------------------------------
+
+
+def four_gpus(*holders: tuple[Holder, ...], total: float = 80_000, baseline: float = 0):
+    """A node with four devices of ``total`` MiB; ``holders[i]``: who holds device i."""
+    held = list(holders) + [()] * (4 - len(holders))
+    devices = tuple(DeviceView(i, total, baseline, f"GPU-{i}", tuple(held[i])) for i in range(4))
+    return replace(node(has_gpu=True, gpu_fraction=0.9, max_jobs=16), devices=devices)
+
+
+def gpu_job(job_id: int, *, gpus: int = 0, gpu_mib: int = 0, peak: float | None = None):
+    return replace(job(job_id, gpu_mib=gpu_mib, gpu_peak=peak), gpus=gpus)
+
+
+def test_whole_gpus_go_to_distinct_devices_and_the_fifth_waits_naming_them() -> None:
+    result = admit(
+        snapshot(*(gpu_job(n, gpus=1) for n in range(1, 9)), free_slots=8, node=four_gpus())
+    )
+    assert started(result) == [1, 2, 3, 4]
+    assert [tuple(d.index for d in result.devices[n]) for n in (1, 2, 3, 4)] == [
+        (0,),
+        (1,),
+        (2,),
+        (3,),
+    ]
+    (refusal,) = result.refusals
+    assert (refusal.job_id, refusal.code) == (5, "gpu_busy")
+    assert refusal.detail["devices"] == {f"GPU {i}": "held by 1 attempt(s)" for i in range(4)}
+    assert "asks for 1 whole GPU(s); 0 of 4 free" in refusal.words()
+
+
+def test_a_two_gpu_job_takes_two_free_devices_and_skips_a_shared_one() -> None:
+    shared = (Holder(False, 1000.0),)
+    result = admit(snapshot(gpu_job(1, gpus=2), node=four_gpus(shared)))
+    assert [d.index for d in result.devices[1]] == [1, 2]
+    too_many = admit(snapshot(gpu_job(1, gpus=5), node=four_gpus()))
+    assert too_many.refusals[0].code == "gpu_capacity"
+    assert too_many.refusals[0].detail == {"why": "the stage asks for 5 GPU(s); node has 4"}
+
+
+def test_shares_spread_over_free_devices_before_they_share_one() -> None:
+    result = admit(
+        snapshot(
+            *(gpu_job(n, gpu_mib=100, peak=1000.0) for n in range(1, 7)),
+            free_slots=6,
+            node=four_gpus(),
+        )
+    )
+    given = [result.devices[n][0].index for n in started(result)]
+    assert given == [0, 1, 2, 3, 0, 1]  # measured: the fifth and sixth share
+
+
+def test_the_sharing_rule_holds_per_device_with_its_arithmetic() -> None:
+    # Device 0: one measured holder and a big baseline; devices 1-3: held whole.
+    whole = (Holder(True),)
+    gpu_node = four_gpus((Holder(False, 30_000.0),), whole, whole, whole, baseline=0)
+    gpu_node = replace(
+        gpu_node,
+        devices=(replace(gpu_node.devices[0], baseline_mib=20_000), *gpu_node.devices[1:]),
+    )
+    fits = admit(snapshot(gpu_job(1, gpu_mib=100, peak=22_000.0), node=gpu_node))
+    assert [d.index for d in fits.devices[1]] == [0]  # 20000 + 30000 + 22000 = 72000 = 0.9 x 80000
+    over = admit(snapshot(gpu_job(1, gpu_mib=100, peak=22_001.0), node=gpu_node))
+    (refusal,) = over.refusals
+    assert refusal.code == "gpu_memory"
+    assert refusal.detail["devices"]["GPU 0"] == (
+        "baseline 20000 + running peaks 30000 + peak 22001 = 72001 MiB > 0.9 x 80000 = 72000 MiB"
+    )
+    assert refusal.detail["devices"]["GPU 1"] == "held whole by another attempt"
+    unmeasured = admit(snapshot(gpu_job(1, gpu_mib=100, peak=None), node=gpu_node))
+    assert "no measured GPU peak yet" in unmeasured.refusals[0].detail["devices"]["GPU 0"]
+    busy = admit(snapshot(gpu_job(1, gpu_mib=100), node=four_gpus(whole, whole, whole, whole)))
+    assert busy.refusals[0].code == "gpu_busy"
