@@ -305,7 +305,32 @@ def _closeout_preflight(config: PipelineConfig) -> list[str]:
         problem = _executable_problem(executable, cwd)
         if problem:
             reasons.append(f"closeout.{i}.argv.0: {problem} (step {step.name})")
+        reasons += _closeout_scripts(i, step, cwd)
     return reasons
+
+
+def _closeout_scripts(i: int, step: Any, cwd: str | None) -> list[str]:
+    """A script a closeout step's argv names (``reuse.SCRIPT_SUFFIXES``) must be there:
+    relative to its ``cwd``, or absolute when it has none (it runs in ``runs/<run>/``,
+    which holds no scripts)."""
+    found = []
+    for index, element in enumerate(step.argv[1:], start=1):
+        if placeholders(element) or not element.lower().endswith(reuse.SCRIPT_SUFFIXES):
+            continue
+        if not os.path.isabs(element) and not step.cwd:
+            found.append(
+                f"closeout.{i}.argv.{index}: {element} is relative, and the step has no cwd, "
+                f"so it would be looked for in runs/<run>/ (step {step.name}); set cwd (e.g. "
+                'cwd = ".", the config\'s directory) or give an absolute path'
+            )
+        elif cwd is not None or os.path.isabs(element):
+            path = os.path.join(cwd or "/", element)
+            if not _is_kind(path, stat.S_ISREG):
+                found.append(
+                    f"closeout.{i}.argv.{index}: {element} is not a file in "
+                    f"{os.path.dirname(path) or '/'} (step {step.name})"
+                )
+    return found
 
 
 def _is_kind(path: str | Path, kind: Any) -> bool:

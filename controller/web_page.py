@@ -98,6 +98,7 @@ reconciled</h2><div id="unknown-list"></div></section>
 <button>show</button></form><div id="attempt"></div></section>
 </div>
 <section><h2>Workers</h2><table id="workers"></table></section>
+<section id="gpus-box" hidden><h2>GPUs</h2><table id="gpus"></table></section>
 <section><h2>Recent events</h2><table id="events"></table></section>
 <section><h2>Runs</h2><table id="runs"></table></section>
 </main>
@@ -255,6 +256,11 @@ function render(state) {
       w.liveness === 'stale' ? el('span', {class: 'unverified'}, `stale for ${Math.round(w.heartbeat_age_seconds)} s`)
         : w.liveness === 'lost' ? el('span', {class: 'unverified'}, 'lost') : w.liveness]).concat(
     state.no_worker.map((n) => [n.node, '-', '', '', '', '', el('code', {}, `no live worker: ${n.start}`)])));
+  const gpus = (state.nodes || []).flatMap((n) => (n.gpus || []).map((d) => [n.node,
+    `GPU ${d.index}`, d.uuid || '-', `${Math.round(d.used_mib)} of ${Math.round(d.total_mib)} MiB`,
+    `${Math.round(d.ours_mib || 0)} MiB`, d.described ? `described by ${d.described}` : 'measured']));
+  document.getElementById('gpus-box').hidden = gpus.length === 0;
+  table('gpus', ['node', 'device', 'uuid', 'used', 'ours', 'figures'], gpus);
   table('events', ['#', 'at', 'kind', 'job', 'attempt', 'actor', 'detail'],
     state.recent_events.slice().reverse().map((e) => [e.id, e.at, e.kind,
       e.job_id ? jobIdLink(run, e.job_id) : '', e.attempt_id ? attemptLink(e.attempt_id) : '', e.actor,

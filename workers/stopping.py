@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from laneway.controller import db, ledger
-from laneway.controller.errors import UsageError
+from laneway.controller.errors import IllegalTransition, UsageError
 from laneway.controller.states import ControlKind, ControlScope
 from laneway.workers import identity
 
@@ -93,10 +93,11 @@ def cancel(
 
 
 def check_local_supervisor(attempt: Any) -> None:
-    """Refuse (UsageError) unless ``attempt`` is running and its supervisor is that very
-    process on this machine."""
+    """Refuse unless ``attempt`` is running (IllegalTransition, exit 1: a row in another
+    state) and its supervisor is that very process on this machine (UsageError, exit 2:
+    the command belongs on the machine where it runs)."""
     if attempt.state != "running":
-        raise UsageError(
+        raise IllegalTransition(
             f"attempt {attempt.id} is {attempt.state}; only a running attempt can be cancelled"
         )
     same = (

@@ -131,6 +131,27 @@ def test_cancel_refuses_what_is_not_running(engine, runtime, make_run):
     assert both.exit_code == 2 and "not both" in both.stderr
 
 
+def test_cancel_of_a_settled_attempt_exits_1_as_the_readme_says(
+    engine, runtime, make_run, register_worker, clock
+):
+    """A row in another state is exit 1 (README: "Only a `running` attempt can be
+    cancelled (otherwise exit 1)"), not a usage error."""
+    from laneway.controller.states import Outcome
+
+    make_run(make_config())
+    claim = claim_one_on_n1(
+        db.session_factory(engine), register_worker(), clock, settle=Outcome.SUCCEEDED
+    )
+    result = runner.invoke(
+        app, ["cancel", str(claim.attempt_id), "--reason", "x", "--runtime-dir", str(runtime)]
+    )
+    assert result.exit_code == 1
+    assert (
+        f"attempt {claim.attempt_id} is settled; only a running attempt can be cancelled"
+        in result.stderr
+    )
+
+
 def spawned_elsewhere(factory, worker, clock):
     """One claimed attempt whose supervisor was recorded on another machine (boot id)."""
     return claim_one_on_n1(factory, worker, clock, spawn=("another-machine", 1, 1))

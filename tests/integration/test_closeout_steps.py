@@ -166,8 +166,12 @@ def test_preflight_checks_closeout_executables_and_cwds(tmp_path):
             {"name": "noexec", "argv": ["./plain.sh"], "cwd": "nowhere"},
             {"name": "nopath", "argv": ["no-such-program-laneway"]},
             {"name": "later", "argv": ["{runtime_dir}/made-by-the-run.sh"]},
+            {"name": "nocwd", "argv": ["python3", "aggregate.py", "{run}"]},
+            {"name": "typo", "argv": ["python3", "agregate.py"], "cwd": "."},
+            {"name": "fine", "argv": ["python3", "aggregate.py"], "cwd": "."},
         ],
     )
+    (tmp_path / "aggregate.py").write_text("print(1)\n")
     reasons, _ = preflight(config, environ={})
     closeout_reasons = [r for r in reasons if r.startswith("closeout")]
     assert closeout_reasons == [
@@ -175,6 +179,10 @@ def test_preflight_checks_closeout_executables_and_cwds(tmp_path):
         f"closeout.2.cwd: {tmp_path / 'nowhere'} is not a directory (step noexec)",
         f"closeout.2.argv.0: {tmp_path / 'plain.sh'} is not executable (chmod +x) (step noexec)",
         "closeout.3.argv.0: 'no-such-program-laneway' is not on PATH (step nopath)",
+        "closeout.5.argv.1: aggregate.py is relative, and the step has no cwd, so it would be "
+        "looked for in runs/<run>/ (step nocwd); set cwd (e.g. cwd = \".\", the config's "
+        "directory) or give an absolute path",
+        f"closeout.6.argv.1: agregate.py is not a file in {tmp_path} (step typo)",
     ]
 
 

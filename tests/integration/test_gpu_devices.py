@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -26,9 +27,16 @@ from laneway.controller.status import build_status
 from laneway.workers.gpu import DescribedGpu
 from laneway.workers.service import WorkerService
 from tests.integration.test_cli import invoke
-from tests.integration.test_cli_services import ROOT
+from tests.integration.test_cli_services import ROOT, finish, spawn
+from tests.integration.test_web import (
+    browser_or_skip,
+    browser_page,
+    get_json,
+    serving_url,
+)
+from tests.integration.test_web import pipeline as web_pipeline
 from tests.integration.test_worker import drive
-from tests.support import escape, make_config
+from tests.support import controller_serving, escape, make_config, wait_until
 
 EXAMPLE = ROOT / "configs" / "gpu-node-4x80g.json"
 PLENTY = (1_000_000.0, 2_000_000.0)
@@ -239,3 +247,29 @@ def test_dry_run_plans_whole_gpus_on_a_described_node_and_preflight_needs_one(tm
             f"laneway: --gpu-description: {bad}: devices[0]: total_mib must be a number > 0 "
             "and baseline_mib one in [0, total_mib]"
         ]
+
+
+def test_the_dashboard_shows_each_described_gpu(tmp_path):
+    """A real `laneway worker --gpu-description` process reports the shipped 4-GPU
+    node; `laneway web` shows each device, its use and that it is described."""
+    playwright_api = browser_or_skip()
+    runtime, gate = web_pipeline(tmp_path)
+    worker = spawn(
+        "worker", "--node", "n1", "--runtime-dir", str(runtime), "--gpu-description", str(EXAMPLE)
+    )
+    web = spawn("web", "--bind", "127.0.0.1:0", "--runtime-dir", str(runtime))
+    try:
+        url = serving_url(web)
+        wait_until(lambda: get_json(url + "api/state")["running"], 60)
+        with controller_serving(runtime), browser_page(playwright_api, url) as (page, errors):
+            page.wait_for_selector("#gpus td >> text=GPU 3", timeout=30_000)
+            rows = page.locator("#gpus tr").all_text_contents()
+            assert len(rows) == 5  # the header and four devices
+            assert "GPU-described-0002-4x80g" in rows[3] and "512 of 81920 MiB" in rows[3]
+            assert f"described by {EXAMPLE}" in rows[4]
+            assert errors == []
+    finally:
+        gate.touch()
+        for process in (web, worker):
+            process.send_signal(signal.SIGTERM)
+            finish(process)
