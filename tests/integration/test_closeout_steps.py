@@ -180,7 +180,7 @@ def test_preflight_checks_closeout_executables_and_cwds(tmp_path):
         f"closeout.2.argv.0: {tmp_path / 'plain.sh'} is not executable (chmod +x) (step noexec)",
         "closeout.3.argv.0: 'no-such-program-laneway' is not on PATH (step nopath)",
         "closeout.5.argv.1: aggregate.py is relative, and the step has no cwd, so it would be "
-        "looked for in runs/<run>/ (step nocwd); set cwd (e.g. cwd = \".\", the config's "
+        'looked for in runs/<run>/ (step nocwd); set cwd (e.g. cwd = ".", the config\'s '
         "directory) or give an absolute path",
         f"closeout.6.argv.1: agregate.py is not a file in {tmp_path} (step typo)",
     ]
