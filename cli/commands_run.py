@@ -185,10 +185,11 @@ def dry_run(
     # What would run: each stage's argv for the first item, as a worker renders it
     # (values in a shell's -c script quoted), so a user sees it before anything runs.
     plan["argv_preview"] = config_module.preview_argv(parsed)
-    plan["budgets"] = usage.budget_plan(
-        parsed,
-        {stage: sum(lanes.values()) for stage, lanes in plan["jobs_per_stage_and_lane"].items()},
-    )
+    per_stage = {
+        stage: sum(lanes.values()) for stage, lanes in plan["jobs_per_stage_and_lane"].items()
+    }
+    plan["budgets"] = usage.budget_plan(parsed, per_stage)
+    plan["limits"] = usage.limit_plan(parsed, per_stage)
     against = None
     if runtime_dir is not None:
         against = _reuse_plan(config, runtime_dir, [])[1]
@@ -199,7 +200,9 @@ def dry_run(
         from laneway.cli import plan_text
 
         typer.echo(plan_text.plan_text(plan))
-        for line in usage.budget_plan_lines(plan["budgets"]):
+        for line in usage.budget_plan_lines(plan["budgets"]) + usage.limit_plan_lines(
+            plan["limits"]
+        ):
             typer.echo(line)
         if against is not None:
             from laneway.controller.run_plan import plan_lines

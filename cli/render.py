@@ -357,6 +357,16 @@ def explain_text(report: dict[str, Any]) -> str:
             if unserved
             else "nothing blocks it: the next claim on its node can start it"
         )
+    behind = report.get("waits_behind")
+    if behind and behind["count"]:
+        shown = ", ".join(f"{j['job']} (priority {j['priority']})" for j in behind["jobs"])
+        more = behind["count"] - len(behind["jobs"])
+        out.append(
+            clean(
+                f"priority {behind['priority']}: waits behind {behind['count']} ready job(s) of "
+                f"higher priority: {shown}" + (f" and {more} more" if more > 0 else "")
+            )
+        )
     out += _placement_lines(report)
     out += _settled_lines(report)
     arithmetic = report.get("arithmetic")

@@ -12,6 +12,12 @@ Reason codes, in the order they are checked for a candidate job:
 - ``halted`` — a halt control covers the run, lane or everything.
 - ``unknown_outcome`` — the run has an attempt whose outcome is unknown (invariant 3).
 - ``paused`` / ``stopped`` — a pause or stop (drain) control covers it.
+- ``rate_limit`` — the stage draws from a rate limit (``limits``) that this attempt
+  would pass: the attempts started within its window, plus those this claim starts, plus
+  one, exceed ``calls``; or the usage reported in the window (and expected of attempts
+  still in flight) plus this attempt's expected usage exceeds a key's amount. The window
+  is read from the ledger on the database clock, so it holds across machines; the
+  detail says when the oldest attempt in it leaves (``frees_in_seconds``).
 - ``secret_missing`` — this worker's environment lacks a variable the stage's ``env``
   references or its ``pass_env`` names (a run started with ``--secrets-on-workers``
   leaves them to the workers): it claims none of the stage's jobs, instead of failing
@@ -94,6 +100,29 @@ class Candidate:
     """The nodes that may run it (``runs_on``); empty: not said, any node."""
     gpus: int = 0
     """Whole devices it asks for (stage ``gpus``); 0: none, or a share (``gpu_mib``)."""
+    limits: tuple[str, ...] = ()
+    """The rate limits its stage draws from (``StageConfig.limits``)."""
+    limit_usage: dict[str, float] = field(default_factory=dict, compare=False)
+    """Usage key -> this attempt's expected use, for each key one of its limits counts."""
+
+
+@dataclass(frozen=True)
+class RateWindow:
+    """A rate limit of a run as the ledger says it stands now: its caps and what the
+    attempts started within its window took."""
+
+    name: str
+    per_seconds: float
+    calls: int | None
+    started: int
+    """Attempts started within the window."""
+    usage: dict[str, float] = field(default_factory=dict)
+    """Usage key -> the most the window may take."""
+    used: dict[str, float] = field(default_factory=dict)
+    """Usage key -> reported by attempts started in the window, plus the expected use of
+    those still in flight."""
+    frees_in_seconds: float | None = None
+    """When the oldest attempt in the window leaves it (None: the window is empty)."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +217,8 @@ class Snapshot:
     """(run, stage or None, usage key) -> (spent, reserved by live attempts)."""
     missing_secrets: dict[tuple[int, str], list[str]] = field(default_factory=dict)
     """(run, stage) -> the variables this worker lacks to start the stage's jobs."""
+    rates: dict[tuple[int, str], RateWindow] = field(default_factory=dict)
+    """(run, limit name) -> that rate limit's window now."""
 
 
 @dataclass(frozen=True)
@@ -224,12 +255,16 @@ def admit(snapshot: Snapshot) -> Admission:
     lane_stage = Counter(snapshot.running_lane_stage)
     stage = Counter(snapshot.running_stage)
     held: dict[tuple[int, str | None, str], float] = {}
+    rated: dict[tuple[int, str, str], float] = {}
+    """(run, limit, "calls" or a usage key) -> what this admission already started."""
     refused: set[tuple[int, str, str | None]] = set()
     blocked_lanes: set[tuple[int, str]] = set()
 
     for job in snapshot.candidates:
         reason = next(
-            _refusals(snapshot, job, running, free, reserved, devices, lane_stage, stage, held),
+            _refusals(
+                snapshot, job, running, free, reserved, devices, lane_stage, stage, held, rated
+            ),
             None,
         )
         if reason is None:
@@ -251,6 +286,10 @@ def admit(snapshot: Snapshot) -> Admission:
                 for scope in (None, job.stage):
                     where = (job.run_id, scope, usage_key)
                     held[where] = held.get(where, 0.0) + amount
+            for name in job.limits:
+                for what, amount in [("calls", 1.0), *job.limit_usage.items()]:
+                    where_rated = (job.run_id, name, what)
+                    rated[where_rated] = rated.get(where_rated, 0.0) + amount
             continue
         blocked_lanes.add((job.run_id, job.lane))
         key = (job.run_id, job.lane, job.stage)
@@ -284,6 +323,7 @@ def explain(snap: Snapshot, job: Candidate) -> list[tuple[str, dict[str, Any]]]:
             Counter(snap.running_lane_stage),
             Counter(snap.running_stage),
             {},
+            {},
         )
     )
 
@@ -298,6 +338,7 @@ def _refusals(
     lane_stage: Counter[tuple[int, str, str]],
     stage: Counter[tuple[int, str]],
     held: dict[tuple[int, str | None, str], float],
+    rated: dict[tuple[int, str, str], float],
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     if job.nodes and snap.node.name not in job.nodes:
         yield "other_node", {"node": snap.node.name, "nodes": list(job.nodes)}
@@ -307,6 +348,9 @@ def _refusals(
     over = _budget_refusal(snap, job, held)
     if over is not None:
         yield over
+    limited = _rate_refusal(snap, job, rated)
+    if limited is not None:
+        yield limited
     node = snap.node
     lacking = snap.missing_secrets.get((job.run_id, job.stage))
     if lacking:
@@ -339,6 +383,42 @@ def _refusals(
                 "floor_mib": node.memory_floor_mib,
             },
         )
+
+
+def _rate_refusal(
+    snap: Snapshot, job: Candidate, rated: dict[tuple[int, str, str], float]
+) -> tuple[str, dict[str, Any]] | None:
+    """The first of the job's rate limits (in the order its stage lists them) that one
+    more attempt would pass: its calls, then its usage keys in name order."""
+    for name in job.limits:
+        window = snap.rates.get((job.run_id, name))
+        if window is None:
+            continue
+        base = {
+            "limit": name,
+            "per_seconds": window.per_seconds,
+            "frees_in_seconds": window.frees_in_seconds,
+        }
+        if window.calls is not None:
+            started = window.started + rated.get((job.run_id, name, "calls"), 0.0)
+            if started + 1 > window.calls:
+                return "rate_limit", base | {
+                    "key": "calls",
+                    "in_window": started,
+                    "this": 1,
+                    "cap": window.calls,
+                }
+        for key, cap in sorted(window.usage.items()):
+            used = window.used.get(key, 0.0) + rated.get((job.run_id, name, key), 0.0)
+            expected = job.limit_usage.get(key, 0.0)
+            if usage_math.over_budget(used, expected, cap):
+                return "rate_limit", base | {
+                    "key": key,
+                    "in_window": round(used, 6),
+                    "this": round(expected, 6),
+                    "cap": cap,
+                }
+    return None
 
 
 def _budget_refusal(
@@ -500,6 +580,8 @@ def describe(code: str, detail: dict[str, Any]) -> str:
             f"other_node — node {detail['node']} does not run this stage; it runs on "
             f"{', '.join(detail['nodes'])}"
         )
+    if code == "rate_limit" and "limit" in detail:
+        return rate_words(detail)
     if code == "secret_missing":
         return (
             f"secret_missing — {', '.join(detail['variables'])} not set in the environment "
@@ -520,6 +602,20 @@ def describe(code: str, detail: dict[str, Any]) -> str:
     if "why" in detail:
         return f"{code} — {detail['why']}"
     return code
+
+
+def rate_words(detail: dict[str, Any]) -> str:
+    """A rate-limit refusal's arithmetic, e.g. ``rate_limit — provider-a: 5 calls in the
+    last 2 s + 1 > 5; the window frees in 0.8 s``."""
+    what = "calls" if detail["key"] == "calls" else detail["key"]
+    words = (
+        f"rate_limit — {detail['limit']}: {detail['in_window']:g} {what} in the last "
+        f"{detail['per_seconds']:g} s + {detail['this']:g} > {detail['cap']:g}"
+    )
+    frees = detail.get("frees_in_seconds")
+    if frees is not None:
+        words += f"; the window frees in {frees:.1f} s"
+    return words
 
 
 def budget_words(detail: dict[str, Any]) -> str:

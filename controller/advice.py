@@ -60,6 +60,10 @@ WAITS = {
     "stage_cap": "nothing to do: the stage's cap is reached; it frees as they settle",
     "needs_pending": "nothing to do: earlier stages of its items are still pending",
     "batch_cap": "nothing to do: the run's batch cap is reached",
+    "rate_limit": (
+        "nothing to do: the stage's rate limit is reached; its window frees by itself "
+        "(`laneway explain JOB` shows the arithmetic and when)"
+    ),
     "gpu_capacity": (
         "nothing to do until a GPU attempt settles (a second one shares the node only "
         "when measured peaks say it fits)"

@@ -110,12 +110,43 @@ UsageKey = Annotated[str, Field(pattern=USAGE_KEY_PATTERN)]
 AMOUNT_MAX = 1e15
 """The largest budget or expected usage, so that sums over many attempts stay finite."""
 Amount = Annotated[float, Field(ge=0, le=AMOUNT_MAX, allow_inf_nan=False)]
+PRIORITY_MAX = 1_000_000_000
+"""An item's priority is an integer in [-PRIORITY_MAX, PRIORITY_MAX]."""
 Budget = dict[UsageKey, Amount]
 """Usage key -> most the run (or stage) may spend, e.g. ``budget = { cost_usd = 50 }``."""
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RateLimit(_Strict):
+    """A rate limit stages draw from (``limits.NAME``): at most ``calls`` attempts
+    started, and at most each usage key's amount reported (plus what attempts in flight
+    are expected to use), within any ``per_seconds``, across lanes and nodes. Written
+    flat: ``{ calls = 60, per_seconds = 60 }``, ``{ output_tokens = 200000, per_seconds
+    = 60 }``; any key but ``calls`` and ``per_seconds`` is a usage key."""
+
+    per_seconds: Finite = Field(gt=0, le=86400, description="The window, seconds.")
+    calls: LedgerInt | None = Field(None, ge=1, description="Most attempts started in a window.")
+    usage: Budget = Field(
+        default_factory=dict, description="Usage key -> most reported in a window."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "usage" not in value:
+            known = {"per_seconds", "calls"}
+            usage = {k: v for k, v in value.items() if k not in known}
+            value = {k: v for k, v in value.items() if k in known} | {"usage": usage}
+        return value
+
+    @model_validator(mode="after")
+    def _something(self) -> RateLimit:
+        if self.calls is None and not self.usage:
+            raise ValueError("limit nothing: give calls, a usage key, or both")
+        return self
 
 
 class GpuCapacity(_Strict):
@@ -253,6 +284,11 @@ class StageConfig(_Strict):
         default_factory=dict,
         description="Usage key -> expected cost of one attempt, used until attempts of "
         "this stage have reported usage (then their p90 is).",
+    )
+    limits: list[Name] = Field(
+        default_factory=list,
+        description="The rate limits (top-level limits) this stage's attempts draw from; "
+        "admission refuses (reason rate_limit) an attempt that would pass one.",
     )
     reuse: bool = Field(
         True,
@@ -436,6 +472,16 @@ class PipelineConfig(_Strict):
         description="Usage key -> most the run may spend (e.g. { cost_usd = 50 }); "
         "admission refuses (reason budget) an attempt whose expected cost would pass it.",
     )
+    limits: dict[Name, RateLimit] = Field(
+        default_factory=dict,
+        description="Rate limits by name (e.g. provider-a = { calls = 60, per_seconds = 60 "
+        "}), drawn from by the stages that list them, across lanes and nodes.",
+    )
+    priority_field: Name = Field(
+        "priority",
+        description="The item field that holds its priority (an integer; default 0): "
+        "ready jobs are admitted highest first, FIFO among equals.",
+    )
     sources: list[Text] = Field(
         default_factory=list,
         description="Files hashed and frozen (a change halts the run); in the reuse key of "
@@ -504,10 +550,27 @@ class PipelineConfig(_Strict):
                     f"stages.{i}.nodes: empty; name at least one node, or leave it out to "
                     "run the stage on its lane's node"
                 )
+        for i, stage_config in enumerate(self.stages):
+            for name in stage_config.limits:
+                if name not in self.limits:
+                    problems.append(
+                        f"stages.{i}.limits: unknown limit {name!r}; define it under "
+                        f"[limits] (known: {sorted(self.limits)})"
+                    )
         lanes = {lane.name for lane in self.lanes}
         for i, item in enumerate(self.items):
             if item.lane not in lanes:
                 problems.append(f"items.{i}.lane: unknown lane {item.lane!r} for item {item.key!r}")
+            wanted = item.fields.get(self.priority_field, 0)
+            if (
+                not isinstance(wanted, int)
+                or isinstance(wanted, bool)
+                or not -PRIORITY_MAX <= wanted <= PRIORITY_MAX
+            ):
+                problems.append(
+                    f"items.{i}.{self.priority_field}: the priority of item {item.key!r} must "
+                    f"be an integer from {-PRIORITY_MAX} to {PRIORITY_MAX}"
+                )
         problems += templates.placeholder_problems(self.stages, self.items)
         if self.artifact_store is not None:
             problems += artifact_store_problems(self.artifact_store)
@@ -520,6 +583,10 @@ class PipelineConfig(_Strict):
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    def priority(self, item: ItemConfig) -> int:
+        """The item's priority (its ``priority_field``; 0 when it has none)."""
+        return int(item.fields.get(self.priority_field, 0))
 
     def stage(self, name: str) -> StageConfig:
         for stage in self.stages:

@@ -109,11 +109,12 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
             }
         ]
     elif job.state == JobState.READY.value:
+        report["waits_behind"] = _higher_priority(session, job)
         for entry in where:
             asked = entry["live"] or entry["node"] == node_name
             if not entry["runs_it"] or not asked or session.get(Node, entry["node"]) is None:
                 continue
-            blocked, arithmetic = _explain_on(session, job, stage, entry["node"])
+            blocked, arithmetic = _explain_on(session, job, stage, entry["node"], now)
             if entry["live"]:
                 entry["why_not"] = blocked
             if entry["node"] == node_name:
@@ -152,8 +153,41 @@ def _no_worker_detail(entry: dict[str, Any], job: Any, stage: Any) -> dict[str, 
     return detail
 
 
+WAITS_BEHIND_SHOWN = 5
+
+
+def _higher_priority(session: Session, job: Any) -> dict[str, Any]:
+    """The ready jobs of the job's run, lane and stage that a claim takes before it
+    because their items' priority is higher (``priority_rank`` lower): how many, and the
+    first few as ``ITEM.STAGE`` (one ``ix_jobs_dispatch`` range)."""
+    from sqlalchemy import func, select
+
+    from laneway.controller.models import Item, Job
+
+    ahead = (
+        Job.run_id == job.run_id,
+        Job.state == JobState.READY.value,
+        Job.lane == job.lane,
+        Job.stage == job.stage,
+        Job.priority_rank < job.priority_rank,
+    )
+    count = session.scalar(select(func.count()).select_from(Job).where(*ahead)) or 0
+    first = session.execute(
+        select(Item.key, Job.priority_rank)
+        .join(Item, Item.id == Job.item_id)
+        .where(*ahead)
+        .order_by(Job.priority_rank, Job.id)
+        .limit(WAITS_BEHIND_SHOWN)
+    ).all()
+    return {
+        "priority": -job.priority_rank,
+        "count": count,
+        "jobs": [{"job": f"{key}.{job.stage}", "priority": -rank} for key, rank in first],
+    }
+
+
 def _explain_on(
-    session: Session, job: Any, stage: Any, node_name: str
+    session: Session, job: Any, stage: Any, node_name: str, now: datetime
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """What blocks a ready ``job`` on ``node_name`` (a node that runs its stage), from the
     snapshot a claim there would build, and the capacity arithmetic."""
@@ -189,6 +223,7 @@ def _explain_on(
         limit=1,
         lock=False,
         job_id=job.id,
+        now=now,
     )
     if not snapshot.candidates:
         return [], None

@@ -138,8 +138,9 @@ class Job(Base):
         ),
         CheckConstraint("fence >= 0", name="fence"),
         Index("ix_jobs_run_state", "run_id", "state"),
-        # Claims: the first ready jobs of one (run, lane, stage), in item order.
-        Index("ix_jobs_dispatch", "run_id", "state", "lane", "stage", "id"),
+        # Claims: the first ready jobs of one (run, lane, stage), highest priority first,
+        # in item order among equals.
+        Index("ix_jobs_dispatch", "run_id", "state", "lane", "stage", "priority_rank", "id"),
         # Reuse: a new run looks up earlier jobs by what their result depends on.
         Index("ix_jobs_reuse_key", "reuse_key"),
         # Backoff: only jobs waiting out a retry delay have one (cleared when it ends).
@@ -168,6 +169,9 @@ class Job(Base):
     retry_after: Mapped[datetime | None] = mapped_column(DateTime())
     """A ready job waiting out its stage's retry backoff: not claimed until the
     controller clears this once the time has come (``release_due_retries``)."""
+    priority_rank: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Minus its item's priority: claims take the lowest rank first (``ix_jobs_dispatch``
+    ascending), so the highest priority goes first and equals keep item order."""
 
 
 class Attempt(Base):
@@ -187,6 +191,8 @@ class Attempt(Base):
         CheckConstraint("state <> 'running' OR started_at IS NOT NULL", name="started_at"),
         Index("ix_attempts_state", "state"),
         # The infrastructure breaker reads a run's newest settles, newest first.
+        # Rate limits: the attempts of a run started within a window.
+        Index("ix_attempts_run_intent", "run_id", "intent_at"),
         Index("ix_attempts_run_settled", "run_id", "settled_at", "id"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -11,7 +11,8 @@ Pure policy over what the supervisor and the job left on disk. The rules, in ord
 4. The supervisor could not write the logs, or laneway could not read result.json (an
    I/O error, not bad content) → ``harness_failure`` (the exit code is kept).
 5. A valid result JSON with ``fatal_failure: true`` → ``fatal``; with
-   ``infrastructure_failure: true`` → ``infra_failure``.
+   ``rate_limited: true`` → ``rate_limited`` (its ``retry_after_seconds``, if any, is
+   the retry's delay); with ``infrastructure_failure: true`` → ``infra_failure``.
 6. Killed by a signal nobody sent on purpose → ``failed``.
 7. Otherwise the stage's exit-code map (unlisted non-zero codes → ``failed``).
 8. A result that is present but invalid can never be "succeeded": ``failed``, with the
@@ -83,10 +84,30 @@ def check_result(result: Any, job_id: int) -> str | None:
         return "result.json must be a JSON object"
     if not _names_job(result.get("job_id"), job_id):
         return f"result.json job_id {_shown(result.get('job_id'))} is not this job ({job_id})"
-    for flag in ("infrastructure_failure", "fatal_failure"):
+    for flag in ("infrastructure_failure", "fatal_failure", "rate_limited"):
         if flag in result and not isinstance(result[flag], bool):
             return f"result.json {flag} must be true or false, not {_shown(result[flag])}"
+    if "retry_after_seconds" in result and retry_after(result) is None:
+        return (
+            "result.json retry_after_seconds must be a number from 0 to "
+            f"{RETRY_AFTER_MAX:g}, not {_shown(result['retry_after_seconds'])}"
+        )
     return None
+
+
+RETRY_AFTER_MAX = 86400.0
+"""The longest delay a job may ask for before its rate-limited retry (a day)."""
+
+
+def retry_after(result: dict[str, Any] | None) -> float | None:
+    """The delay a rate-limited result asks for (``retry_after_seconds``), or None when
+    it names none or one that is not a number in [0, ``RETRY_AFTER_MAX``]."""
+    value = (result or {}).get("retry_after_seconds")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not 0 <= value <= RETRY_AFTER_MAX:  # NaN compares false: refused too
+        return None
+    return float(value)
 
 
 def _names_job(value: Any, job_id: int) -> bool:
@@ -224,6 +245,14 @@ def classify(
     if result is not None and result_problem is None:
         if result.get("fatal_failure") is True:
             return Verdict(Outcome.FATAL, "result.json reports fatal_failure", diagnostics)
+        if result.get("rate_limited") is True:
+            delay = retry_after(result)
+            return Verdict(
+                Outcome.RATE_LIMITED,
+                "result.json reports rate_limited"
+                + (f" (retry after {delay:g} s)" if delay is not None else ""),
+                diagnostics,
+            )
         if result.get("infrastructure_failure") is True:
             return Verdict(
                 Outcome.INFRA_FAILURE, "result.json reports infrastructure_failure", diagnostics

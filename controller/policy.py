@@ -1,7 +1,8 @@
 """Where a job goes after an attempt settles: the one retry decision.
 
 Pure: no ledger access. A job gets another attempt only when its stage's retry policy
-names the outcome and attempts remain (invariant 2, docs/invariants.md); a lost worker,
+names the outcome (a rate-limited one needs no naming) and attempts remain (invariant
+2, docs/invariants.md); a lost worker,
 a harness failure, a fatal failure or an unknown outcome is never retried automatically.
 """
 
@@ -17,9 +18,16 @@ def next_job_state(stage: StageConfig, outcome: Outcome, attempts_made: int) -> 
         return JobState.SUCCEEDED
     if outcome is Outcome.CANCELLED:
         return JobState.CANCELLED
-    if retryable(stage, outcome) and attempts_made < stage.retry.max_attempts:
+    rate_limited = outcome is Outcome.RATE_LIMITED  # the provider's refusal, not the job's
+    if (rate_limited or retryable(stage, outcome)) and attempts_made < stage.retry.max_attempts:
         return JobState.READY
     return JobState.FAILED
+
+
+def rate_limited_delay(retry: RetryPolicy, attempts_made: int, asked: float | None) -> float:
+    """Seconds a rate-limited attempt's retry waits: what the job asked for
+    (``retry_after_seconds``), else the stage's backoff."""
+    return asked if asked is not None else retry_delay(retry, attempts_made)
 
 
 def retry_delay(retry: RetryPolicy, attempts_made: int) -> float:

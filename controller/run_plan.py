@@ -58,6 +58,8 @@ class RunPlan:
     budgets: list[dict[str, Any]]
     expected: dict[str, float]
     """Usage key -> the run's expected spend (jobs to run x expected_usage)."""
+    limits: list[dict[str, Any]] = field(default_factory=list)
+    """``usage.limit_plan`` of the jobs to run: the least time its rate limits allow."""
 
     @property
     def reruns_paid_work(self) -> bool:
@@ -69,6 +71,7 @@ class RunPlan:
             "stages": [stage.as_dict() for stage in self.stages],
             "expected": self.expected,
             "budgets": self.budgets,
+            "limits": self.limits,
             "reruns_paid_work": self.reruns_paid_work,
         }
 
@@ -131,6 +134,7 @@ def build_plan(
         stages=[plans[stage.name] for stage in config.stages],
         budgets=usage.budget_plan(config, to_run),
         expected=dict(sorted(expected.items())),
+        limits=usage.limit_plan(config, to_run),
     )
 
 
@@ -150,7 +154,13 @@ def _all_new(config: PipelineConfig) -> RunPlan:
     for stage in config.stages:
         for key, amount in stage.expected_usage.items():
             expected[key] = expected.get(key, 0.0) + count * amount
-    return RunPlan(config.name, stages, usage.budget_plan(config, to_run), expected)
+    return RunPlan(
+        config.name,
+        stages,
+        usage.budget_plan(config, to_run),
+        expected,
+        usage.limit_plan(config, to_run),
+    )
 
 
 def _why(
@@ -291,4 +301,5 @@ def plan_lines(plan: RunPlan) -> list[str]:
         spend = ", ".join(f"{key} {amount:g}" for key, amount in plan.expected.items())
         lines.append(f"expected spend of what runs (expected_usage): {spend}")
     lines += usage.budget_plan_lines(plan.budgets)
+    lines += usage.limit_plan_lines(plan.limits)
     return lines

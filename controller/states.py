@@ -75,6 +75,11 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     NOT_RUN = "not_run"
     """Only by an operator's reconcile: the process never ran."""
+    RATE_LIMITED = "rate_limited"
+    """The job says a provider refused it for its rate (result.json ``rate_limited:
+    true``, or an exit code the stage maps here): retried after ``retry_after_seconds``
+    (or the stage's backoff) while attempts remain, whatever its ``retry.on``; never
+    counted by the infrastructure breaker."""
 
 
 RETRYABLE_OUTCOMES = frozenset({Outcome.FAILED, Outcome.INFRA_FAILURE, Outcome.TIMED_OUT})

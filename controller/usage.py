@@ -266,3 +266,60 @@ def budget_plan_lines(plans: list[dict[str, Any]]) -> list[str]:
             )
         lines.append(line)
     return lines
+
+
+def limit_plan(config: Any, jobs_per_stage: dict[str, int]) -> list[dict[str, Any]]:
+    """Dry-run arithmetic for every rate limit of ``config``: per counted thing (calls, or
+    a usage key), the jobs of the stages that draw from it times one call or their
+    ``expected_usage``, and the least time the run needs under the limit (that total /
+    the limit's amount x its window). First attempts only: retries add to it."""
+    plans: list[dict[str, Any]] = []
+    for name, limit in sorted(config.limits.items()):
+        stages = [s for s in config.stages if name in s.limits]
+        counted: list[tuple[str, float]] = []
+        if limit.calls is not None:
+            counted.append(("calls", float(limit.calls)))
+        counted += sorted(limit.usage.items())
+        for key, amount in counted:
+            parts = [
+                {
+                    "stage": s.name,
+                    "jobs": jobs_per_stage.get(s.name, 0),
+                    "each": 1.0 if key == "calls" else s.expected_usage.get(key),
+                }
+                for s in stages
+            ]
+            total = sum(p["jobs"] * (p["each"] or 0.0) for p in parts)
+            plans.append(
+                {
+                    "limit": name,
+                    "key": key,
+                    "amount": amount,
+                    "per_seconds": limit.per_seconds,
+                    "stages": parts,
+                    "total": total,
+                    "least_seconds": total / amount * limit.per_seconds if amount else None,
+                    "unestimated": [p["stage"] for p in parts if p["each"] is None],
+                }
+            )
+    return plans
+
+
+def limit_plan_lines(plans: list[dict[str, Any]]) -> list[str]:
+    """``limit_plan`` in words, one line per limit and counted thing."""
+    lines = []
+    for plan in plans:
+        terms = " + ".join(
+            f"{p['stage']} {p['jobs']} x {p['each']:g}"
+            for p in plan["stages"]
+            if p["each"] is not None
+        )
+        line = (
+            f"rate limit {plan['limit']} {plan['key']}: {terms or 'nothing estimated'} = "
+            f"{plan['total']:g} at {plan['amount']:g} per {plan['per_seconds']:g} s — at least "
+            f"{plan['least_seconds']:.0f} s"
+        )
+        if plan["unestimated"]:
+            line += f"; no expected_usage for {', '.join(plan['unestimated'])}"
+        lines.append(line)
+    return lines

@@ -127,6 +127,7 @@ def claim_jobs(
         free_slots=free_slots,
         mem=mem_available_mib,
         limit=candidate_limit,
+        now=now,
     )
     snapshot.missing_secrets = missing_secrets or {}
     verdict = admission.admit(snapshot)

@@ -214,6 +214,7 @@ def create_run(
                 created_at=now,
                 updated_at=now,
                 reuse_key=key,
+                priority_rank=-config.priority(item_config),
             )
             if doubted is not None:
                 job.state_reason = f"runs again, not reused: {doubted}"

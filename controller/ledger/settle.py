@@ -25,6 +25,7 @@ from laneway.controller.ledger.runs import frozen_config
 from laneway.controller.ledger.tables import attempts, items, jobs
 from laneway.controller.ledger.transitions import move_attempt, move_job, rowcount
 from laneway.controller.outcome import Verdict as OutcomeVerdict
+from laneway.controller.outcome import retry_after as asked_delay
 from laneway.controller.states import (
     IN_FLIGHT_ATTEMPT_STATES,
     AttemptState,
@@ -139,13 +140,19 @@ def settle_attempt(
     config = frozen_config(session, job.run_id, job.config_sha256)
     stage = config.stage(job.stage)
     new_state = policy.next_job_state(stage, outcome, job.attempt_count)
-    delay = policy.retry_delay(stage.retry, job.attempt_count) if new_state is JobState.READY else 0
+    delay = 0.0
+    if new_state is JobState.READY and outcome is Outcome.RATE_LIMITED:
+        asked = asked_delay(result if isinstance(result, dict) else None)
+        delay = policy.rate_limited_delay(stage.retry, job.attempt_count, asked)
+    elif new_state is JobState.READY:
+        delay = policy.retry_delay(stage.retry, job.attempt_count)
     retry_after = now + timedelta(seconds=delay) if delay > 0 else None
     job_reason = (
         None if new_state is JobState.SUCCEEDED else f"attempt {attempt.number}: {outcome.value}"
     )
     if retry_after is not None:
-        job_reason = f"{job_reason}; retry after {iso(retry_after)} (backoff {delay:g} s)"
+        why = "rate limited" if outcome is Outcome.RATE_LIMITED else "backoff"
+        job_reason = f"{job_reason}; retry after {iso(retry_after)} ({why} {delay:g} s)"
     move_job(
         session,
         job.id,

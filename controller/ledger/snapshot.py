@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Row
@@ -28,6 +29,7 @@ from laneway.controller.ledger import usage as usage_ledger
 from laneway.controller.ledger.runs import frozen_config
 from laneway.controller.ledger.tables import jobs
 from laneway.controller.models import Run
+from laneway.controller.states import AttemptState
 
 
 @dataclass(frozen=True)
@@ -122,9 +124,12 @@ def admission_snapshot(
     limit: int | None = None,
     lock: bool = True,
     job_id: int | None = None,
+    now: datetime | None = None,
 ) -> tuple[admission.Snapshot, dict[int, tuple[Any, RunInfo]]]:
     """What admission sees for ``node`` now. Read-only; ``lock`` takes row locks on
     PostgreSQL (claims), ``job_id`` narrows the candidates to one job (explain).
+    ``now`` (the database clock): the moment rate limits' windows end at (None: no rate
+    limit is checked).
 
     Candidates: the first ``free_slots + 1`` ready jobs of each (run, lane, stage) the
     node runs (``limit`` overrides the per-partition count): its lanes' stages without
@@ -174,6 +179,7 @@ def admission_snapshot(
     peaks = stage_peaks(session, run_ids)
     budgets, spend = budget_state(session, run_infos)
     expected: dict[tuple[int, str], dict[str, tuple[float, str]]] = {}
+    limit_costs: dict[tuple[int, str, str], dict[str, tuple[float, str]]] = {}
     candidates = []
     jobs_by_id: dict[int, tuple[Any, RunInfo]] = {}
     for job in ready_rows:
@@ -188,6 +194,11 @@ def admission_snapshot(
                 session, job.run_id, stage, keys
             )
         costs = expected.get((job.run_id, job.stage), {})
+        limit_keys = {key for name in stage.limits for key in info.config.limits[name].usage}
+        if limit_keys and (job.run_id, job.stage, "limits") not in limit_costs:
+            limit_costs[(job.run_id, job.stage, "limits")] = usage_ledger.expected_cost(
+                session, job.run_id, stage, limit_keys
+            )
         candidates.append(
             admission.Candidate(
                 job_id=job.id,
@@ -201,6 +212,13 @@ def admission_snapshot(
                 expected_usage={key: cost for key, (cost, _) in costs.items()},
                 expected_from={key: source for key, (_, source) in costs.items()},
                 nodes=placement[(job.run_id, job.lane, job.stage)],
+                limits=tuple(stage.limits),
+                limit_usage={
+                    key: cost
+                    for key, (cost, _) in limit_costs.get(
+                        (job.run_id, job.stage, "limits"), {}
+                    ).items()
+                },
             )
         )
         jobs_by_id[job.id] = (job, info)
@@ -281,8 +299,68 @@ def admission_snapshot(
         waiting_lanes=waiting,
         budgets=budgets,
         spend=spend,
+        rates={} if now is None else rate_windows(session, run_infos, now),
     )
     return snapshot, jobs_by_id
+
+
+def rate_windows(
+    session: Session, run_infos: dict[int, RunInfo], now: datetime
+) -> dict[tuple[int, str], admission.RateWindow]:
+    """(run, limit) -> the limit's window ending ``now``: the attempts of the stages that
+    draw from it started since ``now - per_seconds`` (one index range per limit:
+    ``ix_attempts_run_intent``, so the cost follows the window), what they reported of
+    its usage keys, and the expected use of those still in flight."""
+    windows: dict[tuple[int, str], admission.RateWindow] = {}
+    for run_id, info in run_infos.items():
+        for name, limit in info.config.limits.items():
+            stages = [s.name for s in info.config.stages if name in s.limits]
+            if not stages:
+                continue
+            since = now - timedelta(seconds=limit.per_seconds)
+            rows = session.execute(
+                statements.WINDOW_ATTEMPTS,
+                {"b_run_id": run_id, "b_since": since, "b_stages": stages},
+            ).all()
+            used: dict[str, float] = dict.fromkeys(limit.usage, 0.0)
+            if rows and limit.usage:
+                reported: dict[tuple[int, str], float] = {
+                    (r.attempt_id, r.key): float(r.value)
+                    for r in session.execute(
+                        statements.WINDOW_USAGE,
+                        {"b_ids": [r.id for r in rows], "b_keys": sorted(limit.usage)},
+                    )
+                }
+                flight: dict[str, dict[str, tuple[float, str]]] = {}
+                for row in rows:
+                    live = row.state != AttemptState.SETTLED.value
+                    for key in limit.usage:
+                        if (row.id, key) in reported:
+                            used[key] += reported[(row.id, key)]
+                        elif live:
+                            if row.stage not in flight:
+                                flight[row.stage] = usage_ledger.expected_cost(
+                                    session, run_id, info.config.stage(row.stage), limit.usage
+                                )
+                            used[key] += flight[row.stage][key][0]
+            oldest = min((_moment(r.intent_at) for r in rows), default=None)
+            windows[(run_id, name)] = admission.RateWindow(
+                name=name,
+                per_seconds=limit.per_seconds,
+                calls=limit.calls,
+                started=len(rows),
+                usage=dict(limit.usage),
+                used=used,
+                frees_in_seconds=None
+                if oldest is None
+                else round(max(0.0, (oldest - since).total_seconds()), 3),
+            )
+    return windows
+
+
+def _moment(value: Any) -> datetime:
+    """A timestamp column as a datetime (SQLite hands aggregates back as text)."""
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
 
 
 def node_run_infos(session: Session, node: str) -> tuple[dict[int, RunInfo], dict[int, set[str]]]:
@@ -341,7 +419,8 @@ def _ready_rows(
     job_id: int | None,
     lock: bool,
 ) -> list[Any]:
-    """The candidates, in dispatch order: run, later stages first, then item order."""
+    """The candidates, in dispatch order: highest priority first, then run, later
+    stages first, then item order."""
     if not partitions or per_partition <= 0:
         return []
     rows: list[Any] = []
@@ -367,5 +446,6 @@ def _ready_rows(
             ).scalars()
         )
         rows = [row for row in rows if row.id in locked]
-    rows.sort(key=lambda r: (r.run_id, -r.stage_position, r.item_position))
+    # Highest priority first (across runs too), then run, later stages, item order.
+    rows.sort(key=lambda r: (r.priority_rank, r.run_id, -r.stage_position, r.item_position))
     return rows

@@ -27,6 +27,7 @@ from sqlalchemy import (
 )
 
 from laneway.controller.ledger.tables import (
+    attempt_usage,
     attempts,
     controls,
     decisions,
@@ -319,11 +320,30 @@ _CANDIDATE = select(
     jobs.c.stage_position,
     jobs.c.fence,
     jobs.c.attempt_count,
+    jobs.c.priority_rank,
     items.c.key.label("item_key"),
     items.c.lane.label("item_lane"),
     items.c.position.label("item_position"),
     items.c.fields.label("item_fields"),
 ).join(items, items.c.id == jobs.c.item_id)
+
+# window_attempts: the attempts of some stages of a run started since a moment (a rate
+# limit's window; ix_attempts_run_intent), with their state.
+WINDOW_ATTEMPTS = (
+    select(attempts.c.id, attempts.c.intent_at, attempts.c.state, jobs.c.stage)
+    .join(jobs, jobs.c.id == attempts.c.job_id)
+    .where(
+        attempts.c.run_id == bindparam("b_run_id"),
+        attempts.c.intent_at >= bindparam("b_since"),
+        jobs.c.stage.in_(bindparam("b_stages", expanding=True)),
+    )
+)
+
+# window_usage: what some attempts reported of some usage keys (pk_attempt_usage).
+WINDOW_USAGE = select(attempt_usage.c.attempt_id, attempt_usage.c.key, attempt_usage.c.value).where(
+    attempt_usage.c.attempt_id.in_(bindparam("b_ids", expanding=True)),
+    attempt_usage.c.key.in_(bindparam("b_keys", expanding=True)),
+)
 
 # ready_job: one ready job as a candidate (explain asks about one job).
 READY_JOB = _CANDIDATE.where(
@@ -334,7 +354,8 @@ READY_JOB = _CANDIDATE.where(
 
 
 def ready_candidates(partitions: Sequence[tuple[int, str, str]], per_partition: int) -> Any:
-    """The first ``per_partition`` ready jobs of each (run, lane, stage), in item order.
+    """The first ``per_partition`` ready jobs of each (run, lane, stage): highest
+    priority first (``priority_rank``), in item order among equals.
 
     More than the free slots of one partition can never start in one claim, so one more
     than that is enough to also record why the next would wait. Each branch is one index
@@ -349,7 +370,7 @@ def ready_candidates(partitions: Sequence[tuple[int, str, str]], per_partition: 
             # Waiting out a retry backoff: not a candidate until the controller clears it.
             jobs.c.retry_after.is_(None),
         )
-        .order_by(jobs.c.id)
+        .order_by(jobs.c.priority_rank, jobs.c.id)
         .limit(per_partition)
         .subquery()
         .select()

@@ -563,7 +563,12 @@ def test_retry_of_a_consumer_whose_input_left_the_store_re_runs_its_producers(tm
     ]
     assert states() == {"prep": "ready", "solve": "waiting", "judge": "waiting"}
     events = sql(runtime, "SELECT job_id, detail FROM events WHERE kind = 'job_retry' ORDER BY id")
-    reasons = [(e["job_id"], json.loads(e["detail"])["reason"].split(" (")[0]) for e in events]
+    details = [
+        json.loads(e["detail"]) if isinstance(e["detail"], str) else e["detail"] for e in events
+    ]
+    reasons = [
+        (e["job_id"], d["reason"].split(" (")[0]) for e, d in zip(events, details, strict=True)
+    ]
     retried = json.loads(done.stdout)["job_id"]
     assert sorted(reasons) == sorted(
         [(stored["prep"][0], why), (stored["solve"][0], why), (retried, why)]
