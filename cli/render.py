@@ -498,8 +498,31 @@ def report_text(report: dict[str, Any]) -> str:
             f"reused from earlier runs (linked, not run): {reused['total']} jobs; "
             f"per stage: {stages}; from {runs}"
         )
+    out += selection_lines(report.get("selection"))
     out += oom_text.low_water_lines(report.get("node_memory"))
     out += oom_text.oom_lines(report.get("oom_kills"))
     out += artifacts_text.traffic_lines(report.get("artifacts"))
     out.append(f"HTML timeline: {report['html']}")
     return "\n".join(out)
+
+
+def selection_lines(selection: dict[str, Any] | None) -> list[str]:
+    """A run that selects by yield: each group's admissions (per tenth of the window)
+    beside its yield."""
+    if not selection:
+        return []
+    lines = [
+        clean(
+            f"selection by {selection['by']} per {selection['per']} (explore "
+            f"{selection['explore']:g}; {selection['explored']} admission(s) explored):"
+        )
+    ]
+    for group in selection["groups"]:
+        measured = "not measured" if group["yield"] is None else f"yield {group['yield']:g}"
+        lines.append(
+            clean(
+                f"  {group['group']}: {group['admitted']} admitted, {measured}; per tenth of "
+                f"the window: {' '.join(str(n) for n in group['over_time'])}"
+            )
+        )
+    return lines

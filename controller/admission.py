@@ -60,6 +60,7 @@ any of the nodes) that runs the job's stage, so nothing claims its jobs at all.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -102,8 +103,85 @@ class Candidate:
     """Whole devices it asks for (stage ``gpus``); 0: none, or a share (``gpu_mib``)."""
     limits: tuple[str, ...] = ()
     """The rate limits its stage draws from (``StageConfig.limits``)."""
+    group: str | None = None
+    """Its item's group, in a run that selects by yield."""
     limit_usage: dict[str, float] = field(default_factory=dict, compare=False)
     """Usage key -> this attempt's expected use, for each key one of its limits counts."""
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """An item group of a run that selects by yield: admissions so far, and what its
+    settled attempts reported of the selection's keys."""
+
+    admitted: int = 0
+    measured: int = 0
+    by_total: float = 0.0
+    per_total: float = 0.0
+
+    def yield_(self) -> float | None:
+        """``by`` per ``per`` (None: nothing measured yet; infinite when it spent 0)."""
+        if not self.measured:
+            return None
+        if self.per_total <= 0:
+            return math.inf if self.by_total > 0 else 0.0
+        return self.by_total / self.per_total
+
+
+@dataclass(frozen=True)
+class SelectionView:
+    """A run's ``select``: its keys, its exploration share, and its groups."""
+
+    by: str
+    per: str
+    explore: float
+    groups: dict[str, GroupView] = field(default_factory=dict)
+
+
+def order_by_yield(
+    candidates: list[Candidate], view: SelectionView
+) -> list[tuple[Candidate, dict[str, Any]]]:
+    """A run's candidates in the order its selection takes them, each with the figures
+    of its choice. Slot by slot: the group with the best measured ``by`` per ``per``,
+    unless the groups other than that one have had less than ``explore`` of the
+    admissions (this one counted), when the other group with a ready job goes next in
+    turn: one not measured yet first, then the one admitted least. Before any group is
+    measured every slot explores. Within a group, the candidates keep their order."""
+    queues: dict[str, list[Candidate]] = {}
+    for candidate in candidates:
+        queues.setdefault(candidate.group or "", []).append(candidate)
+    admitted = {name: g.admitted for name, g in view.groups.items()}
+    yields = {name: g.yield_() for name, g in view.groups.items()}
+    ordered: list[tuple[Candidate, dict[str, Any]]] = []
+    while any(queues.values()):
+        ready = sorted(name for name, queue in queues.items() if queue)
+        measured = [name for name in ready if yields.get(name) is not None]
+        best = max(measured, key=lambda n: (yields[n], -admitted.get(n, 0))) if measured else None
+        total = sum(admitted.values()) + 1
+        explored = total - 1 - (admitted.get(best, 0) if best is not None else 0)
+        others = [name for name in ready if name != best]
+        if best is not None and (not others or explored >= view.explore * total):
+            chosen, why = best, "best yield"
+        else:
+            chosen = min(others, key=lambda n: (yields.get(n) is not None, admitted.get(n, 0), n))
+            why = "explore" if yields.get(chosen) is None else "explore (in turn)"
+        ordered.append(
+            (
+                queues[chosen].pop(0),
+                {
+                    "group": chosen,
+                    "why": why,
+                    "best": best,
+                    "explore": view.explore,
+                    "yields": {n: (None if y is None else round(y, 6)) for n, y in yields.items()},
+                    "admitted": dict(admitted),
+                    "by": view.by,
+                    "per": view.per,
+                },
+            )
+        )
+        admitted[chosen] = admitted.get(chosen, 0) + 1
+    return ordered
 
 
 @dataclass(frozen=True)
@@ -219,6 +297,8 @@ class Snapshot:
     """(run, stage) -> the variables this worker lacks to start the stage's jobs."""
     rates: dict[tuple[int, str], RateWindow] = field(default_factory=dict)
     """(run, limit name) -> that rate limit's window now."""
+    selections: dict[int, SelectionView] = field(default_factory=dict)
+    """Run id -> its selection by yield (runs whose config has ``select``)."""
 
 
 @dataclass(frozen=True)
@@ -240,6 +320,9 @@ class Admission:
     refusals: list[Refusal] = field(default_factory=list)
     devices: dict[int, tuple[DeviceView, ...]] = field(default_factory=dict)
     """Job id -> the devices given to it (a GPU job that starts)."""
+    choices: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Job id -> the figures its run's selection by yield chose it with (a job that
+    starts, in such a run)."""
 
 
 def admit(snapshot: Snapshot) -> Admission:
@@ -260,7 +343,18 @@ def admit(snapshot: Snapshot) -> Admission:
     refused: set[tuple[int, str, str | None]] = set()
     blocked_lanes: set[tuple[int, str]] = set()
 
-    for job in snapshot.candidates:
+    candidates = list(snapshot.candidates)
+    figures: dict[int, dict[str, Any]] = {}
+    for run_id, view in snapshot.selections.items():
+        mine = [c for c in candidates if c.run_id == run_id]
+        if not mine:
+            continue
+        ordered = order_by_yield(mine, view)
+        figures.update((c.job_id, why) for c, why in ordered)
+        # The run's candidates take the places they held, in the selection's order.
+        slots = iter(c for c, _ in ordered)
+        candidates = [next(slots) if c.run_id == run_id else c for c in candidates]
+    for job in candidates:
         reason = next(
             _refusals(
                 snapshot, job, running, free, reserved, devices, lane_stage, stage, held, rated
@@ -269,6 +363,8 @@ def admit(snapshot: Snapshot) -> Admission:
         )
         if reason is None:
             result.starts.append(job)
+            if job.job_id in figures:
+                result.choices[job.job_id] = figures[job.job_id]
             running += 1
             if job.gpus > 0 or job.gpu_mib > 0:
                 given = pick_devices(devices, job, snapshot.node.gpu_fraction)

@@ -120,6 +120,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Selection(_Strict):
+    """Choose what to run next by the useful output it buys (top-level ``select``): when
+    more ready work exists than can be admitted, a free slot goes to the item group
+    (``group_field``) with the best measured ``by`` per ``per`` in this run, except that
+    a share ``explore`` of admissions goes to the other groups in turn (a group not yet
+    measured first). Only the order changes, never what a job is."""
+
+    by: UsageKey = Field(description="The usage key that measures useful output.")
+    per: UsageKey = Field(description="The usage key it is divided by (e.g. cost_usd).")
+    explore: Finite = Field(0.1, ge=0, le=1, description="The share of admissions explored.")
+
+
 class RateLimit(_Strict):
     """A rate limit stages draw from (``limits.NAME``): at most ``calls`` attempts
     started, and at most each usage key's amount reported (plus what attempts in flight
@@ -477,6 +489,14 @@ class PipelineConfig(_Strict):
         description="Rate limits by name (e.g. provider-a = { calls = 60, per_seconds = 60 "
         "}), drawn from by the stages that list them, across lanes and nodes.",
     )
+    select: Selection | None = Field(
+        None,
+        description="Choose among item groups by measured yield, exploring a share "
+        '(e.g. { by = "useful_tokens", per = "cost_usd", explore = 0.1 }).',
+    )
+    group_field: Name = Field(
+        "group", description="The item field that names its group, for select."
+    )
     priority_field: Name = Field(
         "priority",
         description="The item field that holds its priority (an integer; default 0): "
@@ -561,6 +581,13 @@ class PipelineConfig(_Strict):
         for i, item in enumerate(self.items):
             if item.lane not in lanes:
                 problems.append(f"items.{i}.lane: unknown lane {item.lane!r} for item {item.key!r}")
+            group = item.fields.get(self.group_field)
+            if self.select is not None and not (isinstance(group, str) and 0 < len(group) <= 64):
+                problems.append(
+                    f"items.{i}.{self.group_field}: with select, every item names its group "
+                    f"(text of 1 to 64 characters); item {item.key!r} has "
+                    f"{'none' if group is None else type(group).__name__}"
+                )
             wanted = item.fields.get(self.priority_field, 0)
             if (
                 not isinstance(wanted, int)
@@ -583,6 +610,10 @@ class PipelineConfig(_Strict):
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    def group(self, item: ItemConfig) -> str | None:
+        """The item's group when the config selects by yield (else None: one queue)."""
+        return None if self.select is None else str(item.fields[self.group_field])
 
     def priority(self, item: ItemConfig) -> int:
         """The item's priority (its ``priority_field``; 0 when it has none)."""

@@ -28,7 +28,7 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
     from sqlalchemy import select
 
     from laneway.controller import ledger
-    from laneway.controller.models import Attempt, Item, Job, Node
+    from laneway.controller.models import Attempt, Decision, Item, Job, Node
     from laneway.controller.rows import SessionRows
     from laneway.controller.status_nodes import node_has_live_worker, worker_command
 
@@ -91,6 +91,14 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
         "explained_node": node_name,
         "per_node": where,
     }
+    if job.group_name is not None:
+        # The choice a selection by yield made of it, with the figures it used.
+        report["selection"] = session.execute(
+            select(Decision.detail)
+            .where(Decision.job_id == job.id, Decision.reason_code == "select")
+            .order_by(Decision.id.desc())
+            .limit(1)
+        ).scalar()
     if job.state == JobState.WAITING.value:
         states = dict(
             session.execute(select(Job.stage, Job.state).where(Job.item_id == job.item_id)).all()

@@ -140,7 +140,17 @@ class Job(Base):
         Index("ix_jobs_run_state", "run_id", "state"),
         # Claims: the first ready jobs of one (run, lane, stage), highest priority first,
         # in item order among equals.
-        Index("ix_jobs_dispatch", "run_id", "state", "lane", "stage", "priority_rank", "id"),
+        # (A run that selects by yield: one range per item group.)
+        Index(
+            "ix_jobs_dispatch",
+            "run_id",
+            "state",
+            "lane",
+            "stage",
+            "group_name",
+            "priority_rank",
+            "id",
+        ),
         # Reuse: a new run looks up earlier jobs by what their result depends on.
         Index("ix_jobs_reuse_key", "reuse_key"),
         # Backoff: only jobs waiting out a retry delay have one (cleared when it ends).
@@ -169,6 +179,8 @@ class Job(Base):
     retry_after: Mapped[datetime | None] = mapped_column(DateTime())
     """A ready job waiting out its stage's retry backoff: not claimed until the
     controller clears this once the time has come (``release_due_retries``)."""
+    group_name: Mapped[str | None] = mapped_column(String(64))
+    """Its item's group, in a run whose config selects by yield (``select``); else NULL."""
     priority_rank: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """Minus its item's priority: claims take the lowest rank first (``ix_jobs_dispatch``
     ascending), so the highest priority goes first and equals keep item order."""
@@ -435,6 +447,21 @@ class AttemptUsage(Base):
     stage: Mapped[str] = mapped_column(String(64))
     value: Mapped[float] = mapped_column(Float)
     recorded_at: Mapped[datetime] = mapped_column(DateTime())
+
+
+class GroupStats(Base):
+    """Per (run, item group) of a run that selects by yield: how many attempts were
+    admitted, and what settled attempts reported of the selection's ``by`` and ``per``
+    keys (kept by the claim and the settle, so a choice reads a few rows)."""
+
+    __tablename__ = "group_stats"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    group_name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    admitted: Mapped[int] = mapped_column(Integer, default=0)
+    measured: Mapped[int] = mapped_column(Integer, default=0)
+    """Settled attempts that reported ``by`` or ``per``."""
+    by_total: Mapped[float] = mapped_column(Float, default=0.0)
+    per_total: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class UsageTotal(Base):

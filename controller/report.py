@@ -246,6 +246,48 @@ def build_report(
         "artifacts": artifact_traffic(session, run.id),
         "node_memory": low_water(session, run, [(a, j) for a, j, _ in rows], now=now),
         "reused": reused_jobs(session, run.id),
+        "selection": selection_report(config, decisions, start, window),
+    }
+
+
+SELECTION_BUCKETS = 10
+"""Time slices of a run's window in which the report counts each group's admissions."""
+
+
+def selection_report(
+    config: Any, decisions: list[Decision], start: datetime, window: float
+) -> dict[str, Any] | None:
+    """A run that selects by yield: per group, its admissions (in all and per tenth of
+    the window) and, from the newest choice's figures, its yield (``by`` per ``per``);
+    how many admissions explored. None for a run without ``select``."""
+    if config.select is None:
+        return None
+    chosen = [d for d in decisions if d.reason_code == "select"]
+    latest = chosen[-1].detail if chosen else {}
+    groups = sorted({str(i.fields[config.group_field]) for i in config.items})
+    over_time: dict[str, list[int]] = {g: [0] * SELECTION_BUCKETS for g in groups}
+    admitted: Counter[str] = Counter()
+    for decision in chosen:
+        group = decision.detail["group"]
+        admitted[group] += 1
+        at = _seconds(start, decision.decided_at) / window
+        slot = min(SELECTION_BUCKETS - 1, max(0, int(at * SELECTION_BUCKETS)))
+        over_time.setdefault(group, [0] * SELECTION_BUCKETS)[slot] += 1
+    yields = dict(latest.get("yields", {}))
+    return {
+        "by": config.select.by,
+        "per": config.select.per,
+        "explore": config.select.explore,
+        "explored": sum(1 for d in chosen if d.detail["why"] != "best yield"),
+        "groups": [
+            {
+                "group": group,
+                "admitted": admitted[group],
+                "yield": yields.get(group),
+                "over_time": over_time[group],
+            }
+            for group in sorted(over_time)
+        ],
     }
 
 

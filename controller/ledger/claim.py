@@ -22,7 +22,7 @@ from laneway.controller import admission, launch, usage
 from laneway.controller.config import TemplateError
 from laneway.controller.errors import IllegalTransition
 from laneway.controller.ledger import artifacts as artifact_ledger
-from laneway.controller.ledger import statements
+from laneway.controller.ledger import selection, statements
 from laneway.controller.ledger import usage as usage_ledger
 from laneway.controller.ledger.controls import pause_run, set_control
 from laneway.controller.ledger.snapshot import RunInfo, admission_snapshot
@@ -178,8 +178,17 @@ def claim_jobs(
     # Refusals after dispatches: when a lane dispatched one job and must refuse the next
     # (e.g. its cap is now reached), the refusal is the lane's state from now on.
     dispatched = [
-        admission.Refusal(c.run_id, c.lane, c.stage, "", {}, c.job_id) for c in verdict.starts
+        admission.Refusal(c.run_id, c.lane, c.stage, "", {}, c.job_id)
+        for c in verdict.starts
+        if c.job_id not in verdict.choices
     ]
+    selection.record_choices(
+        session,
+        [(c, verdict.choices[c.job_id]) for c in verdict.starts if c.job_id in verdict.choices],
+        node=node,
+        worker_id=worker_id,
+        now=now,
+    )
     record_decisions(
         session,
         [(r, Verdict.DISPATCHED) for r in dispatched]

@@ -215,6 +215,7 @@ def create_run(
                 updated_at=now,
                 reuse_key=key,
                 priority_rank=-config.priority(item_config),
+                group_name=config.group(item_config),
             )
             if doubted is not None:
                 job.state_reason = f"runs again, not reused: {doubted}"

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from laneway.controller import breakers, policy
 from laneway.controller import usage as usage_math
 from laneway.controller.clock import iso
-from laneway.controller.ledger import statements
+from laneway.controller.ledger import selection, statements
 from laneway.controller.ledger import usage as usage_ledger
 from laneway.controller.ledger.controls import pause_run, set_control
 from laneway.controller.ledger.promotion import promote_item
@@ -128,7 +128,7 @@ def settle_attempt(
         event_detail={"outcome": outcome.value, "exit_code": exit_code, "reason": reason},
     )
     job = session.execute(statements.JOB_CONTEXT, {"job_id": attempt.job_id}).one()
-    usage_ledger.record_usage(
+    stored_usage = usage_ledger.record_usage(
         session,
         attempt_id=attempt_id,
         run_id=job.run_id,
@@ -138,6 +138,8 @@ def settle_attempt(
         now=now,
     )
     config = frozen_config(session, job.run_id, job.config_sha256)
+    if stored_usage:
+        selection.record_group_usage(session, config, job.run_id, job.group_name, usage)
     stage = config.stage(job.stage)
     new_state = policy.next_job_state(stage, outcome, job.attempt_count)
     delay = 0.0

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from laneway.controller import admission
 from laneway.controller.config import PipelineConfig
 from laneway.controller.errors import NotFound
-from laneway.controller.ledger import statements
+from laneway.controller.ledger import selection, statements
 from laneway.controller.ledger import usage as usage_ledger
 from laneway.controller.ledger.runs import frozen_config
 from laneway.controller.ledger.tables import jobs
@@ -152,7 +152,7 @@ def admission_snapshot(
                 own_lanes.add((lane.run_id, lane.name))
     run_ids = sorted(run_infos)
     stage_caps: dict[tuple[int, str], int | None] = {}
-    partitions: list[tuple[int, str, str]] = []
+    partitions: list[tuple[int, str, str, str | None]] = []
     placement: dict[tuple[int, str, str], tuple[str, ...]] = {}
     for run_id, info in run_infos.items():
         for stage in info.config.stages:
@@ -169,7 +169,10 @@ def admission_snapshot(
                     else ((run_id, lane_name) in own_lanes)
                 )
                 if mine:
-                    partitions.append((run_id, lane_name, stage.name))
+                    partitions += [
+                        (run_id, lane_name, stage.name, group)
+                        for group in groups_of(run_infos[run_id].config)
+                    ]
                     placement[(run_id, lane_name, stage.name)] = admission.runs_on(
                         stage.nodes, node
                     )
@@ -213,6 +216,7 @@ def admission_snapshot(
                 expected_from={key: source for key, (_, source) in costs.items()},
                 nodes=placement[(job.run_id, job.lane, job.stage)],
                 limits=tuple(stage.limits),
+                group=job.group_name,
                 limit_usage={
                     key: cost
                     for key, (cost, _) in limit_costs.get(
@@ -300,6 +304,9 @@ def admission_snapshot(
         budgets=budgets,
         spend=spend,
         rates={} if now is None else rate_windows(session, run_infos, now),
+        selections=selection.selection_views(
+            session, {run_id: info.config for run_id, info in run_infos.items()}
+        ),
     )
     return snapshot, jobs_by_id
 
@@ -411,9 +418,17 @@ def budget_state(
     return budgets, spend
 
 
+def groups_of(config: PipelineConfig) -> list[str | None]:
+    """The item groups a run's claims take candidates from: each group, in a run that
+    selects by yield; else [None] (one queue)."""
+    if config.select is None:
+        return [None]
+    return [*sorted({str(item.fields[config.group_field]) for item in config.items})]
+
+
 def _ready_rows(
     session: Session,
-    partitions: list[tuple[int, str, str]],
+    partitions: list[tuple[int, str, str, str | None]],
     per_partition: int,
     *,
     job_id: int | None,
@@ -429,7 +444,7 @@ def _ready_rows(
         rows = [
             row
             for row in session.execute(statements.READY_JOB, {"job_id": job_id}).all()
-            if (row.run_id, row.lane, row.stage) in wanted
+            if (row.run_id, row.lane, row.stage, row.group_name) in wanted
         ]
     else:
         for chunk in statements.chunks(partitions):

@@ -119,6 +119,7 @@ JOB_CONTEXT = (
         jobs.c.stage,
         jobs.c.lane,
         jobs.c.attempt_count,
+        jobs.c.group_name,
         runs.c.config_sha256,
     )
     .join(runs, runs.c.id == jobs.c.run_id)
@@ -321,6 +322,7 @@ _CANDIDATE = select(
     jobs.c.fence,
     jobs.c.attempt_count,
     jobs.c.priority_rank,
+    jobs.c.group_name,
     items.c.key.label("item_key"),
     items.c.lane.label("item_lane"),
     items.c.position.label("item_position"),
@@ -353,9 +355,12 @@ READY_JOB = _CANDIDATE.where(
 )
 
 
-def ready_candidates(partitions: Sequence[tuple[int, str, str]], per_partition: int) -> Any:
-    """The first ``per_partition`` ready jobs of each (run, lane, stage): highest
-    priority first (``priority_rank``), in item order among equals.
+def ready_candidates(
+    partitions: Sequence[tuple[int, str, str, str | None]], per_partition: int
+) -> Any:
+    """The first ``per_partition`` ready jobs of each (run, lane, stage, item group):
+    highest priority first (``priority_rank``), in item order among equals. The group is
+    None in a run that does not select by yield (every job's ``group_name`` is NULL).
 
     More than the free slots of one partition can never start in one claim, so one more
     than that is enough to also record why the next would wait. Each branch is one index
@@ -367,6 +372,7 @@ def ready_candidates(partitions: Sequence[tuple[int, str, str]], per_partition: 
             jobs.c.state == JobState.READY.value,
             jobs.c.lane == lane,
             jobs.c.stage == stage,
+            jobs.c.group_name.is_(None) if group is None else jobs.c.group_name == group,
             # Waiting out a retry backoff: not a candidate until the controller clears it.
             jobs.c.retry_after.is_(None),
         )
@@ -374,7 +380,7 @@ def ready_candidates(partitions: Sequence[tuple[int, str, str]], per_partition: 
         .limit(per_partition)
         .subquery()
         .select()
-        for run_id, lane, stage in partitions
+        for run_id, lane, stage, group in partitions
     ]
     if len(branches) == 1:
         return branches[0]

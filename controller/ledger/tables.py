@@ -17,6 +17,7 @@ from laneway.controller.models import (
     ControllerRow,
     Decision,
     Event,
+    GroupStats,
     Item,
     Job,
     Lane,
@@ -55,6 +56,7 @@ node_low_water = _table(NodeLowWater)
 reservations = _table(Reservation)
 runs = _table(Run)
 stage_stats = _table(StageStats)
+group_stats = _table(GroupStats)
 usage_totals = _table(UsageTotal)
 workers = _table(Worker)
 controllers = _table(ControllerRow)

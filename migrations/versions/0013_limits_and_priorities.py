@@ -2,7 +2,11 @@
 
 ``jobs.priority_rank``: minus its item's priority (0 for every job so far), so a claim
 takes the ready jobs of a (run, lane, stage) highest priority first, FIFO among equals,
-along one ascending index range (``ix_jobs_dispatch`` gains it before ``id``).
+along one ascending index range. ``jobs.group_name``: its item's group in a run that
+selects by yield (NULL otherwise); ``ix_jobs_dispatch`` becomes (run_id, state, lane,
+stage, group_name, priority_rank, id), one range per (run, lane, stage, group).
+``group_stats``: per run and group, the admissions and the measured ``by`` and ``per``
+usage that the selection reads (kept by the claim and the settle).
 ``ix_attempts_run_intent``: the attempts of a run started within a rate limit's window
 (``statements.WINDOW_ATTEMPTS``), so the count follows the window, not the run.
 ``ck_attempts_outcome`` admits the outcome class ``rate_limited``. On SQLite a CHECK
@@ -64,22 +68,36 @@ def upgrade() -> None:
         batch_op.add_column(
             sa.Column("priority_rank", sa.Integer(), nullable=False, server_default="0")
         )
+        batch_op.add_column(sa.Column("group_name", sa.String(length=64), nullable=True))
     op.drop_index("ix_jobs_dispatch", table_name="jobs")
     op.create_index(
         "ix_jobs_dispatch",
         "jobs",
-        ["run_id", "state", "lane", "stage", "priority_rank", "id"],
+        ["run_id", "state", "lane", "stage", "group_name", "priority_rank", "id"],
         unique=False,
+    )
+    op.create_table(
+        "group_stats",
+        sa.Column("run_id", sa.Integer(), nullable=False),
+        sa.Column("group_name", sa.String(length=64), nullable=False),
+        sa.Column("admitted", sa.Integer(), nullable=False),
+        sa.Column("measured", sa.Integer(), nullable=False),
+        sa.Column("by_total", sa.Float(), nullable=False),
+        sa.Column("per_total", sa.Float(), nullable=False),
+        sa.ForeignKeyConstraint(["run_id"], ["runs.id"], name=op.f("fk_group_stats_run_id_runs")),
+        sa.PrimaryKeyConstraint("run_id", "group_name", name=op.f("pk_group_stats")),
     )
     op.create_index("ix_attempts_run_intent", "attempts", ["run_id", "intent_at"], unique=False)
 
 
 def downgrade() -> None:
+    op.drop_table("group_stats")
     op.drop_index("ix_attempts_run_intent", table_name="attempts")
     op.drop_index("ix_jobs_dispatch", table_name="jobs")
     op.create_index(
         "ix_jobs_dispatch", "jobs", ["run_id", "state", "lane", "stage", "id"], unique=False
     )
     with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.drop_column("group_name")
         batch_op.drop_column("priority_rank")
     _outcome_check(WITH_RATE_LIMITED, OUTCOMES)

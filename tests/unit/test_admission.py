@@ -14,13 +14,16 @@ from laneway.controller.admission import (
     Candidate,
     ControlView,
     DeviceView,
+    GroupView,
     Holder,
     NodeView,
     Refusal,
+    SelectionView,
     Snapshot,
     admit,
     describe,
     explain,
+    order_by_yield,
     placement_words,
     runs_on,
 )
@@ -827,3 +830,45 @@ def test_the_sharing_rule_holds_per_device_with_its_arithmetic() -> None:
     assert "no measured GPU peak yet" in unmeasured.refusals[0].detail["devices"]["GPU 0"]
     busy = admit(snapshot(gpu_job(1, gpu_mib=100), node=four_gpus(whole, whole, whole, whole)))
     assert busy.refusals[0].code == "gpu_busy"
+
+
+# -- choosing by yield ----------------------------------------------------------------
+
+
+def grouped(job_id: int, group: str) -> Candidate:
+    return replace(job(job_id), group=group)
+
+
+def test_nothing_measured_explores_every_group_in_turn() -> None:
+    view = SelectionView("useful", "cost", 0.1)
+    ordered = order_by_yield([grouped(n, "AB"[n % 2]) for n in range(4)], view)
+    assert [c.group for c, _ in ordered] == ["A", "B", "A", "B"]
+    assert {why["why"] for _, why in ordered} == {"explore"}
+
+
+@pytest.mark.parametrize("explore", [0.0, 0.25, 0.5])
+def test_the_best_group_gets_all_but_the_explored_share(explore: float) -> None:
+    view = SelectionView(
+        "useful",
+        "cost",
+        explore,
+        {"A": GroupView(1, 1, 100.0, 1.0), "B": GroupView(1, 1, 10.0, 1.0)},
+    )
+    candidates = [grouped(n, "A") for n in range(40)] + [grouped(100 + n, "B") for n in range(40)]
+    ordered = order_by_yield(candidates, view)[:40]
+    others = sum(1 for c, _ in ordered if c.group == "B")
+    # Counting the two admissions already made: B's share stays within one admission
+    # of ``explore``.
+    assert abs((others + 1) / 42 - explore) <= 1 / 42
+    assert all(why["best"] == "A" for _, why in ordered)
+
+
+def test_an_unmeasured_group_is_explored_before_a_measured_one() -> None:
+    view = SelectionView(
+        "useful",
+        "cost",
+        0.5,
+        {"A": GroupView(3, 3, 30.0, 3.0), "B": GroupView(1, 1, 1.0, 1.0)},
+    )
+    ordered = order_by_yield([grouped(1, "A"), grouped(2, "B"), grouped(3, "C")], view)
+    assert [(c.group, why["why"]) for c, why in ordered][:1] == [("C", "explore")]
