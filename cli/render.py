@@ -357,6 +357,18 @@ def explain_text(report: dict[str, Any]) -> str:
             if unserved
             else "nothing blocks it: the next claim on its node can start it"
         )
+    chose = report.get("selection")
+    if chose:
+        yields = ", ".join(
+            f"{group} {'not measured' if y is None else f'{y:g}'}"
+            for group, y in sorted(chose["yields"].items())
+        )
+        out.append(
+            clean(
+                f"chosen by the run's selection: group {chose['group']} ({chose['why']}; "
+                f"{chose['by']} per {chose['per']}: {yields or 'nothing measured'})"
+            )
+        )
     behind = report.get("waits_behind")
     if behind and behind["count"]:
         shown = ", ".join(f"{j['job']} (priority {j['priority']})" for j in behind["jobs"])
