@@ -473,6 +473,15 @@ def retry(
                         session, job_id, reason=why, actor=common.actor(), now=now
                     )
                     retried = [job_id]
+                elif reruns:
+                    # The producers re-run for exactly the jobs looked at: one that is no
+                    # longer failed refuses the whole retry (nothing is half done).
+                    for named_id in named:
+                        ledger.retry_job(
+                            session, named_id, reason=why, actor=common.actor(), now=now
+                        )
+                    retried = named
+                    moved = len(retried)
                 else:
                     assert run is not None
                     ledger.get_run(session, run)

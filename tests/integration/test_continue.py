@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from laneway.controller import db, ledger
@@ -502,7 +503,8 @@ sys.exit(1 if os.path.exists(gate + '.fail.' + stage) else 0)
 """
 
 
-def test_retry_of_a_consumer_whose_input_left_the_store_re_runs_its_producers(tmp_path):
+@pytest.mark.parametrize("which", [["x1.judge"], ["--run", "1"]], ids=["job", "bulk"])
+def test_retry_of_a_consumer_whose_input_left_the_store_re_runs_its_producers(tmp_path, which):
     """Issue 'Never re-pay ... reuse trusts only the store': judge failed; since then the
     outputs prep and solve stored were deleted from the store. Retrying judge alone would
     fail the same way (its input is not there): the retry names the producers that must
@@ -546,7 +548,7 @@ def test_retry_of_a_consumer_whose_input_left_the_store_re_runs_its_producers(tm
         return {r["stage"]: r["state"] for r in rows}
 
     before = states()
-    asked = invoke("retry", "x1.judge", "--reason", "store pruned by mistake", *rt)
+    asked = invoke("retry", *which, "--reason", "store pruned by mistake", *rt)
     assert asked.exit_code == 2, asked.output
     solve_job = stored["solve"][0]
     assert f"job {solve_job} (x1.solve) succeeded, but output out.txt of attempt" in asked.stderr
@@ -554,11 +556,12 @@ def test_retry_of_a_consumer_whose_input_left_the_store_re_runs_its_producers(tm
     assert states() == before == {"prep": "succeeded", "solve": "succeeded", "judge": "failed"}
 
     why = "store pruned by mistake"
-    done = invoke("retry", "x1.judge", "--reason", why, "--yes", *rt, "--json")
+    done = invoke("retry", *which, "--reason", why, "--yes", *rt, "--json")
+    judge_job = json.loads(done.stdout).get("job_id") or json.loads(done.stdout)["retried"][0]
     assert done.exit_code == 0, done.output
     rerun = json.loads(done.stdout)["rerun"]
     assert [(r["job"], r["for_job"]) for r in rerun] == [
-        ("x1.solve", json.loads(done.stdout)["job_id"]),
+        ("x1.solve", judge_job),
         ("x1.prep", solve_job),
     ]
     assert states() == {"prep": "ready", "solve": "waiting", "judge": "waiting"}
@@ -569,7 +572,7 @@ def test_retry_of_a_consumer_whose_input_left_the_store_re_runs_its_producers(tm
     reasons = [
         (e["job_id"], d["reason"].split(" (")[0]) for e, d in zip(events, details, strict=True)
     ]
-    retried = json.loads(done.stdout)["job_id"]
+    retried = judge_job
     assert sorted(reasons) == sorted(
         [(stored["prep"][0], why), (stored["solve"][0], why), (retried, why)]
     )
