@@ -436,7 +436,7 @@ def _settled_lines(report: dict[str, Any]) -> list[str]:
             ended.append(f"signal {attempt['exit_signal']}{name}")
         out.append(
             clean(
-                f"attempt {attempt['attempt_id']} (#{attempt['number']}): "
+                f"attempt {attempt['attempt_id']} (the job's attempt {attempt['number']}): "
                 f"{attempt['outcome'] or attempt['state']}"
                 + (f", {', '.join(ended)}" if ended else ", no exit code recorded")
                 + (f" — {attempt['reason']}" if attempt["reason"] else "")

@@ -267,7 +267,10 @@ class WorkerService:
         flights = [f for f in self.in_flight.values() if not f.marked_unknown and not f.exited]
         now_mono = time.monotonic()
         fresh = any(f.peaks.sampled_at is None for f in flights)
-        if not flights or (now_mono - self._last_sample < self.sample_seconds and not fresh):
+        if not flights:
+            self._our_pids = set()  # nothing of ours runs: all GPU use is the baseline
+            return
+        if now_mono - self._last_sample < self.sample_seconds and not fresh:
             return
         self._last_sample = now_mono
         reading = self._gpu_reading = self.sampler.read_gpu()

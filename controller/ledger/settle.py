@@ -376,18 +376,25 @@ def record_result_usage(
     session: Session, attempt: Any, job: Any, result: dict[str, Any] | None, *, now: datetime
 ) -> None:
     """Store the usage ``result`` reports (none when no result was read) and add it to
-    its stage's spend, for an attempt moved out of flight other than by ``settle_attempt``
-    (marked unknown, reconciled). ``attempt`` and ``job`` are the rows ``move_attempt``
-    and ``move_job`` returned."""
-    usage_ledger.record_usage(
+    its stage's spend (and, in a run that selects by yield, to its group's yield), for an
+    attempt moved out of flight other than by ``settle_attempt`` (marked unknown,
+    reconciled). ``attempt`` and ``job`` are the rows ``move_attempt`` and ``move_job``
+    returned."""
+    usage = usage_math.read_usage(result)[0]
+    stored = usage_ledger.record_usage(
         session,
         attempt_id=attempt.id,
         run_id=job.run_id,
         job_id=attempt.job_id,
         stage=job.stage,
-        usage=usage_math.read_usage(result)[0],
+        usage=usage,
         now=now,
     )
+    if stored:
+        context = session.execute(statements.JOB_CONTEXT, {"job_id": attempt.job_id}).one()
+        if context.group_name is not None:
+            config = frozen_config(session, context.run_id, context.config_sha256)
+            selection.record_group_usage(session, config, context.run_id, context.group_name, usage)
 
 
 def release(session: Session, attempt_id: int, *, now: datetime) -> None:

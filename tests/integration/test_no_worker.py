@@ -224,7 +224,10 @@ def test_explain_a_failed_job_shows_its_evidence_and_the_retry_command(
     assert body["retry"] == {"job_id": claim.job_id, "command": retry}
 
     text = invoke("explain", str(claim.job_id), "--runtime-dir", str(runtime)).stdout
-    assert f"attempt {claim.attempt_id} (#1): failed, exit code 3 — exit code 3" in text
+    assert (
+        f"attempt {claim.attempt_id} (the job's attempt 1): failed, exit code 3 — exit code 3"
+        in text
+    )
     assert f"directory: {claim.attempt_dir}" in text
     assert "last 10 line(s) of stderr.log:\n    line 7\n" in text
     assert "line 6\n" not in text and "\x1b" not in text  # escapes neutralised

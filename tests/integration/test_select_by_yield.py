@@ -78,3 +78,27 @@ def test_the_better_group_gets_its_share_and_the_other_is_still_explored(engine,
     text = render.selection_lines(report["selection"])
     assert text[0].startswith("selection by useful_tokens per cost_usd (explore 0.2; ")
     assert text[1].startswith("  P2: 10 admitted, yield 100; per tenth of the window: ")
+
+
+def test_a_reconciled_attempts_reported_usage_counts_for_its_groups_yield(
+    engine, make_run, register_worker, clock
+):
+    """Usage that reaches the ledger other than through a settle (an unknown attempt an
+    operator reconciles with its result) counts for the group's yield too, once."""
+    from laneway.controller.models import GroupStats
+    from tests.support import claim_one_on_n1, reconcile_one
+
+    config = make_config(
+        [py_stage("ask", "pass")],
+        items=[{"key": "only", "lane": "a", "group": "P2"}],
+        select={"by": "useful_tokens", "per": "cost_usd"},
+    )
+    make_run(config)
+    factory = db.session_factory(engine)
+    claimed = claim_one_on_n1(factory, register_worker(), clock, unknown="lease expired")
+    result = {"job_id": claimed.job_id, "usage": {"useful_tokens": 50, "cost_usd": 0.5}}
+    reconcile_one(factory, claimed, clock, "succeeded", "checked by hand", result=result)
+    with factory() as session:
+        (row,) = session.scalars(select(GroupStats)).all()
+    assert (row.group_name, row.admitted, row.measured) == ("P2", 1, 1)
+    assert (row.by_total, row.per_total) == (50.0, 0.5)
