@@ -132,8 +132,9 @@ def admission_snapshot(
     limit is checked).
 
     Candidates: the first ``free_slots + 1`` ready jobs of each (run, lane, stage) the
-    node runs (``limit`` overrides the per-partition count): its lanes' stages without
-    ``nodes``, and every lane's stages whose ``nodes`` name it.
+    node runs, and of each item group in a run that selects by yield (``limit``
+    overrides the per-partition count): its lanes' stages without ``nodes``, and every
+    lane's stages whose ``nodes`` name it.
     """
     node_row = session.execute(statements.NODE_ROW, {"node": node}).first()
     if node_row is None:
