@@ -1,13 +1,19 @@
 """Claims under real concurrency: N worker processes claiming (and settling) from one
-run at once, on SQLite and on PostgreSQL, at two backlog sizes.
+run at once, on SQLite and on PostgreSQL, at several backlog sizes.
 
-Each worker process loops as a worker service does: one write transaction settles what
-it holds and claims for its free slots (tests/claim_race.py, the same code the test
-tests/integration/test_claim_race.py runs). Prints claims per second over the whole
-run and the worst time one claim transaction took (waiting for the write lock included).
+Each worker process loops as a worker service does (tests/claim_race.py, the same code
+tests/integration/test_claim_race.py runs): on SQLite one write transaction settles what
+it holds and claims for its free slots; on PostgreSQL the settle commits under the write
+lock and the claim runs in a ``db.claim_transaction`` (the node's lock, the write lock
+only for its writes). ``--nodes each`` puts every worker on a node of its own (a lane per
+node), ``--nodes one`` all of them on one node. Prints claims per second over the whole
+run, the ratio to one worker's rate, the worst time one claim transaction took (waiting
+for locks included), duplicates (attempts beyond one per job) and lost jobs (not
+succeeded), with the load average when the row was measured.
 
-    .venv/bin/python bench/bench_claim_race.py [--jobs 500,2000] [--workers 4,16]
-        [--postgres postgresql://postgres@127.0.0.1:5432/postgres]
+    .venv/bin/python bench/bench_claim_race.py [--jobs 5000] [--workers 1,2,4,8,16]
+        [--nodes each,one] [--postgres postgresql://postgres@127.0.0.1:5432/postgres]
+        [--backends sqlite,postgres]
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ from _common import int_list, parser, table, use_project
 
 def main() -> None:
     args = parser(__doc__ or "")
-    args.add_argument("--jobs", type=int_list, default=[500, 2000])
-    args.add_argument("--workers", type=int_list, default=[4, 16])
+    args.add_argument("--jobs", type=int_list, default=[5000])
+    args.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 16])
+    args.add_argument("--nodes", default="each,one", help="each (a node per worker), one")
+    args.add_argument("--backends", default="sqlite,postgres")
     args.add_argument(
         "--postgres",
         default="postgresql://postgres@127.0.0.1:5432/postgres",
@@ -31,43 +39,72 @@ def main() -> None:
     options = args.parse_args()
     use_project(options.project)
     os.environ["LANEWAY_TEST_POSTGRES_URL"] = options.postgres
+    from sqlalchemy import create_engine, text
+
     from laneway.controller import ledger_open
     from tests import backends
     from tests.claim_race import race
 
     rows = []
+    backend_names = [
+        b for b in options.backends.split(",") if b == "sqlite" or (b and options.postgres)
+    ]
     for jobs in options.jobs:
-        for workers in options.workers:
-            for backend in ["sqlite", "postgres"] if options.postgres else ["sqlite"]:
-                with tempfile.TemporaryDirectory() as scratch:
-                    name = None
-                    if backend == "sqlite":
-                        engine = ledger_open.open_ledger(Path(scratch))
-                        url = engine.url.render_as_string(hide_password=False)
-                        engine.dispose()
-                    else:
-                        name = backends.create_database()
-                        url = backends.database_url(name)
-                    try:
-                        found = race(url, jobs=jobs, workers=workers)
-                    finally:
-                        if name is not None:
-                            backends.drop_database(name)
-                errors = sum(len(r["errors"]) for r in found["reports"])
-                worst = max(r["worst_wait_s"] for r in found["reports"])
-                rows.append(
-                    [
-                        backend,
-                        str(jobs),
-                        str(workers),
-                        f"{jobs / found['seconds']:.0f}",
-                        f"{worst * 1000:.0f}",
-                        str(errors),
-                    ]
-                )
+        for spread in options.nodes.split(","):
+            for backend in backend_names:
+                base = None
+                for workers in options.workers:
+                    nodes = workers if spread == "each" else 1
+                    with tempfile.TemporaryDirectory() as scratch:
+                        name = None
+                        if backend == "sqlite":
+                            engine = ledger_open.open_ledger(Path(scratch))
+                            url = engine.url.render_as_string(hide_password=False)
+                            engine.dispose()
+                        else:
+                            name = backends.create_database()
+                            url = backends.database_url(name)
+                        try:
+                            load = os.getloadavg()[0]
+                            found = race(url, jobs=jobs, workers=workers, nodes=nodes)
+                            counted = create_engine(
+                                url.replace("postgresql://", "postgresql+psycopg://")
+                            )
+                            with counted.connect() as connection:
+                                attempts = connection.execute(
+                                    text("SELECT COUNT(*), COUNT(DISTINCT job_id) FROM attempts")
+                                ).one()
+                                lost = connection.execute(
+                                    text("SELECT COUNT(*) FROM jobs WHERE state <> 'succeeded'")
+                                ).scalar()
+                            counted.dispose()
+                        finally:
+                            if name is not None:
+                                backends.drop_database(name)
+                    errors = sum(len(r["errors"]) for r in found["reports"])
+                    worst = max(r["worst_wait_s"] for r in found["reports"])
+                    rate = jobs / found["seconds"]
+                    base = base or rate
+                    rows.append(
+                        [
+                            backend,
+                            str(jobs),
+                            str(workers),
+                            str(nodes),
+                            f"{rate:.0f}",
+                            f"{rate / base:.2f}",
+                            f"{worst * 1000:.0f}",
+                            str(attempts[0] - attempts[1]),
+                            str(lost),
+                            str(errors),
+                            f"{load:.1f}",
+                        ]
+                    )
+                    print(" | ".join(rows[-1]), flush=True)
     if options.postgres:
         backends.drop_template()
-    print(table(["backend", "jobs", "workers", "claims/s", "worst claim ms", "errors"], rows))
+    header = ["backend", "jobs", "workers", "nodes", "claims/s", "vs 1 worker", "worst claim ms"]
+    print(table([*header, "duplicates", "lost", "errors", "load"], rows))
 
 
 if __name__ == "__main__":

@@ -223,11 +223,11 @@ def transaction(factory: sessionmaker[Session], *, fair: bool = True) -> Iterato
     the moment the lock is free (bench/bench_contention.py measures both).
 
     On PostgreSQL every write transaction first takes one transaction-scoped advisory
-    lock (``WRITE_LOCK_KEY``), so writers are serialised exactly as SQLite's one write
-    lock serialises them: admission decides caps that span nodes (a lane on two
-    machines) from a snapshot no other claim can change under it, and event ids commit
-    in the order they were drawn, so the controller's event cursor never skips one.
-    Reads take no lock. docs/deploy.md says what this costs (claims/s).
+    lock (``WRITE_LOCK_KEY``) and holds it to its commit, so event ids commit in the
+    order they were drawn and the controller's event cursor never skips one, and every
+    read-then-write (a retry, a reconcile, a run's completion) sees a ledger no other
+    writer changes under it. A worker's claim takes it late instead
+    (``claim_transaction``). Reads take no lock. docs/deploy.md says what this costs.
     """
     engine = factory.kw.get("bind")
     asked = time.monotonic()
@@ -239,21 +239,75 @@ def transaction(factory: sessionmaker[Session], *, fair: bool = True) -> Iterato
                 from sqlalchemy import text
 
                 session.info[LEDGER_NOW] = session.execute(text(_LOCK_THEN_NOW)).scalar_one()
+                session.info[WRITE_LOCKED] = True
             session.info[LOCK_WAIT] = time.monotonic() - asked
             yield session
         except BaseException:
             session.rollback()
             raise
+        _commit(session)
+
+
+@contextmanager
+def claim_transaction(factory: sessionmaker[Session], *, node: str) -> Iterator[Session]:
+    """A worker's claim: on SQLite exactly ``transaction``. On PostgreSQL it begins with
+    the node's own advisory lock (``NODE_LOCK_CLASS``, the node's name hashed), so the
+    claims of one node's workers are serialised (its slots, memory, GPUs and ports are
+    decided from a snapshot no other claim of that node changes), and takes the write
+    lock only when the claim is about to write (``write_lock``): the admission snapshot
+    of a claim on one node is read while another node's claim writes. What must still be
+    decided under the write lock is re-read under it (``ledger.claim``)."""
+    engine = factory.kw.get("bind")
+    if engine is None or is_sqlite(engine):
+        with transaction(factory) as session:
+            yield session
+        return
+    from sqlalchemy import text
+
+    asked = time.monotonic()
+    with factory() as session:
+        session.begin()
         try:
-            session.commit()
-        except Exception as exc:
-            if is_transient(exc):
-                raise CommitOutcomeUnknown(
-                    f"the ledger connection failed while a transaction was committing "
-                    f"({_first_line(getattr(exc, 'orig', None) or exc)}); it may or may not "
-                    "have been recorded: look with `laneway status` before repeating it"
-                ) from exc
+            session.info[LEDGER_NOW] = session.execute(
+                text(_NODE_LOCK_THEN_NOW), {"node": node}
+            ).scalar_one()
+            session.info[LOCK_WAIT] = time.monotonic() - asked
+            session.info[WRITE_LOCKED] = False
+            yield session
+            write_lock(session)  # a claim that wrote nothing still commits in order
+        except BaseException:
+            session.rollback()
             raise
+        _commit(session)
+
+
+def write_lock(session: Session) -> bool:
+    """Take the write lock in a ``claim_transaction`` that has not taken it yet; True
+    when it was taken now (what other writers committed since the transaction began is
+    visible to the statements after it). False on SQLite and in ``transaction``, whose
+    writes hold the lock from their first statement."""
+    if session.info.get(WRITE_LOCKED, True):
+        return False
+    from sqlalchemy import text
+
+    asked = time.monotonic()
+    session.execute(text(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"))
+    session.info[WRITE_LOCKED] = True
+    session.info[LOCK_WAIT] = session.info.get(LOCK_WAIT, 0.0) + time.monotonic() - asked
+    return True
+
+
+def _commit(session: Session) -> None:
+    try:
+        session.commit()
+    except Exception as exc:
+        if is_transient(exc):
+            raise CommitOutcomeUnknown(
+                f"the ledger connection failed while a transaction was committing "
+                f"({_first_line(getattr(exc, 'orig', None) or exc)}); it may or may not "
+                "have been recorded: look with `laneway status` before repeating it"
+            ) from exc
+        raise
 
 
 # PostgreSQL SQLSTATE classes after which the transaction is known to be rolled back and
@@ -403,6 +457,7 @@ class _RetryState:
 
 LEDGER_NOW = "laneway_ledger_now"
 LOCK_WAIT = "laneway_lock_wait"
+WRITE_LOCKED = "laneway_write_locked"
 
 
 def lock_wait(session: Session) -> float:
@@ -416,6 +471,13 @@ def lock_wait(session: Session) -> float:
 _LOCK_THEN_NOW = (
     "SELECT timezone('UTC', clock_timestamp()) "
     f"FROM (SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})) AS locked"
+)
+
+
+NODE_LOCK_CLASS = 0x6C616E6E  # "lann": the first key of every node's advisory lock
+_NODE_LOCK_THEN_NOW = (
+    "SELECT timezone('UTC', clock_timestamp()) "
+    f"FROM (SELECT pg_advisory_xact_lock({NODE_LOCK_CLASS}, hashtext(:node))) AS locked"
 )
 
 

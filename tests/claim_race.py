@@ -21,15 +21,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_run(url: str, jobs: int, workers: int, slots: int) -> int:
+def make_run(url: str, jobs: int, workers: int, slots: int, nodes: int = 1) -> int:
+    """One run of ``jobs`` items over ``nodes`` nodes (lane ``a<k>`` on node ``n<k>``,
+    items dealt round-robin), each node with room for all its workers' slots."""
     from laneway.controller import db, ledger
     from laneway.controller.clock import SystemClock
     from tests.support import make_config, py_stage
 
+    per_node = -(-workers // nodes) * slots
     config = make_config(
         [py_stage("only", "pass")],
-        items=[{"key": f"i{n}", "lane": "a"} for n in range(jobs)],
-        max_jobs=workers * slots,
+        items=[{"key": f"i{n}", "lane": f"a{n % nodes + 1}"} for n in range(jobs)],
+        lanes=[{"name": f"a{k}", "node": f"n{k}"} for k in range(1, nodes + 1)],
+        nodes=[
+            {"name": f"n{k}", "memory_floor_mib": 0, "max_jobs": per_node}
+            for k in range(1, nodes + 1)
+        ],
     )
     engine = db.make_engine(url)
     with db.transaction(db.session_factory(engine)) as session:
@@ -45,14 +52,23 @@ def make_run(url: str, jobs: int, workers: int, slots: int) -> int:
     return run_id
 
 
-def race(url: str, *, jobs: int, workers: int, slots: int = 4) -> dict[str, Any]:
-    """Run the race; returns the children's reports and the wall time."""
-    make_run(url, jobs, workers, slots)
+def race(url: str, *, jobs: int, workers: int, slots: int = 4, nodes: int = 1) -> dict[str, Any]:
+    """Run the race (worker ``i`` on node ``n<i % nodes + 1>``); returns the children's
+    reports and the wall time."""
+    make_run(url, jobs, workers, slots, nodes)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     started = time.monotonic()
     children = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.claim_race", url, str(index), str(slots)],
+            [
+                sys.executable,
+                "-m",
+                "tests.claim_race",
+                url,
+                str(index),
+                str(slots),
+                f"n{index % nodes + 1}",
+            ],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -70,7 +86,10 @@ def race(url: str, *, jobs: int, workers: int, slots: int = 4) -> dict[str, Any]
     return {"reports": reports, "stderr": stderr, "seconds": time.monotonic() - started}
 
 
-def _child(url: str, index: int, slots: int) -> dict[str, Any]:
+def _child(url: str, index: int, slots: int, node: str) -> dict[str, Any]:
+    """Loop as ``WorkerService._settle_and_claim`` does: on SQLite settle and claim in
+    one transaction; on PostgreSQL settle under the write lock, then claim in a
+    ``claim_transaction`` (the node's lock; the write lock only for its writes)."""
     from sqlalchemy import func, select
 
     from laneway.controller import db, ledger
@@ -85,7 +104,7 @@ def _child(url: str, index: int, slots: int) -> dict[str, Any]:
     with db.transaction(factory) as session:
         worker = ledger.register_worker(
             session,
-            node="n1",
+            node=node,
             host="race",
             pid=os.getpid(),
             boot_id="race",
@@ -95,32 +114,46 @@ def _child(url: str, index: int, slots: int) -> dict[str, Any]:
         )
     held: list[Any] = []
     claims = settles = 0
+    # bench_claim_race.py --project runs this file against trees older than
+    # claim_transaction: there every claim takes the write lock up front.
+    claim_transaction = getattr(db, "claim_transaction", None) or (
+        lambda factory, node: db.transaction(factory)
+    )
+
+    def settle(session: Any, claims: list[Any]) -> None:
+        nonlocal settles
+        now = db.ledger_now(session, clock)
+        for claim in claims:
+            record_spawn(session, claim, worker, now, ("race", os.getpid(), index))
+            ledger.settle_attempt(
+                session,
+                claim.attempt_id,
+                fence=claim.fence,
+                outcome=Outcome.SUCCEEDED,
+                actor=worker,
+                now=now,
+            )
+        settles += len(claims)
+
     worst = 0.0
     errors: list[str] = []
     idle_looks = 0
     while idle_looks < 3:
         began = time.monotonic()
         try:
-            with db.transaction(factory) as session:
-                now = db.ledger_now(session, clock)
-                for claim in held:
-                    record_spawn(session, claim, worker, now, ("race", os.getpid(), index))
-                    ledger.settle_attempt(
-                        session,
-                        claim.attempt_id,
-                        fence=claim.fence,
-                        outcome=Outcome.SUCCEEDED,
-                        actor=worker,
-                        now=now,
-                    )
-                settles += len(held)
+            if held and not db.is_sqlite(engine):
+                with db.transaction(factory) as session:
+                    settle(session, held)
+                held = []
+            with claim_transaction(factory, node=node) as session:
+                settle(session, held)
                 held = ledger.claim_jobs(
                     session,
                     worker_id=worker,
-                    node="n1",
+                    node=node,
                     free_slots=slots,
                     mem_available_mib=1e9,
-                    now=now,
+                    now=db.ledger_now(session, clock),
                 )
         except Exception as exc:  # reported to the parent, which fails the test on it
             errors.append(f"{type(exc).__name__}: {db.describe(exc)}")
@@ -141,4 +174,4 @@ def _child(url: str, index: int, slots: int) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(_child(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))
+    print(json.dumps(_child(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])))

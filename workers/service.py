@@ -44,8 +44,10 @@ from typing import Any
 import psutil
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
 
 from laneway.controller import db, identity, ledger, pipeline
+from laneway.controller.attempt import Judged
 from laneway.controller.clock import Clock, SystemClock
 from laneway.controller.crashpoints import crash_point
 from laneway.controller.errors import CommitOutcomeUnknown, StaleLease
@@ -417,9 +419,15 @@ class WorkerService:
     def _settle_and_claim(
         self, finished: list[tuple[int, InFlight]], free: int
     ) -> tuple[int, list[str], list[ledger.Claim]]:
-        """One write transaction: settle every finished attempt (each in a savepoint, so
-        a stale one does not undo the others), then lease work for ``free`` slots and
-        write its intents. Exit records and source files are read before it begins."""
+        """Settle every finished attempt (each in a savepoint, so a stale one does not
+        undo the others), then lease work for ``free`` slots and write its intents. Exit
+        records and source files are read before the transaction begins.
+
+        On SQLite both happen in one transaction. On PostgreSQL the settle commits first
+        under the write lock and the claim follows in a ``db.claim_transaction``, which
+        reads its snapshot under the node's lock only and takes the write lock just for
+        its writes, so claims on different nodes overlap (docs/deploy.md)."""
+        settling = len(finished)
         classified = self.finishing.judge_all(finished)
         sources, lacking = self._before_claim() if free > 0 else ({}, {})
         available = self.memory_probe()[0] if free > 0 else None
@@ -427,13 +435,25 @@ class WorkerService:
             self._probed(available)
         if finished:
             crash_point("worker_before_settle")
+        late = free > 0 and not db.is_sqlite(self.engine)
+        outcomes: list[str] = []
+        settled_failures: list[InFlight] = []
+        if late and finished:
+            with db.transaction(self.factory) as session:
+                outcomes, settled_failures = self._settle(session, classified)
+            self._settled(finished, classified, settled_failures)
+            finished = []
         claims: list[ledger.Claim] = []
-        with db.transaction(self.factory) as session:
-            now = db.ledger_now(session, self.clock)
-            outcomes, settled_failures = self.finishing.settle(session, now, classified)
-            if classified:
-                crash_point("worker_mid_settle")  # inside the transaction: rolls back
+        writing = (
+            db.claim_transaction(self.factory, node=self.node)
+            if late
+            else db.transaction(self.factory)
+        )
+        with writing as session:
+            if finished:
+                outcomes, settled_failures = self._settle(session, classified)
             if free > 0:
+                now = db.ledger_now(session, self.clock)
                 seen: dict[str, int] = {}
                 claims = ledger.claim_jobs(
                     session,
@@ -453,16 +473,35 @@ class WorkerService:
                 for claim in claims:
                     self.stages.remember(session, claim)
                 self._seen_event = ledger.latest_event_id(session)
+        if finished:
+            self._settled(finished, classified, settled_failures)
+        if free > 0:
+            self._last_claim = time.monotonic()
+            crash_point("worker_after_intent_commit")
+        return settling, outcomes, claims
+
+    def _settle(
+        self, session: Session, classified: list[tuple[int, InFlight, Judged]]
+    ) -> tuple[list[str], list[InFlight]]:
+        now = db.ledger_now(session, self.clock)
+        outcomes, settled_failures = self.finishing.settle(session, now, classified)
+        if classified:
+            crash_point("worker_mid_settle")  # inside the transaction: rolls back
+        return outcomes, settled_failures
+
+    def _settled(
+        self,
+        finished: list[tuple[int, InFlight]],
+        classified: list[tuple[int, InFlight, Judged]],
+        settled_failures: list[InFlight],
+    ) -> None:
+        """After the settle's commit: stop watching, capture failures' workspaces."""
         if any(judged.stored for _, _, judged in classified):
             crash_point("worker_after_outputs_recorded")
         for attempt_id, _ in finished:
             self._forget(attempt_id)
         for flight in settled_failures:
             self.finishing.capture(flight)  # after the commit: it cannot touch the outcome
-        if free > 0:
-            self._last_claim = time.monotonic()
-            crash_point("worker_after_intent_commit")
-        return len(finished), outcomes, claims
 
     # -- settle --------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from laneway.controller import admission, launch, usage
+from laneway.controller import admission, db, launch, usage
 from laneway.controller.config import TemplateError
 from laneway.controller.errors import IllegalTransition
 from laneway.controller.ledger import artifacts as artifact_ledger
@@ -121,16 +121,24 @@ def claim_jobs(
     ``seen``, when given, receives ``candidates``: how many ready jobs admission looked
     at (none: only a new event can give this node work, not a change of free memory).
     """
-    snapshot, jobs_by_id = admission_snapshot(
-        session,
-        node=node,
-        free_slots=free_slots,
-        mem=mem_available_mib,
-        limit=candidate_limit,
-        now=now,
-    )
-    snapshot.missing_secrets = missing_secrets or {}
-    verdict = admission.admit(snapshot)
+
+    def look() -> tuple[admission.Snapshot, dict[int, tuple[Any, RunInfo]], admission.Admission]:
+        snapshot, jobs_by_id = admission_snapshot(
+            session,
+            node=node,
+            free_slots=free_slots,
+            mem=mem_available_mib,
+            limit=candidate_limit,
+            now=now,
+        )
+        snapshot.missing_secrets = missing_secrets or {}
+        return snapshot, jobs_by_id, admission.admit(snapshot)
+
+    snapshot, jobs_by_id, verdict = look()
+    # In a claim_transaction on PostgreSQL the snapshot was read before the write lock;
+    # what only the lock can keep true is looked at again under it.
+    if db.write_lock(session) and _look_again(session, snapshot, verdict, jobs_by_id):
+        snapshot, jobs_by_id, verdict = look()
     if seen is not None:
         seen["candidates"] = len(snapshot.candidates)
     if verdict.starts and (check_sources is not None or source_problems):
@@ -199,6 +207,46 @@ def claim_jobs(
     )
     _pause_when_nothing_fits(session, snapshot, verdict, now=now, actor=worker_id)
     return claims
+
+
+def _look_again(
+    session: Session,
+    snapshot: admission.Snapshot,
+    verdict: admission.Admission,
+    jobs_by_id: dict[int, tuple[Any, RunInfo]],
+) -> bool:
+    """Must admission read its snapshot again now that the write lock is held? The
+    snapshot was read under the node's lock only (``db.claim_transaction``): its own
+    slots, memory, GPUs and ports, and the ready jobs it locked (SKIP LOCKED), are
+    still as read. Not so what other nodes' claims and the operator change:
+
+    - a job to start belongs to a run whose caps count attempts on several nodes (a
+      budget, a rate limit, a stage cap, or a lane cap in a run whose stages name
+      ``nodes``): those are decided only from a snapshot read under the write lock;
+    - a control (pause, stop, halt) was set or cleared, or an attempt awaits
+      reconciliation: a claim committed after a pause returned must honour it.
+    """
+    for candidate in verdict.starts:
+        if _spans_nodes(snapshot, jobs_by_id[candidate.job_id][1]):
+            return True
+    if session.execute(statements.UNKNOWN_BY_RUN).first() is not None:
+        return True
+    controls = {
+        admission.ControlView(c.kind, c.scope, c.run_id, c.lane, c.reason)
+        for c in session.execute(statements.ACTIVE_CONTROLS).all()
+    }
+    return controls != set(snapshot.controls)
+
+
+def _spans_nodes(snapshot: admission.Snapshot, run: RunInfo) -> bool:
+    """Does one of the run's caps count attempts that other nodes start?"""
+    config = run.config
+    if config.limits or any(r == run.id for r, _ in snapshot.budgets):
+        return True
+    if any(stage.cap is not None for stage in config.stages):
+        return True
+    placed = any(stage.nodes for stage in config.stages)
+    return placed and any(caps for (r, _), caps in snapshot.lane_caps.items() if r == run.id)
 
 
 def _pause_when_nothing_fits(

@@ -458,7 +458,7 @@ def _ready_rows(
                 jobs.select()
                 .with_only_columns(jobs.c.id)
                 .where(jobs.c.id.in_([row.id for row in rows]))
-                .with_for_update(skip_locked=True)
+                .with_for_update(skip_locked=True, key_share=True)
             ).scalars()
         )
         rows = [row for row in rows if row.id in locked]
