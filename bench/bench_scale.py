@@ -22,9 +22,12 @@ Per size it measures, as median (min-max) over --reps, time and SQL statements (
   repeats on the same ledger; the commit's fsync is not included);
 - `Controller(engine).tick()` when nothing changed (after one warm-up tick that writes
   the status snapshot);
-- `laneway status --runtime-dir DIR --json` and `laneway explain JOB --runtime-dir DIR`
-  (JOB: a ready job) wall time as subprocesses, beside the floor: `python3 -c` with the
-  sqlite3 module running `select count(*) from jobs`.
+- `laneway status --runtime-dir DIR --json`, `laneway status --runtime-dir DIR` (text),
+  `laneway explain JOB --runtime-dir DIR` (JOB: a ready job) and `laneway --help` as
+  subprocesses: wall time, and the child's CPU time (user + system, from
+  `resource.getrusage(RUSAGE_CHILDREN)` before and after), beside the floor: `python3 -c`
+  with the sqlite3 module running `select count(*) from jobs`. The 1-minute load average
+  (/proc/loadavg) is printed beside each size's figures.
 
 Then the idle cost: on a small ledger whose run `laneway run` finished, it starts
 `laneway controller --runtime-dir DIR` and `laneway worker --node n1 --runtime-dir DIR
@@ -35,6 +38,7 @@ They are stopped with SIGTERM, then SIGKILL. No assertions: numbers to compare.
 
 from __future__ import annotations
 
+import resource
 import shutil
 import signal
 import subprocess
@@ -208,10 +212,22 @@ def measure_tick(controller, counter: Counter) -> tuple[float, int, int]:
     return elapsed, counter.count, changed
 
 
-def timed_run(argv: list[str], env: dict, cwd: str) -> tuple[float, int]:
+def timed_run(argv: list[str], env: dict, cwd: str) -> tuple[float, int, float]:
+    """Wall seconds, exit code and the child's CPU seconds (user + system)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    return time.perf_counter() - started, proc.returncode
+    elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, proc.returncode, cpu
+
+
+def load_average() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "?"
 
 
 def measure_size(project: Path, root: Path, size: int, reps: int, backlog_share: float) -> list:
@@ -236,10 +252,15 @@ def measure_size(project: Path, root: Path, size: int, reps: int, backlog_share:
         event.remove(Engine, "before_cursor_execute", counter)
     engine.dispose()
     prefix, env, cwd = common.laneway_cli(project)
+    load_before = load_average()
     status = [
         timed_run([*prefix, "status", "--runtime-dir", str(runtime), "--json"], env, cwd)
         for _ in range(reps)
     ]
+    status_text = [
+        timed_run([*prefix, "status", "--runtime-dir", str(runtime)], env, cwd) for _ in range(reps)
+    ]
+    help_runs = [timed_run([*prefix, "--help"], env, cwd) for _ in range(reps)]
     explain = [
         timed_run(
             [*prefix, "explain", str(info["explain_job"]), "--runtime-dir", str(runtime)], env, cwd
@@ -256,10 +277,14 @@ def measure_size(project: Path, root: Path, size: int, reps: int, backlog_share:
         for _ in range(reps)
     ]
     note = "; ".join(info["notes"])
+    load = f"load {load_before} -> {load_average()}"
 
     def check_rc(runs):
-        bad = [rc for _, rc in runs if rc != 0]
+        bad = [run[1] for run in runs if run[1] != 0]
         return f"exit {bad[0]} in {len(bad)} rep(s)" if bad else "ok"
+
+    def cpu(runs):
+        return "CPU " + common.fmt([run[2] * 1000 for run in runs], 0) + " ms"
 
     rows.append(
         [
@@ -279,22 +304,27 @@ def measure_size(project: Path, root: Path, size: int, reps: int, backlog_share:
             "changed nothing" if not any(t[2] for t in ticks) else "CHANGED something",
         ]
     )
-    rows.append(
-        [
-            "",
-            "laneway status --json",
-            common.fmt([s[0] * 1000 for s in status], 0),
-            "",
-            check_rc(status),
-        ]
-    )
+    for label, runs in (
+        ("laneway status --json", status),
+        ("laneway status (text)", status_text),
+        ("laneway --help", help_runs),
+    ):
+        rows.append(
+            [
+                "",
+                label,
+                common.fmt([s[0] * 1000 for s in runs], 0),
+                "",
+                f"{check_rc(runs)}; {cpu(runs)}; {load}",
+            ]
+        )
     rows.append(
         [
             "",
             f"laneway explain {info['explain_job']}",
             common.fmt([s[0] * 1000 for s in explain], 0),
             "",
-            check_rc(explain),
+            f"{check_rc(explain)}; {cpu(explain)}",
         ]
     )
     rows.append(
@@ -303,7 +333,7 @@ def measure_size(project: Path, root: Path, size: int, reps: int, backlog_share:
             "floor: python3 sqlite3 count(*)",
             common.fmt([s[0] * 1000 for s in floor], 0),
             "",
-            check_rc(floor),
+            f"{check_rc(floor)}; {cpu(floor)}",
         ]
     )
     print(

@@ -28,6 +28,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -155,6 +156,16 @@ class Job(Base):
         Index("ix_jobs_reuse_key", "reuse_key"),
         # Backoff: only jobs waiting out a retry delay have one (cleared when it ends).
         Index("ix_jobs_retry_after", "retry_after"),
+        # Status: a run's reused jobs per stage, index-only; partial, so only reused jobs
+        # have an entry and no state change touches it (migration 0014).
+        Index(
+            "ix_jobs_reused",
+            "run_id",
+            "stage",
+            "reused_from",
+            sqlite_where=text("reused_from IS NOT NULL"),
+            postgresql_where=text("reused_from IS NOT NULL"),
+        ),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))

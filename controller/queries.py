@@ -42,48 +42,60 @@ RUN_BY_ID: Final = f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = :run"
 NEWEST_RUN: Final = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY id DESC LIMIT 1"
 """-- name: newest_run -- The newest run (``laneway status`` without a run)."""
 
-JOBS_BY_STAGE_STATE: Final = (
-    "SELECT stage, state, COUNT(*) FROM jobs WHERE run_id = :run GROUP BY stage, state"
+JOB_COUNTS: Final = (
+    "SELECT state, lane, stage, COUNT(*) FROM jobs WHERE run_id = :run GROUP BY state, lane, stage"
 )
-"""-- name: jobs_by_stage_state -- The run's jobs counted per stage and state."""
+"""-- name: job_counts -- The run's jobs counted per state, lane and stage: an index-only
+count over the leading columns of ``ix_jobs_dispatch`` (run_id, state, lane, stage, ...), in
+its order (no sort), never the table's rows. ``status`` derives its per-stage and per-lane
+counts from these few rows (tests/integration/test_quick_reads.py checks the plan)."""
 
 REUSED_BY_STAGE: Final = (
     "SELECT stage, COUNT(*) FROM jobs WHERE run_id = :run AND reused_from IS NOT NULL "
     "GROUP BY stage"
 )
-"""-- name: reused_by_stage -- Per stage, the run's jobs that took an earlier run's result."""
+"""-- name: reused_by_stage -- Per stage, the run's jobs that took an earlier run's result:
+index-only over the partial index ``ix_jobs_reused`` (only reused jobs have an entry)."""
 
 RETRY_BACKOFF: Final = (
     "SELECT j.id, i.key, j.stage, j.retry_after FROM jobs j "
     "JOIN items i ON i.id = j.item_id "
-    "WHERE j.run_id = :run AND j.retry_after IS NOT NULL "
+    "WHERE j.retry_after IS NOT NULL AND +j.run_id = :run "
     f"ORDER BY j.retry_after, j.id LIMIT {RETRY_BACKOFF_SHOWN}"
 )
-"""-- name: retry_backoff -- The run's jobs waiting out a retry backoff, soonest first."""
+"""-- name: retry_backoff -- The run's jobs waiting out a retry backoff, soonest first: a
+range of ``ix_jobs_retry_after`` (only jobs backing off have an entry). The unary ``+``
+keeps SQLite from taking the run's jobs by ``run_id`` instead (every job of the run)."""
 
-OUTCOMES_BY_STAGE: Final = (
-    "SELECT j.stage, a.outcome, COUNT(*) FROM attempts a JOIN jobs j ON j.id = a.job_id "
-    f"WHERE a.run_id = :run AND a.state = '{AttemptState.SETTLED.value}' "
-    "GROUP BY j.stage, a.outcome"
+ATTEMPTS_BY_LANE_STAGE: Final = (
+    "SELECT j.lane, j.stage, a.outcome, COUNT(*), MAX(a.started_at), MAX(a.settled_at) "
+    "FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.run_id = :run "
+    "GROUP BY j.lane, j.stage, a.outcome"
 )
-"""-- name: outcomes_by_stage -- The run's settled attempts counted per stage and outcome."""
+"""-- name: attempts_by_lane_stage -- The run's attempts per lane, stage and outcome (NULL: not
+settled): how many, their newest start and newest settle. ``status`` reads its outcomes per
+stage (a settled attempt is one with an outcome) and each lane's last start and settle from
+this one pass. It still reads every attempt of the run and its job (the attempt row has no
+stage or lane): the one status query that follows the history, not the work."""
 
 IN_FLIGHT_ATTEMPTS: Final = (
     "SELECT a.id, j.id, i.key, j.stage, j.lane, a.node, a.state, a.child_pid, "
     "COALESCE(a.started_at, a.intent_at), a.peak_rss_mib, a.worker_id "
     "FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN items i ON i.id = j.item_id "
-    f"WHERE a.run_id = :run AND a.state IN ({_IN_FLIGHT}) ORDER BY a.id"
+    f"WHERE a.state IN ({_IN_FLIGHT}) AND +a.run_id = :run ORDER BY a.id"
 )
 """-- name: in_flight_attempts -- The run's attempts in intent or running, with their job,
-item, pid, since when, measured peak RSS and the worker that runs them."""
+item, pid, since when, measured peak RSS and the worker that runs them: a range of
+``ix_attempts_state`` (the attempts in flight on the whole ledger), not the run's attempts
+(the unary ``+`` keeps SQLite off ``run_id``)."""
 
 UNKNOWN_ATTEMPTS: Final = (
     "SELECT a.id, j.id, i.key, j.stage, a.state_reason, a.attempt_dir "
     "FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN items i ON i.id = j.item_id "
-    f"WHERE a.run_id = :run AND a.state = '{AttemptState.UNKNOWN.value}' ORDER BY a.id"
+    f"WHERE a.state = '{AttemptState.UNKNOWN.value}' AND +a.run_id = :run ORDER BY a.id"
 )
 """-- name: unknown_attempts -- The run's attempts whose outcome is unknown, with why and
-their directory (the evidence)."""
+their directory (the evidence): a range of ``ix_attempts_state``, as ``in_flight_attempts``."""
 
 UNKNOWN_PIDS: Final = (
     "SELECT id, supervisor_pid, child_pid FROM attempts "
@@ -150,17 +162,6 @@ NODE_MAX_JOBS: Final = "SELECT max_jobs FROM nodes WHERE name = :node"
 
 NODE_NAMES: Final = "SELECT name FROM nodes ORDER BY name"
 """-- name: node_names -- Every node the ledger knows."""
-
-JOBS_BY_LANE_STAGE_STATE: Final = (
-    "SELECT lane, stage, state, COUNT(*) FROM jobs WHERE run_id = :run GROUP BY lane, stage, state"
-)
-"""-- name: jobs_by_lane_stage_state -- The run's jobs counted per lane, stage and state."""
-
-LANE_ACTIVITY: Final = (
-    "SELECT j.lane, MAX(a.started_at), MAX(a.settled_at) FROM attempts a "
-    "JOIN jobs j ON j.id = a.job_id WHERE a.run_id = :run GROUP BY j.lane"
-)
-"""-- name: lane_activity -- Per lane of the run, its newest attempt start and settle."""
 
 LANE_LAST_DECISION: Final = (
     "SELECT verdict, reason_code, stage, decided_at, detail, node FROM decisions "

@@ -93,8 +93,13 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
     config = run["config"]
     stages = {stage["name"]: stage for stage in config["stages"]}
     jobs: dict[str, dict[str, int]] = {name: {} for name in stages}
-    for stage, state, count in source.rows(queries.JOBS_BY_STAGE_STATE, rid):
-        jobs.setdefault(stage, {})[state] = count
+    # One index-only count per (state, lane, stage): the per-stage counts here, the
+    # per-lane ones in ``_lanes``.
+    counts = source.rows(queries.JOB_COUNTS, rid)
+    for state, _lane, stage, count in counts:
+        by_state = jobs.setdefault(stage, {})
+        by_state[state] = by_state.get(state, 0) + count
+    jobs = {stage: dict(sorted(by.items())) for stage, by in jobs.items()}  # states in order
     reused: dict[str, int] = {}
     for stage, count in source.rows(queries.REUSED_BY_STAGE, rid):
         reused[stage] = count
@@ -108,8 +113,20 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
             totals[state] = totals.get(state, 0) + count
 
     outcomes: dict[str, dict[str, int]] = {name: {} for name in stages}
-    for stage, outcome, count in source.rows(queries.OUTCOMES_BY_STAGE, rid):
-        outcomes.setdefault(stage, {})[str(outcome)] = count
+    activity: dict[str, tuple[datetime | None, datetime | None]] = {}
+    for lane, stage, outcome, count, started, settled in source.rows(
+        queries.ATTEMPTS_BY_LANE_STAGE, rid
+    ):
+        if outcome is not None:  # settled (an attempt has an outcome once it settles)
+            by_outcome = outcomes.setdefault(stage, {})
+            by_outcome[str(outcome)] = by_outcome.get(str(outcome), 0) + count
+        last_start, last_end = activity.get(lane, (None, None))
+        activity[lane] = (
+            _latest(last_start, _moment(started)),
+            _latest(last_end, _moment(settled)),
+        )
+    # In key order, whatever order the groups came in (GROUP BY promises none).
+    outcomes = {stage: dict(sorted(by.items())) for stage, by in outcomes.items()}
 
     lane_nodes = dict(source.rows(queries.LANES, rid))
     stage_nodes = {name: list(stage.get("nodes") or []) or None for name, stage in stages.items()}
@@ -216,6 +233,8 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
             stage_nodes=stage_nodes,
             controls=controls,
             unknown=len(unknown),
+            counts=counts,
+            activity=activity,
         ),
         placement=placement(stage_nodes, lane_nodes, live),
         throughput=Throughput(
@@ -228,6 +247,13 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
     for lane in report.lanes:  # one next step per lane, whoever reads the report
         lane.next_step = advice.next_step(lane, report)
     return report
+
+
+def _latest(one: datetime | None, other: datetime | None) -> datetime | None:
+    """The later of two moments, either of which may be missing."""
+    if one is None or other is None:
+        return one or other
+    return max(one, other)
 
 
 def unverified_because(worker: Worker | None, worker_id: str | None) -> str | None:
@@ -321,24 +347,24 @@ def _lanes(
     stage_nodes: dict[str, list[str] | None],
     controls: list[Control],
     unknown: int,
+    counts: list[tuple[Any, ...]],
+    activity: dict[str, tuple[datetime | None, datetime | None]],
 ) -> list[Lane]:
+    """The run's lanes, from ``counts`` (``queries.JOB_COUNTS``'s rows) and ``activity``
+    (per lane, its newest attempt start and settle)."""
     rid = {"run": run["id"]}
-    counts: dict[str, dict[str, int]] = {}
+    by_lane: dict[str, dict[str, int]] = {}
     ready_stages: dict[str, set[str]] = {}
-    for lane, stage, state, count in source.rows(queries.JOBS_BY_LANE_STAGE_STATE, rid):
-        by_state = counts.setdefault(lane, {})
+    for state, lane, stage, count in counts:
+        by_state = by_lane.setdefault(lane, {})
         by_state[state] = by_state.get(state, 0) + count
         if state == JobState.READY.value:
             ready_stages.setdefault(lane, set()).add(stage)
-    times = {
-        lane: (_moment(last_start), _moment(last_end))
-        for lane, last_start, last_end in source.rows(queries.LANE_ACTIVITY, rid)
-    }
     order = {stage: i for i, stage in enumerate(stage_nodes)}  # the config's stage order
     lanes = []
     for name, node in source.rows(queries.LANES, rid):
-        by_state = counts.get(name, {})
-        last_start, last_end = times.get(name, (None, None))
+        by_state = by_lane.get(name, {})
+        last_start, last_end = activity.get(name, (None, None))
         running = by_state.get(JobState.RUNNING.value, 0)
         pending = by_state.get(JobState.READY.value, 0) + by_state.get(JobState.WAITING.value, 0)
         reason = None

@@ -36,7 +36,8 @@ FAST = NEVER | {
     "laneway.controller.ledger",
 }
 """Not imported by `status`, `sql` or `--help` either (plain sqlite3 is enough). pydantic
-is not listed: typer itself (0.29) parses parameters with it."""
+is not listed: typer itself (0.29) parses some parameters with it (`status` and `--help`
+do without it: tests/integration/test_quick_reads_cli.py)."""
 
 
 pytestmark = pytest.mark.sqlite_only(
@@ -97,7 +98,7 @@ def test_status_sql_and_help_import_no_heavy_module(runtime, args):
     extra = [] if "--help" in args or args == ["--version"] else ["--runtime-dir", str(runtime)]
     names, done = imported(*args, *extra)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert {"typer", "laneway.cli.render"} <= names  # the command line was parsed
+    assert "typer" in names  # the command line was parsed
     assert heavy(names, FAST) == set()
     if args[:2] == ["sql", "SELECT COUNT(*) AS n FROM jobs"]:
         assert json.loads(done.stdout) == [{"n": 2}]
