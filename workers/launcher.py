@@ -5,16 +5,19 @@ then ``json``, ``re``, ``ctypes``, ``subprocess``...), more than everything else
 does for a job. The launcher is started once per worker, with the same lean command
 line as a supervisor (``python -I -S``, standard library and laneway's small helpers
 only), imports ``workers.supervisor`` once, and then forks a ready supervisor for each
-request: about a millisecond.
+request: about a millisecond. Before its first fork it runs ``supervisor.warm_up`` and
+freezes what it holds out of the cyclic GC, so a forked supervisor copies as few of the
+pages it shares with the launcher as it can (``bench/bench_supervisor.py``).
 
 What a forked supervisor is, is exactly what an exec'd one is (invariant 6,
-docs/invariants.md): its own session, a subreaper, the job's environment, its stdout a
-pipe to the worker (the report of the child's identity) and its stderr the attempt's
-``supervisor.log``, both passed with the request (``SCM_RIGHTS``). Differences a reader
-of ``/proc`` sees: its command line is the launcher's (it still names
-``workers.supervisor``), and its ``/proc/PID/environ`` is the launcher's, so a restarted
-worker finds it by its working directory, the attempt directory, which it enters at
-once (``recovery.find_supervisor``).
+docs/invariants.md): its own session, a subreaper, the job's environment (handed from
+the request to the job as it is; of it, only ``supervisor.HELPER_ENV`` is set in the
+supervisor's own ``os.environ``), its stdout a pipe to the worker (the report of the
+child's identity) and its stderr the attempt's ``supervisor.log``, both passed with the
+request (``SCM_RIGHTS``). Differences a reader of ``/proc`` sees: its command line is
+the launcher's (it still names ``workers.supervisor``), and its ``/proc/PID/environ`` is
+the launcher's, so a restarted worker finds it by its working directory, the attempt
+directory, which it enters at once (``recovery.find_supervisor``).
 
 The launcher reaps the supervisors it forked; the worker watches them through pidfds.
 When the worker goes away (its end of the socket closes) the launcher exits and its
@@ -24,6 +27,7 @@ is a ``SOCK_SEQPACKET`` pair: one message per request, one per reply.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import selectors
@@ -70,6 +74,12 @@ def serve(fd: int) -> None:
     selector.register(sock, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
     directories: dict[int, str] = {}
+    # What every supervisor would do for itself is done here once; then everything
+    # alive is frozen out of the cyclic GC, whose passes would otherwise write to (and
+    # so copy, page by page) the memory each forked supervisor shares with us.
+    supervisor.warm_up()
+    gc.collect()
+    gc.freeze()
     while True:
         for key, _ in selector.select():
             if key.fileobj == wake_r:
@@ -91,6 +101,8 @@ def serve(fd: int) -> None:
         sock.send(json.dumps({"pid": pid, "start_time": process_start_time(pid)}).encode())
 
 
+_FILE_MODE = durable.modes()[0]
+"""The launcher's environment is only ``PATH`` (``spawning.Launcher``): owner-only."""
 STATUS_FILE = "supervisor_status.json"
 """Written by the launcher into the attempt directory when a supervisor it forked
 exits: its wait status, which only its parent (the launcher) can know."""
@@ -115,8 +127,13 @@ def _reap(directories: dict[int, str]) -> None:
             }
             partial = os.path.join(directory, STATUS_FILE + ".partial")
             try:
-                with durable.open_private(partial, "wb") as handle:
-                    handle.write(json.dumps(status).encode())
+                # Not fsynced (a diagnostic; exit.json is the durable record), and
+                # written with bare system calls: once per attempt.
+                fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
+                try:
+                    os.write(fd, json.dumps(status).encode())
+                finally:
+                    os.close(fd)
                 os.replace(partial, os.path.join(directory, STATUS_FILE))
             except OSError as exc:
                 # A diagnostic only (exit.json is the record): say so, reap anyway.
@@ -150,12 +167,16 @@ def _become_supervisor(
         sys.stderr = open(2, "w", closefd=False)
         environ = request["env"]
         assert isinstance(environ, dict)
-        os.environ.clear()
-        os.environ.update(environ)
+        for name in supervisor.HELPER_ENV:
+            value = environ.get(name)
+            if value is not None:
+                os.environ[name] = value
+            elif name in os.environ:
+                del os.environ[name]
         spec = request["spec"]
         assert isinstance(spec, dict)
         os.chdir(str(spec["attempt_dir"]))
-        code = supervisor.Supervision(spec).run()
+        code = supervisor.Supervision(spec, environ).run()
     except BaseException:
         # Into supervisor.log; the worker then finds a supervisor gone without an exit
         # record, which it settles as it would an exec'd one's (never as success).

@@ -16,10 +16,20 @@ docs/invariants.md). It:
 6. after the child exits, stops any process of the attempt still alive the same way —
    in the job's group, or escaped from it (setsid) and re-parented to the subreaper —
    and verifies none is left;
-7. writes ``exit.json`` atomically (temp, fsync, rename, fsync dir) and exits 0.
+7. fsyncs each log it wrote to, then writes ``exit.json`` atomically (temp, fsync,
+   rename, fsync dir) and exits 0.
 
 It imports only the standard library and laneway's stdlib-only helpers: it starts once
 per attempt, so it must start fast. It never touches the ledger.
+
+Its floor (``bench/bench_supervisor.py``): forked from the warm launcher, what an attempt
+costs here beyond the job's own start is the fork's copy-on-write faults and a handful
+of system calls. So nothing is imported, compiled or looked up per attempt (``warm_up``
+runs in the launcher before it forks: libc's ``prctl``, the redactor's substitution
+templates, the JSON encoder), and the fsyncs are the fewest that keep every guarantee:
+one per log that holds output (an empty log has nothing to lose; its name is made
+durable by the directory's fsync below, in the same directory), then one of
+``exit.json``'s temp file before its rename and one of the directory after it.
 """
 
 from __future__ import annotations
@@ -33,15 +43,16 @@ import subprocess
 import sys
 import time
 
-from laneway.controller import durable, faults
+from laneway.controller import crashpoints, durable, faults
 from laneway.controller.crashpoints import crash_point
-from laneway.controller.durable import write_json
+from laneway.controller.durable import write_bytes
 from laneway.workers.identity import boot_id, process_start_time
 from laneway.workers.redact import Redactor
 
 TYPE_CHECKING = False  # not ``typing.TYPE_CHECKING``: importing typing costs a start
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,6 +78,12 @@ def launch_argv(spec_json: str) -> list[str]:
     return [sys.executable, "-I", "-S", "-c", BOOTSTRAP, MARK, ROOT, spec_json]
 
 
+HELPER_ENV = (crashpoints.ENV, faults.ENV, durable.GROUP_READABLE_ENV)
+"""The variables of the job's environment that the supervisor's helpers read from
+``os.environ`` (test hooks, and the file mode). A supervisor forked by the launcher sets
+only these in its ``os.environ`` (each one a ``putenv``); the rest of the job's
+environment goes from the request to the job as it is, never through ``os.environ``."""
+
 EXIT_RECORD = "exit.json"
 EXIT_RECORD_FAILED = 3
 DEFAULT_LOG_CAP = 1 << 30
@@ -84,12 +101,45 @@ def _utc() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
 
 
+_prctl: Any = None
+"""libc's ``prctl``, looked up once per process (``warm_up``): a forked supervisor finds it
+ready instead of loading libc through ctypes again."""
+
+
+def _libc_prctl() -> Any:
+    global _prctl
+    if _prctl is None:
+        try:
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            _prctl = False
+    return _prctl
+
+
 def _become_subreaper() -> bool:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
+    prctl = _libc_prctl()
+    return bool(prctl) and bool(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+
+
+def record_bytes(record: dict[str, Any]) -> bytes:
+    """``exit.json``'s bytes: the layout of ``durable.write_json`` (sorted keys, two-space
+    indent, trailing newline) for a record of one level, from the C encoder (``indent``
+    would select the pure-Python one, ten times slower). A list value stays on one line."""
+    body = json.dumps(record, sort_keys=True, default=str, separators=(",\n  ", ": "))
+    return ("{\n  " + body[1:-1] + "\n}\n").encode() if record else b"{}\n"
+
+
+def warm_up() -> None:
+    """Do once, in the launcher before it forks, what each supervisor would otherwise do
+    for itself: load libc's ``prctl``, compile the redactor's patterns' substitution
+    templates (``re`` caches them per process) and build the JSON encoders."""
+    _libc_prctl()
+    redactor = Redactor(["laneway-warm-up-secret"])
+    redactor.feed(b"Bearer abcdefghijklmnop laneway-warm-up-secret\n")
+    redactor.flush()
+    record_bytes({"warm": [1, None, "x"]})
+    json.dumps({"child_pid": 1})
+    _utc()
 
 
 def _group_alive(pgid: int) -> bool:
@@ -150,8 +200,11 @@ def _signal_attempt(pgid: int, signum: int) -> int:
 class Supervision:
     """The state of one supervised child; ``run`` drives it to an exit record."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], environ: Mapping[str, str] | None = None) -> None:
         self.spec = spec
+        self.environ = os.environ if environ is None else environ
+        """The job's environment (``os.environ`` where the supervisor was exec'd with it;
+        the request's where the launcher forked it: see ``HELPER_ENV``)."""
         self.directory = spec["attempt_dir"]
         self.timeout = float(spec["timeout_seconds"])
         self.grace = float(spec["grace_seconds"])
@@ -207,11 +260,11 @@ class Supervision:
                 os.path.join(self.directory, "stderr.log"), flags, durable.modes()[0]
             ),
         }
-        secrets = [os.environ.get(name, "") for name in self.spec.get("secret_env", [])]
+        secrets = [self.environ.get(name, "") for name in self.spec.get("secret_env", [])]
         # Referenced secrets that are not the job's own variables reach us only so that
         # we can redact them: the job gets the variables its stage defines, not these.
         strip = set(self.spec.get("strip_env", []))
-        child_env = {key: value for key, value in os.environ.items() if key not in strip}
+        child_env = {key: value for key, value in self.environ.items() if key not in strip}
         try:
             child = subprocess.Popen(
                 self.spec["argv"],
@@ -369,14 +422,19 @@ class Supervision:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
         for name, fd in logs.items():
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                self.record["log_errors"].append(f"{name} fsync: {exc.strerror or exc}")
+            # Once, at the end, and only a log that was written to: an empty one has no
+            # data to lose, and its name is in this directory, whose fsync after the
+            # exit record's rename makes it durable with ``exit.json``.
+            if self._written.get(name):
+                try:
+                    os.fsync(fd)
+                except OSError as exc:
+                    self.record["log_errors"].append(f"{name} fsync: {exc.strerror or exc}")
             os.close(fd)
         self.record["ended_at"] = _utc()
         try:
-            write_json(os.path.join(self.directory, EXIT_RECORD), self.record)
+            # write_bytes: temp file, its fsync, rename, the directory's fsync.
+            write_bytes(os.path.join(self.directory, EXIT_RECORD), record_bytes(self.record))
         except OSError as exc:
             # No exit record means unknown, never a guess: say why and exit non-zero. The
             # exit code is kept in supervisor.log for the operator who reconciles.
