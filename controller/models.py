@@ -229,6 +229,9 @@ class Attempt(Base):
     fence: Mapped[int] = mapped_column(Integer)
     worker_id: Mapped[str] = mapped_column(ForeignKey("workers.id"))
     node: Mapped[str] = mapped_column(String(64))
+    stage: Mapped[str | None] = mapped_column(String(64))
+    """The job's stage and lane, copied when the intent is written (migration 0015)."""
+    lane: Mapped[str | None] = mapped_column(String(64))
     argv_hash: Mapped[str] = mapped_column(String(64))
     attempt_dir: Mapped[str] = mapped_column(Text)
     intent_at: Mapped[datetime] = mapped_column(DateTime())
@@ -323,6 +326,8 @@ class Worker(Base):
     started_at: Mapped[datetime] = mapped_column(DateTime())
     heartbeat_at: Mapped[datetime] = mapped_column(DateTime())
     stopped_at: Mapped[datetime | None] = mapped_column(DateTime())
+    seams: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """What the worker chose for each platform seam (migration 0015; None: not said)."""
 
 
 class Reservation(Base):

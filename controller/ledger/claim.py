@@ -380,6 +380,8 @@ def _grant(
             "fence": fence,
             "worker_id": worker_id,
             "node": node,
+            "stage": job.stage,
+            "lane": job.lane,
             "argv_hash": launch.argv_hash(argv, cwd),
             "attempt_dir": directory,
             "intent_at": now,
