@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 EXIT_BLOCKED = 3
 EXIT_INTERRUPTED = 130
+PERIODIC_DEFER_SECONDS = 0.5
+"""The longest the controller's periodic steps are put off for slots to refill."""
 LOOK_SECONDS = 1.0
 """How often the loop builds the run's whole status (progress, blocked reasons)."""
 PROBE_SECONDS = 0.1
@@ -72,6 +74,9 @@ class LocalWorker(Protocol):
 
     def wait(self, timeout: float) -> None:
         """Sleep up to ``timeout``, woken early when a supervisor exits."""
+
+    def refill_due(self) -> bool:
+        """Has a supervisor exited whose slot is still to be refilled?"""
 
     def drain(self, poll: float = ..., should_abort: Callable[[], bool] = ...) -> None:
         """Claim nothing more; wait for what runs to settle (or ``should_abort``)."""
@@ -341,42 +346,52 @@ class ForegroundRun:
             own = False  # looked at again in the loop, once the server answers
         blocked: str | None = None
         last_look = last_probe = float("-inf")
+        last_periodic = time.monotonic()
         outage = db.Outage()
         while True:
             try:
                 busy = False
-                if own:
-                    self.daemon.beat()
-                if own and self.daemon.due():
-                    report = self.daemon.tick()
-                    busy = bool(report.promoted or report.closed)
+                if own and self.daemon.controller_id is None:
+                    self.daemon.beat()  # registered before the first claim
+                # Slots first. The controller's steps, its heartbeat and the status look
+                # are periodic: while a supervisor that exited meanwhile waits for its
+                # slot to be refilled they are put off (PERIODIC_DEFER_SECONDS at most,
+                # so a stream of short jobs cannot starve them).
                 for worker in self.workers:
                     tick = worker.tick()
                     busy = busy or bool(tick.claimed or tick.settled)
-                # The whole status (its cost grows with the run) at most every
-                # LOOK_SECONDS; in between, the run's own row says when it finished,
-                # whoever closed it.
-                probe = not busy and time.monotonic() - last_probe >= PROBE_SECONDS
-                if probe:
-                    last_probe = time.monotonic()
-                if time.monotonic() - last_look > LOOK_SECONDS or (probe and self._finished()):
-                    last_look = time.monotonic()
-                    own = controller_lock.hold_controller_lock(self.runtime, self.engine)
-                    with db.reader(self.engine)() as session:
-                        snapshot = build_status(
-                            session,
-                            ledger.get_run(session, self.run_id),
-                            now=self.daemon.clock.now(),
-                        )
-                        observer.show(snapshot, SessionRows(session))
-                    view = read_view(snapshot)
-                    if view.finished:
-                        return None
-                    in_flight = sum(len(w.in_flight) for w in self.workers)
-                    blocked = view.blocked_reason() if in_flight == 0 else None
+                refill = any(worker.refill_due() for worker in self.workers)
+                if not refill or time.monotonic() - last_periodic >= PERIODIC_DEFER_SECONDS:
+                    last_periodic = time.monotonic()
+                    if own:
+                        self.daemon.beat()
+                    if own and self.daemon.due():
+                        report = self.daemon.tick()
+                        busy = busy or bool(report.promoted or report.closed)
+                    # The whole status (its cost grows with the run) at most every
+                    # LOOK_SECONDS; in between, the run's own row says when it finished,
+                    # whoever closed it.
+                    probe = not busy and time.monotonic() - last_probe >= PROBE_SECONDS
+                    if probe:
+                        last_probe = time.monotonic()
+                    if time.monotonic() - last_look > LOOK_SECONDS or (probe and self._finished()):
+                        last_look = time.monotonic()
+                        own = controller_lock.hold_controller_lock(self.runtime, self.engine)
+                        with db.reader(self.engine)() as session:
+                            snapshot = build_status(
+                                session,
+                                ledger.get_run(session, self.run_id),
+                                now=self.daemon.clock.now(),
+                            )
+                            observer.show(snapshot, SessionRows(session))
+                        view = read_view(snapshot)
+                        if view.finished:
+                            return None
+                        in_flight = sum(len(w.in_flight) for w in self.workers)
+                        blocked = view.blocked_reason() if in_flight == 0 else None
                 if blocked or should_stop():
                     return blocked
-                if not busy:
+                if not busy and not refill:
                     # A local supervisor's exit wakes this at once (its pidfd); new work
                     # from elsewhere is seen within the timeout.
                     if len(self.workers) == 1:

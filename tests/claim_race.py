@@ -114,11 +114,12 @@ def _child(url: str, index: int, slots: int, node: str) -> dict[str, Any]:
         )
     held: list[Any] = []
     claims = settles = 0
-    # bench_claim_race.py --project runs this file against trees older than
-    # claim_transaction: there every claim takes the write lock up front.
-    claim_transaction = getattr(db, "claim_transaction", None) or (
-        lambda factory, node: db.transaction(factory)
-    )
+    # LANEWAY_RACE_EARLY_LOCK=1 (bench_claim_race.py --early-lock): the way before
+    # claim_transaction, settle and claim in one transaction under the write lock.
+    early = os.environ.get("LANEWAY_RACE_EARLY_LOCK") == "1"
+    claim_transaction = db.claim_transaction
+    if early:
+        claim_transaction = lambda factory, node: db.transaction(factory)  # noqa: E731
 
     def settle(session: Any, claims: list[Any]) -> None:
         nonlocal settles
@@ -141,7 +142,7 @@ def _child(url: str, index: int, slots: int, node: str) -> dict[str, Any]:
     while idle_looks < 3:
         began = time.monotonic()
         try:
-            if held and not db.is_sqlite(engine):
+            if held and not db.is_sqlite(engine) and not early:
                 with db.transaction(factory) as session:
                     settle(session, held)
                 held = []

@@ -220,12 +220,13 @@ class WorkerService:
     # -- the loop body -------------------------------------------------------
 
     def tick(self) -> TickReport:
-        """Settle what finished and claim for the free slots, in one transaction; then
-        start the claimed attempts' supervisors."""
+        """Settle what finished and claim for the free slots; then start the claimed
+        attempts' supervisors. Sampling and the heartbeat come after that when
+        something finished (before it otherwise)."""
         report = TickReport()
         finished = self.finishing.finished()
-        self._sample_if_due()
-        self._heartbeat_if_due()
+        if not finished:
+            self._periodic()
         free = self.slots - len(self.in_flight) + len(finished)
         claiming = (
             free > 0 and self.trusts_its_leases() and (bool(finished) or self._worth_claiming())
@@ -237,8 +238,26 @@ class WorkerService:
             report.claimed = len(claims)
             if claims:
                 self.spawning.spawn_all(claims)
+        if finished:
+            self._periodic()  # after the refill: a freed slot never waits for it
         report.in_flight = len(self.in_flight)
         return report
+
+    def _periodic(self) -> None:
+        """Sampling and the heartbeat, each when due. A tick that has finished attempts
+        runs them after it has settled and refilled their slots."""
+        self._sample_if_due()
+        self._heartbeat_if_due()
+
+    def refill_due(self) -> bool:
+        """Has a supervisor exited whose slot is still to be refilled? (A non-blocking
+        poll of each in-flight supervisor; nothing is read from the ledger.) The
+        foreground loop asks it between its periodic steps, so none of them lands
+        between a child's exit and the next child's start."""
+        return any(
+            not flight.awaiting_report and flight.supervisor.poll() is not None
+            for flight in self.in_flight.values()
+        )
 
     def trusts_its_leases(self) -> bool:
         """False once no heartbeat has succeeded for ``lease_seconds``: the leases may

@@ -248,3 +248,60 @@ def test_a_spent_budget_says_to_raise_it_not_to_continue():
     assert [n.event for n in ended.notices()] == ["run_blocked", "run_budget_spent"]
     assert "laneway run CONFIG --new" in ended.notices()[1].words
     assert "resume" not in " ".join(n.words for n in ended.notices())
+
+
+class RefillingWorker:
+    """A local worker whose supervisors keep exiting for ``busy_passes`` passes: each
+    tick refills, and after it another slot is already due (short jobs on every slot)."""
+
+    def __init__(self, busy_passes: int, log: list[str]) -> None:
+        self.busy_passes = busy_passes
+        self.log = log
+        self.passes = 0
+        self.in_flight: dict[int, object] = {}
+
+    def tick(self) -> Any:
+        self.passes += 1
+        self.log.append("refill")
+        return type("Tick", (), {"claimed": 1, "settled": 1})()
+
+    def refill_due(self) -> bool:
+        return self.passes <= self.busy_passes
+
+    def wait(self, timeout: float) -> None:
+        return None
+
+
+@pytest.mark.parametrize("defer", [1e9, 0.0])
+def test_periodic_work_waits_while_slots_refill(engine, runtime, make_run, monkeypatch, defer):
+    """While a freed slot waits to be refilled, the controller's steps and the status
+    look are put off (for PERIODIC_DEFER_SECONDS at most); with no deferral allowed they
+    run on every pass."""
+    from laneway.controller import foreground as foreground_module
+
+    log: list[str] = []
+    worker = RefillingWorker(busy_passes=5, log=log)
+    run = ForegroundRun(engine, make_run(make_config(items=1)), runtime, [worker])
+    monkeypatch.setattr(foreground_module, "PERIODIC_DEFER_SECONDS", defer)
+    monkeypatch.setattr(run.daemon, "beat", lambda: log.append("beat"))
+    monkeypatch.setattr(run.daemon, "due", lambda: True)
+    monkeypatch.setattr(run.daemon, "tick", lambda: log.append("tick") or _NoReport())
+    run.daemon.controller_id = 1  # registered: only the periodic beat remains
+    passes = iter(range(8))
+
+    run._serve(Recorder(), should_stop=lambda: next(passes) >= 7)
+
+    refills = [i for i, what in enumerate(log) if what == "refill"]
+    assert len(refills) == 8
+    periodic_after = [log[i + 1 : i + 2] == ["beat"] for i in refills]
+    if defer:
+        # Passes 1-5 end with a slot due: nothing periodic runs after their refill.
+        assert periodic_after == [False] * 5 + [True] * 3
+    else:
+        assert periodic_after == [True] * 8
+    assert log.count("tick") == periodic_after.count(True)
+
+
+class _NoReport:
+    promoted = ()
+    closed = ()

@@ -391,3 +391,35 @@ def test_secret_canary_appears_nowhere_not_even_in_a_traceback(
     for args in (["status", "--json"], ["status"], ["explain", str(attempt.job_id)]):
         shown = CliRunner().invoke(app, [*args, "--runtime-dir", str(runtime)])
         assert shown.exit_code == 0 and canary not in shown.output
+
+
+def test_a_freed_slot_is_refilled_before_sampling_and_the_heartbeat(engine, make_run):
+    """A tick that settles a finished attempt claims and spawns the next one before it
+    samples the process trees or writes its heartbeat (issue 22: nothing periodic
+    between a child's exit and the next child's start)."""
+    run_id = make_run(make_config([py_stage("only", "pass")], items=3))
+    service = start_worker(engine, slots=1)
+    log: list[str] = []
+    periodic, spawn_all = service._periodic, service.spawning.spawn_all
+
+    def logged_periodic() -> None:
+        log.append("periodic")
+        periodic()
+
+    def logged_spawn(claims) -> None:
+        log.append("spawn")
+        spawn_all(claims)
+
+    service._periodic = logged_periodic
+    service.spawning.spawn_all = logged_spawn
+
+    def on_tick() -> None:
+        log.append("tick")
+
+    drive(engine, [service], run_id, on_tick=on_tick)
+    ticks = " ".join(log).split("tick")
+    # A tick that spawned after a settle (the second and third attempts) ran the
+    # periodic steps after the spawn, never before it.
+    refills = [t.split() for t in ticks if t.split() == ["spawn", "periodic"]]
+    assert len(refills) == 2, log
+    assert not any(t.split() == ["periodic", "spawn"] for t in ticks[1:]), log
