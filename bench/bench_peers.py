@@ -1,7 +1,7 @@
 """N no-op jobs (`true`) on 2 slots: laneway beside xargs, task-spooler and GNU parallel.
 
     .venv/bin/python bench/bench_peers.py
-    (options: --sizes 200,1000  --reps 3  --project DIR)
+    (options: --sizes 1000,10000  --reps 3  --project DIR)
 
 (peers: `bash bench/setup_peers.sh` first; a missing one prints "not installed".)
 
@@ -24,7 +24,10 @@ For each size N and each repetition, in one invocation and interleaved, it runs:
 - GNU parallel: `seq N | parallel -j2 --joblog LOG true`; the joblog is checked.
 
 Per tool: jobs/s (median and min-max over reps), CPU seconds per job (children's
-user+sys from getrusage(RUSAGE_CHILDREN) deltas), and both as ratios vs laneway.
+user+sys from getrusage(RUSAGE_CHILDREN) deltas: this process is a child subreaper, so
+orphans and detached servers count), both as ratios vs laneway, and the load average
+(1 min) when each rep began: wall time on a shared machine follows the load, CPU per
+job much less.
 No assertions: numbers to compare.
 """
 
@@ -232,7 +235,10 @@ def run_tsp(tsp: str | None, n: int, root: Path) -> dict:
 def main() -> None:
     parser = common.parser(__doc__)
     parser.add_argument(
-        "--sizes", type=common.int_list, default=[200, 1000], help="N per row (default 200,1000)"
+        "--sizes",
+        type=common.int_list,
+        default=[1000, 10000],
+        help="N per row (default 1000,10000)",
     )
     args = parser.parse_args()
     project = args.project.resolve()
@@ -248,6 +254,7 @@ def main() -> None:
                 for tool in tools:
                     sub = root / tool.split()[0].replace("-", "")
                     sub.mkdir()
+                    load = os.getloadavg()[0]
                     if tool == "laneway":
                         sample = run_laneway(project, n, sub)
                     elif tool.startswith("xargs"):
@@ -256,6 +263,7 @@ def main() -> None:
                         sample = run_tsp(tsp, n, sub)
                     else:
                         sample = run_parallel(n, sub)
+                    sample["load"] = load
                     samples[tool].append(sample)
             finally:
                 shutil.rmtree(root, ignore_errors=True)
@@ -272,7 +280,15 @@ def print_size(n: int, samples: dict[str, list[dict]]) -> None:
     lane = samples["laneway"]
     lane_rate = common.stats(rates(lane))[0] if rates(lane) else None
     lane_cpu = common.stats(cpus(lane))[0] if cpus(lane) else None
-    headers = ["tool", "jobs/s", "CPU ms/job", "rate vs laneway", "CPU vs laneway", "check"]
+    headers = [
+        "tool",
+        "jobs/s",
+        "CPU ms/job",
+        "rate vs laneway",
+        "CPU vs laneway",
+        "load (1 min)",
+        "check",
+    ]
     rows = []
     for tool, runs in samples.items():
         if any(r.get("missing") for r in runs):
@@ -288,6 +304,7 @@ def print_size(n: int, samples: dict[str, list[dict]]) -> None:
                 common.fmt(cpu, 2),
                 f"{common.stats(rate)[0] / lane_rate:.2f}x" if lane_rate and rate else "-",
                 f"{common.stats(cpu)[0] / lane_cpu:.2f}x" if lane_cpu and cpu else "-",
+                _loads(runs),
                 "; ".join(checks) + (f" ({bad} rep(s) FAILED)" if bad else ""),
             ]
         )
@@ -300,16 +317,25 @@ def print_size(n: int, samples: dict[str, list[dict]]) -> None:
                     "",
                     "",
                     "",
+                    "",
                     "first intent..last settle",
                 ]
             )
-            rows.append(["  laneway process", "", common.fmt(cpus(runs, "self"), 2), "", "", ""])
             rows.append(
-                ["  supervisors + jobs", "", common.fmt(cpus(runs, "children"), 2), "", "", ""]
+                ["  laneway process", "", common.fmt(cpus(runs, "self"), 2), "", "", "", ""]
+            )
+            rows.append(
+                ["  supervisors + jobs", "", common.fmt(cpus(runs, "children"), 2), "", "", "", ""]
             )
     print()
     print(f"N = {n} no-op jobs, {SLOTS} slots (median (min-max) over reps)")
     print(common.table(headers, rows))
+
+
+def _loads(runs: list[dict]) -> str:
+    """The load average (1 min) when each rep of a tool began: min-max."""
+    loads = [r["load"] for r in runs if "load" in r]
+    return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-"
 
 
 if __name__ == "__main__":
