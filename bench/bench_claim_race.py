@@ -9,7 +9,11 @@ only for its writes). ``--nodes each`` puts every worker on a node of its own (a
 node), ``--nodes one`` all of them on one node. Prints claims per second over the whole
 run, the ratio to one worker's rate, the worst time one claim transaction took (waiting
 for locks included), duplicates (attempts beyond one per job) and lost jobs (not
-succeeded), with the load average when the row was measured.
+succeeded), with the load average when the row was measured. "write lock held ms/job": the
+median, over workers, of each worker's median time its transactions held the write lock
+per job claimed (settle included): every other writer waits while it is held, so
+1000 / that is the rate no number of machines can pass ("ceiling jobs/s"); on a 2-core
+machine the CPU is spent long before it.
 
     .venv/bin/python bench/bench_claim_race.py [--jobs 5000] [--workers 1,2,4,8,16]
         [--nodes each,one] [--postgres postgresql://postgres@127.0.0.1:5432/postgres]
@@ -93,6 +97,8 @@ def main() -> None:
                             if name is not None:
                                 backends.drop_database(name)
                     errors = sum(len(r["errors"]) for r in found["reports"])
+                    helds = sorted(r["lock_held_s"] for r in found["reports"] if r["lock_held_s"])
+                    held_ms = helds[len(helds) // 2] * 1000 if helds else float("nan")
                     worst = max(r["worst_wait_s"] for r in found["reports"])
                     rate = jobs / found["seconds"]
                     base = base or rate
@@ -105,6 +111,8 @@ def main() -> None:
                             f"{rate:.0f}",
                             f"{rate / base:.2f}",
                             f"{worst * 1000:.0f}",
+                            f"{held_ms:.2f}",
+                            f"{1000 / held_ms:.0f}",
                             str(attempts[0] - attempts[1]),
                             str(lost),
                             str(errors),
@@ -115,6 +123,7 @@ def main() -> None:
     if options.postgres:
         backends.drop_template()
     header = ["backend", "jobs", "workers", "nodes", "claims/s", "vs 1 worker", "worst claim ms"]
+    header += ["write lock held ms/job", "ceiling jobs/s"]
     print(table([*header, "duplicates", "lost", "errors", "load"], rows))
 
 

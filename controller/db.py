@@ -240,7 +240,8 @@ def transaction(factory: sessionmaker[Session], *, fair: bool = True) -> Iterato
 
                 session.info[LEDGER_NOW] = session.execute(text(_LOCK_THEN_NOW)).scalar_one()
                 session.info[WRITE_LOCKED] = True
-            session.info[LOCK_WAIT] = time.monotonic() - asked
+            session.info[LOCKED_AT] = time.monotonic()
+            session.info[LOCK_WAIT] = session.info[LOCKED_AT] - asked
             yield session
         except BaseException:
             session.rollback()
@@ -293,7 +294,8 @@ def write_lock(session: Session) -> bool:
     asked = time.monotonic()
     session.execute(text(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"))
     session.info[WRITE_LOCKED] = True
-    session.info[LOCK_WAIT] = session.info.get(LOCK_WAIT, 0.0) + time.monotonic() - asked
+    session.info[LOCKED_AT] = time.monotonic()
+    session.info[LOCK_WAIT] = session.info.get(LOCK_WAIT, 0.0) + session.info[LOCKED_AT] - asked
     return True
 
 
@@ -458,6 +460,9 @@ class _RetryState:
 LEDGER_NOW = "laneway_ledger_now"
 LOCK_WAIT = "laneway_lock_wait"
 WRITE_LOCKED = "laneway_write_locked"
+LOCKED_AT = "laneway_locked_at"
+"""``time.monotonic()`` when the transaction's write lock was taken (the time it holds
+it, to its commit, is what every other writer may wait for: bench_claim_race.py)."""
 
 
 def lock_wait(session: Session) -> float:

@@ -114,6 +114,7 @@ def _child(url: str, index: int, slots: int, node: str) -> dict[str, Any]:
         )
     held: list[Any] = []
     claims = settles = 0
+    lock_held: list[float] = []  # per claimed job: seconds the write lock was held
     # LANEWAY_RACE_EARLY_LOCK=1 (bench_claim_race.py --early-lock): the way before
     # claim_transaction, settle and claim in one transaction under the write lock.
     early = os.environ.get("LANEWAY_RACE_EARLY_LOCK") == "1"
@@ -142,9 +143,11 @@ def _child(url: str, index: int, slots: int, node: str) -> dict[str, Any]:
     while idle_looks < 3:
         began = time.monotonic()
         try:
+            holding = 0.0
             if held and not db.is_sqlite(engine) and not early:
                 with db.transaction(factory) as session:
                     settle(session, held)
+                holding += time.monotonic() - session.info[db.LOCKED_AT]
                 held = []
             with claim_transaction(factory, node=node) as session:
                 settle(session, held)
@@ -156,6 +159,9 @@ def _child(url: str, index: int, slots: int, node: str) -> dict[str, Any]:
                     mem_available_mib=1e9,
                     now=db.ledger_now(session, clock),
                 )
+            holding += time.monotonic() - session.info[db.LOCKED_AT]
+            if held:
+                lock_held.append(holding / len(held))
         except Exception as exc:  # reported to the parent, which fails the test on it
             errors.append(f"{type(exc).__name__}: {db.describe(exc)}")
             held = []
@@ -171,7 +177,14 @@ def _child(url: str, index: int, slots: int, node: str) -> dict[str, Any]:
             )
         idle_looks = idle_looks + 1 if not ready else 0
     engine.dispose()
-    return {"claims": claims, "settles": settles, "worst_wait_s": worst, "errors": errors}
+    lock_held.sort()
+    return {
+        "claims": claims,
+        "settles": settles,
+        "worst_wait_s": worst,
+        "lock_held_s": lock_held[len(lock_held) // 2] if lock_held else None,
+        "errors": errors,
+    }
 
 
 if __name__ == "__main__":
