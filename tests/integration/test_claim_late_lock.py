@@ -114,3 +114,35 @@ def test_which_caps_span_nodes():
     assert spans({"limits": ["api"]}, limits={"api": {"calls": 10, "per_seconds": 60}})
     # A lane's cap counts one node's attempts unless a stage runs on named nodes.
     assert not spans({}, lanes=[{"name": "a", "node": "n1", "caps": {"only": 1}}])
+
+
+def test_a_claim_writes_nothing_before_it_holds_the_write_lock(
+    factory, clock, make_run, register_worker, engine
+):
+    """Event ids commit in the order they were drawn only if every write happens under
+    the write lock: in a claim_transaction nothing is inserted, updated or deleted
+    before it is taken (the node's lock and the reads come first)."""
+    from sqlalchemy import event
+
+    make_run(make_config(items=3))
+    worker = register_worker()
+    sent: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(" ".join(statement.split()).upper())
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        claims = claim(factory, worker, clock)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert len(claims) == 2
+    writes = [i for i, s in enumerate(sent) if s.startswith(("INSERT", "UPDATE", "DELETE"))]
+    assert writes
+    if db.is_sqlite(engine):
+        return  # the write lock is SQLite's own, from BEGIN IMMEDIATE on
+    lock = f"PG_ADVISORY_XACT_LOCK({db.WRITE_LOCK_KEY})"
+    locked = [i for i, s in enumerate(sent) if lock in s and "HASHTEXT" not in s]
+    assert locked and locked[0] < writes[0], sent[: writes[0] + 1]
+    # The snapshot was read before it: the node's lock, then the reads.
+    assert "HASHTEXT" in sent[0] and locked[0] > 3
