@@ -27,7 +27,15 @@ Per size it measures, as median (min-max) over --reps, time and SQL statements (
   subprocesses: wall time, and the child's CPU time (user + system, from
   `resource.getrusage(RUSAGE_CHILDREN)` before and after), beside the floor: `python3 -c`
   with the sqlite3 module running `select count(*) from jobs`. The 1-minute load average
-  (/proc/loadavg) is printed beside each size's figures.
+  (/proc/loadavg) is printed beside each size's figures;
+- `status_report` in this process over the read-only ledger (`readonly.ReadOnlyLedger`,
+  what `laneway status` reads through): the queries and the report without start-up.
+
+The children run with a bytecode cache (PYTHONPYCACHEPREFIX in the bench's temp dir,
+PYTHONDONTWRITEBYTECODE unset) after one untimed warm-up run of each command, as an
+installed laneway runs (pip writes .pyc files); otherwise, where PYTHONDONTWRITEBYTECODE
+is set, every laneway module would be compiled from source on each start (about 100 ms
+of `status`). `--cold-bytecode` measures with the environment as it is.
 
 Then the idle cost: on a small ledger whose run `laneway run` finished, it starts
 `laneway controller --runtime-dir DIR` and `laneway worker --node n1 --runtime-dir DIR
@@ -142,7 +150,7 @@ def build(runtime: Path, size: int, backlog_share: float) -> dict:
                     )
             conn.execute(insert(Job.__table__), only_columns(Job.__table__, jobs))
             job_rows = conn.execute(
-                select(Job.id, Job.state).where(
+                select(Job.id, Job.state, Job.stage, Job.lane).where(
                     # min/max, not first/last: the item query has no ORDER BY (SQLite may
                     # walk the (run_id, key) index, in key order)
                     Job.item_id >= min(item_id for item_id, _ in ids),
@@ -152,8 +160,11 @@ def build(runtime: Path, size: int, backlog_share: float) -> dict:
             ).all()
             if with_attempts:
                 attempts = [
-                    common.settled_attempt_row(run_id, job_id, runtime, BULK_WORKER, earlier)
-                    for job_id, state in job_rows
+                    # The claim copies the job's stage and lane onto the attempt (0015).
+                    common.settled_attempt_row(
+                        run_id, job_id, runtime, BULK_WORKER, earlier, stage=stage, lane=lane
+                    )
+                    for job_id, state, stage, lane in job_rows
                     if state == "succeeded"
                 ]
                 if attempts:
@@ -179,7 +190,7 @@ def build(runtime: Path, size: int, backlog_share: float) -> dict:
                             "actor": "bench",
                             "detail": {},
                         }
-                        for job_id, state in job_rows
+                        for job_id, state, _stage, _lane in job_rows
                     ],
                 ),
             )
@@ -230,7 +241,39 @@ def load_average() -> str:
         return "?"
 
 
-def measure_size(project: Path, root: Path, size: int, reps: int, backlog_share: float) -> list:
+def measure_report(runtime: Path, reps: int) -> list[float]:
+    """Seconds of ``status_report`` over the read-only ledger, in this process (after one
+    untimed run)."""
+    from laneway.controller import readonly
+    from laneway.controller.status import status_report
+
+    times = []
+    for _ in range(reps + 1):
+        with readonly.ReadOnlyLedger(runtime) as source, source.snapshot():
+            started = time.perf_counter()
+            status_report(source, None, now=source.now())
+            times.append(time.perf_counter() - started)
+    return times[1:]
+
+
+def cli_env(env: dict, root: Path, cold_bytecode: bool) -> dict:
+    """The children's environment: with a bytecode cache under ``root`` unless
+    ``cold_bytecode`` (then as it is)."""
+    if cold_bytecode:
+        return env
+    env = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(root / "pycache")
+    return env
+
+
+def measure_size(
+    project: Path,
+    root: Path,
+    size: int,
+    reps: int,
+    backlog_share: float,
+    cold_bytecode: bool = False,
+) -> list:
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
@@ -251,7 +294,17 @@ def measure_size(project: Path, root: Path, size: int, reps: int, backlog_share:
     finally:
         event.remove(Engine, "before_cursor_execute", counter)
     engine.dispose()
+    report_times = measure_report(runtime, reps)
     prefix, env, cwd = common.laneway_cli(project)
+    env = cli_env(env, root, cold_bytecode)
+    if not cold_bytecode:  # warm-up: the bytecode cache is written, not timed
+        for args in (
+            ["status", "--runtime-dir", str(runtime), "--json"],
+            ["status", "--runtime-dir", str(runtime)],
+            ["--help"],
+            ["explain", str(info["explain_job"]), "--runtime-dir", str(runtime)],
+        ):
+            timed_run([*prefix, *args], env, cwd)
     load_before = load_average()
     status = [
         timed_run([*prefix, "status", "--runtime-dir", str(runtime), "--json"], env, cwd)
@@ -302,6 +355,15 @@ def measure_size(project: Path, root: Path, size: int, reps: int, backlog_share:
             common.fmt([t[0] * 1000 for t in ticks], 2),
             common.fmt([t[1] for t in ticks], 0),
             "changed nothing" if not any(t[2] for t in ticks) else "CHANGED something",
+        ]
+    )
+    rows.append(
+        [
+            "",
+            "status_report() in process (read-only)",
+            common.fmt([t * 1000 for t in report_times], 1),
+            "",
+            "the queries and the report, no start-up",
         ]
     )
     for label, runs in (
@@ -456,14 +518,23 @@ def main() -> None:
     )
     parser.add_argument("--idle-seconds", type=float, default=20.0)
     parser.add_argument("--no-idle", action="store_true", help="skip the idle-cost part")
+    parser.add_argument(
+        "--cold-bytecode",
+        action="store_true",
+        help="run the CLI children without a bytecode cache where PYTHONDONTWRITEBYTECODE "
+        "is set (default: a cache in the bench's temp dir, written by a warm-up run)",
+    )
     args = parser.parse_args()
     project = common.use_project_and_say(args.project)
-    print(f"reps: {args.reps}; backlog share: {args.backlog}")
+    print(
+        f"reps: {args.reps}; backlog share: {args.backlog}; CLI bytecode: "
+        + ("as the environment says (--cold-bytecode)" if args.cold_bytecode else "cached")
+    )
     root = Path(tempfile.mkdtemp(prefix="laneway-bench-scale-"))
     try:
         rows = []
         for size in args.sizes:
-            rows += measure_size(project, root, size, args.reps, args.backlog)
+            rows += measure_size(project, root, size, args.reps, args.backlog, args.cold_bytecode)
         print()
         print("per ledger size: median (min-max) over reps")
         print(common.table(["jobs", "operation", "ms", "SQL statements", "note"], rows, left=2))

@@ -6,7 +6,6 @@ import json
 import re
 from typing import Any
 
-from laneway.cli import artifacts_text, oom_text, spend_text
 from laneway.controller import advice
 from laneway.controller.status_model import Closeout, RunningAttempt, StatusReport
 
@@ -461,6 +460,8 @@ def _settled_lines(report: dict[str, Any]) -> list[str]:
 
 
 def report_text(report: dict[str, Any]) -> str:
+    # Only `laneway report` needs these (`status` does not import them).
+    from laneway.cli import artifacts_text, oom_text, spend_text
     from laneway.controller.report_window import window_text
 
     run = report["run"]

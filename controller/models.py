@@ -217,6 +217,33 @@ class Attempt(Base):
         # Rate limits: the attempts of a run started within a window.
         Index("ix_attempts_run_intent", "run_id", "intent_at"),
         Index("ix_attempts_run_settled", "run_id", "settled_at", "id"),
+        # Status (migration 0016): settled attempts per stage and outcome, index-only; each
+        # lane's newest start and settle, one seek each. Partial: an intent has no entry in
+        # any, so the claim maintains none (the spawn adds one, the settle two).
+        Index(
+            "ix_attempts_run_stage_outcome",
+            "run_id",
+            "stage",
+            "outcome",
+            sqlite_where=text("outcome IS NOT NULL"),
+            postgresql_where=text("outcome IS NOT NULL"),
+        ),
+        Index(
+            "ix_attempts_run_lane_started",
+            "run_id",
+            "lane",
+            "started_at",
+            sqlite_where=text("started_at IS NOT NULL"),
+            postgresql_where=text("started_at IS NOT NULL"),
+        ),
+        Index(
+            "ix_attempts_run_lane_settled",
+            "run_id",
+            "lane",
+            "settled_at",
+            sqlite_where=text("settled_at IS NOT NULL"),
+            postgresql_where=text("settled_at IS NOT NULL"),
+        ),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))

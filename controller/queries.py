@@ -67,16 +67,40 @@ RETRY_BACKOFF: Final = (
 range of ``ix_jobs_retry_after`` (only jobs backing off have an entry). The unary ``+``
 keeps SQLite from taking the run's jobs by ``run_id`` instead (every job of the run)."""
 
-ATTEMPTS_BY_LANE_STAGE: Final = (
+ATTEMPT_OUTCOMES: Final = (
+    "SELECT stage, outcome, COUNT(*) FROM attempts "
+    "WHERE run_id = :run AND outcome IS NOT NULL GROUP BY stage, outcome"
+)
+"""-- name: attempt_outcomes -- The run's settled attempts (those with an outcome) counted per
+stage and outcome: index-only over the partial index ``ix_attempts_run_stage_outcome``
+(migration 0016), in its order (no sort), never the attempts' rows or their jobs. A NULL
+stage (an attempt row written without one, which the claim never does) is a group of its
+own, which ``status`` resolves through ``ATTEMPTS_WITHOUT_STAGE``."""
+
+LANE_ACTIVITY: Final = (
+    "SELECT l.name, l.node, "
+    "(SELECT MAX(a.started_at) FROM attempts a WHERE a.run_id = l.run_id "
+    "AND a.lane = l.name AND a.started_at IS NOT NULL), "
+    "(SELECT MAX(a.settled_at) FROM attempts a WHERE a.run_id = l.run_id "
+    "AND a.lane = l.name AND a.settled_at IS NOT NULL) "
+    "FROM lanes l WHERE l.run_id = :run ORDER BY l.name"
+)
+"""-- name: lane_activity -- The run's lanes by name, their nodes, and each one's newest
+attempt start and newest settle: per lane one seek to the end of its range in
+``ix_attempts_run_lane_started`` and one in ``ix_attempts_run_lane_settled`` (partial,
+migration 0016), whatever the run's history."""
+
+ATTEMPTS_WITHOUT_STAGE: Final = (
     "SELECT j.lane, j.stage, a.outcome, COUNT(*), MAX(a.started_at), MAX(a.settled_at) "
-    "FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.run_id = :run "
+    "FROM attempts a JOIN jobs j ON j.id = a.job_id "
+    "WHERE a.run_id = :run AND a.stage IS NULL AND a.outcome IS NOT NULL "
     "GROUP BY j.lane, j.stage, a.outcome"
 )
-"""-- name: attempts_by_lane_stage -- The run's attempts per lane, stage and outcome (NULL: not
-settled): how many, their newest start and newest settle. ``status`` reads its outcomes per
-stage (a settled attempt is one with an outcome) and each lane's last start and settle from
-this one pass. It still reads every attempt of the run and its job (the attempt row has no
-stage or lane): the one status query that follows the history, not the work."""
+"""-- name: attempts_without_stage -- The run's settled attempts whose row has no stage (none
+the claim writes; migration 0015 filled older ones), per their job's lane, stage and outcome,
+with their newest start and settle. ``status`` reads it only when ``ATTEMPT_OUTCOMES`` has a
+NULL-stage group: a range of ``ix_attempts_run_stage_outcome`` (those attempts only), each
+joined to its job."""
 
 IN_FLIGHT_ATTEMPTS: Final = (
     "SELECT a.id, j.id, i.key, j.stage, j.lane, a.node, a.state, a.child_pid, "
@@ -99,9 +123,10 @@ their directory (the evidence): a range of ``ix_attempts_state``, as ``in_flight
 
 UNKNOWN_PIDS: Final = (
     "SELECT id, supervisor_pid, child_pid FROM attempts "
-    f"WHERE run_id = :run AND state = '{AttemptState.UNKNOWN.value}'"
+    f"WHERE state = '{AttemptState.UNKNOWN.value}' AND +run_id = :run"
 )
-"""-- name: unknown_pids -- The supervisor and child pids of the run's unknown attempts."""
+"""-- name: unknown_pids -- The supervisor and child pids of the run's unknown attempts: a
+range of ``ix_attempts_state``, as ``unknown_attempts``."""
 
 CONTROLS_IN_FORCE: Final = (
     "SELECT id, kind, scope, lane, reason, set_by, set_at FROM controls "
@@ -177,18 +202,21 @@ CLOSEOUT_EVENTS: Final = (
         EventKind.CLOSEOUT_STEP_FINISHED.value,
         EventKind.CLOSEOUT_FINISHED.value,
     )
-    + ") ORDER BY id"
+    + ") ORDER BY +id"
 )
-"""-- name: closeout_events -- The run's closeout events, in order."""
+"""-- name: closeout_events -- The run's closeout events, in order: three ranges of
+``ix_events_run_kind`` and a sort of those few rows. The unary ``+`` keeps SQLite from
+walking every event of the run through ``ix_events_run`` for its order instead."""
 
 RECENT_SETTLED_DURATIONS: Final = (
-    "SELECT j.stage, a.started_at, a.settled_at FROM attempts a "
-    "JOIN jobs j ON j.id = a.job_id "
+    "SELECT COALESCE(a.stage, (SELECT j.stage FROM jobs j WHERE j.id = a.job_id)), "
+    "a.started_at, a.settled_at FROM attempts a "
     f"WHERE a.run_id = :run AND a.state = '{AttemptState.SETTLED.value}' "
     f"ORDER BY a.settled_at DESC LIMIT {RECENT_ATTEMPTS}"
 )
 """-- name: recent_settled_durations -- The run's ``RECENT_ATTEMPTS`` newest settled
-attempts' stage, start and settle (an index range on ``ix_attempts_run_settled``)."""
+attempts' stage, start and settle (an index range on ``ix_attempts_run_settled``); the
+stage is the attempt's own (its job's only for a row written without one)."""
 
 NEWEST_ACTIVE_RUN_IDS: Final = (
     f"SELECT id FROM runs WHERE state = '{RunState.ACTIVE.value}' ORDER BY id DESC LIMIT :limit"

@@ -20,8 +20,6 @@ from typing import TYPE_CHECKING, Any
 from laneway.controller import admission, advice, queries
 from laneway.controller.clock import iso
 from laneway.controller.errors import NotFound
-from laneway.controller.explain import explain_job as explain_job
-from laneway.controller.explain import stderr_tail as stderr_tail
 from laneway.controller.pidfile import running_controller
 from laneway.controller.rows import Rows, SessionRows, _json, _moment
 from laneway.controller.states import EventKind, JobState, Verdict, WorkerState
@@ -59,7 +57,19 @@ from laneway.controller.status_nodes import (
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
+    from laneway.controller.explain import explain_job as explain_job
+    from laneway.controller.explain import stderr_tail as stderr_tail
     from laneway.controller.models import Run
+
+
+def __getattr__(name: str) -> Any:
+    """``explain_job`` and ``stderr_tail``, still importable from here, are
+    controller/explain.py's: imported when first asked for, not by ``laneway status``."""
+    if name in ("explain_job", "stderr_tail"):
+        from laneway.controller import explain
+
+        return getattr(explain, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def build_status(session: Session, run: Run, *, now: datetime) -> StatusReport:
@@ -114,21 +124,34 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
 
     outcomes: dict[str, dict[str, int]] = {name: {} for name in stages}
     activity: dict[str, tuple[datetime | None, datetime | None]] = {}
-    for lane, stage, outcome, count, started, settled in source.rows(
-        queries.ATTEMPTS_BY_LANE_STAGE, rid
-    ):
-        if outcome is not None:  # settled (an attempt has an outcome once it settles)
+    lane_nodes: dict[str, str] = {}
+    # Each lane's newest start and settle: two index seeks per lane.
+    for lane, node, started, settled in source.rows(queries.LANE_ACTIVITY, rid):
+        lane_nodes[lane] = node
+        activity[lane] = (_moment(started), _moment(settled))
+    # Settled attempts per stage and outcome, index-only.
+    without_stage = False
+    for stage, outcome, count in source.rows(queries.ATTEMPT_OUTCOMES, rid):
+        if stage is None:  # written without a stage (the claim never does): see below
+            without_stage = True
+            continue
+        by_outcome = outcomes.setdefault(stage, {})
+        by_outcome[str(outcome)] = by_outcome.get(str(outcome), 0) + count
+    if without_stage:
+        # Their job's stage and lane instead: a join over those attempts only.
+        for lane, stage, outcome, count, started, settled in source.rows(
+            queries.ATTEMPTS_WITHOUT_STAGE, rid
+        ):
             by_outcome = outcomes.setdefault(stage, {})
             by_outcome[str(outcome)] = by_outcome.get(str(outcome), 0) + count
-        last_start, last_end = activity.get(lane, (None, None))
-        activity[lane] = (
-            _latest(last_start, _moment(started)),
-            _latest(last_end, _moment(settled)),
-        )
+            last_start, last_end = activity.get(lane, (None, None))
+            activity[lane] = (
+                _latest(last_start, _moment(started)),
+                _latest(last_end, _moment(settled)),
+            )
     # In key order, whatever order the groups came in (GROUP BY promises none).
     outcomes = {stage: dict(sorted(by.items())) for stage, by in outcomes.items()}
 
-    lane_nodes = dict(source.rows(queries.LANES, rid))
     stage_nodes = {name: list(stage.get("nodes") or []) or None for name, stage in stages.items()}
     # The nodes the run uses: its lanes' nodes and every node a stage's ``nodes`` names.
     nodes = sorted(set(lane_nodes.values()) | {n for ns in stage_nodes.values() for n in ns or []})
@@ -234,6 +257,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
             controls=controls,
             unknown=len(unknown),
             counts=counts,
+            lane_nodes=lane_nodes,
             activity=activity,
         ),
         placement=placement(stage_nodes, lane_nodes, live),
@@ -348,11 +372,12 @@ def _lanes(
     controls: list[Control],
     unknown: int,
     counts: list[tuple[Any, ...]],
+    lane_nodes: dict[str, str],
     activity: dict[str, tuple[datetime | None, datetime | None]],
 ) -> list[Lane]:
-    """The run's lanes, from ``counts`` (``queries.JOB_COUNTS``'s rows) and ``activity``
-    (per lane, its newest attempt start and settle)."""
-    rid = {"run": run["id"]}
+    """The run's lanes (``lane_nodes``: name to node, in name order), from ``counts``
+    (``queries.JOB_COUNTS``'s rows) and ``activity`` (per lane, its newest attempt start
+    and settle)."""
     by_lane: dict[str, dict[str, int]] = {}
     ready_stages: dict[str, set[str]] = {}
     for state, lane, stage, count in counts:
@@ -362,7 +387,7 @@ def _lanes(
             ready_stages.setdefault(lane, set()).add(stage)
     order = {stage: i for i, stage in enumerate(stage_nodes)}  # the config's stage order
     lanes = []
-    for name, node in source.rows(queries.LANES, rid):
+    for name, node in lane_nodes.items():
         by_state = by_lane.get(name, {})
         last_start, last_end = activity.get(name, (None, None))
         running = by_state.get(JobState.RUNNING.value, 0)
