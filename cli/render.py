@@ -7,7 +7,12 @@ import re
 from typing import Any
 
 from laneway.controller import advice
-from laneway.controller.status_model import Closeout, RunningAttempt, StatusReport
+from laneway.controller.status_model import (
+    Closeout,
+    RunningAttempt,
+    StatusReport,
+    seams_words,
+)
 
 _CONTROL_CHARS = re.compile(
     r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|[\x00-\x08\x0b-\x1f\x7f]"
@@ -247,6 +252,11 @@ def workers_text(status: StatusReport) -> list[str]:
                 ],
             )
         )
+        out += [
+            f"  {w.worker_id} seams: {words}"
+            for w in status.workers
+            if (words := seams_words(w.seams))
+        ]
     if status.nodes:
         out += ["", "nodes:"]
         out.append(

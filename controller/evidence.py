@@ -154,7 +154,7 @@ def _no_exit_record(attempt: Any, path: Path, on: str, then: str) -> str:
             f"no exit record ({path}) and no supervisor status (its worker never recorded "
             f"a supervisor pid); the job may still be running on {on} — check there, {then}"
         )
-    if attempt.boot_id is not None and attempt.boot_id != identity.boot_id():
+    if attempt.boot_id is not None and not identity.same_boot(attempt.boot_id):
         gone = "the machine has rebooted since it started, so nothing of it runs"
     else:
         gone = "neither its supervisor nor its child is running"
@@ -249,7 +249,7 @@ def verified_exit(attempt: Any) -> tuple[int | None, int | None]:
 
 def _alive(attempt: Any) -> str | None:
     """Which of the attempt's processes still runs on this machine, if any."""
-    if attempt.boot_id != identity.boot_id():
+    if not identity.same_boot(attempt.boot_id):
         return None  # rebooted since (the caller checked the host): nothing of it runs
     for name, pid, start in (
         ("supervisor", attempt.supervisor_pid, attempt.supervisor_start_time),

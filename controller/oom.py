@@ -16,7 +16,17 @@ PREFIX = "oom_killed "
 Source = Literal["cgroup", "free_memory"]
 """``cgroup``: the oom_kill counter of the worker's memory cgroup went up while the
 attempt ran; ``free_memory``: no such counter, but the node's free memory was under its
-floor at the worker's last probe."""
+floor at the worker's last probe. ``free_memory`` is inferred evidence (``inferred``):
+the only kind where no cgroup counts kills (the worker's ``oom`` seam ``inferred``,
+``workers/seams.py``: macOS, or Linux with the portable paths forced)."""
+
+INFERRED: frozenset[str] = frozenset({"free_memory"})
+"""The sources that infer the OOM kill rather than read the kernel's count of it."""
+
+
+def inferred(found: dict[str, Any] | None) -> bool:
+    """Is this OOM evidence inferred (no kernel counter named the kill)?"""
+    return found is not None and found.get("source") in INFERRED
 
 
 def evidence(

@@ -28,7 +28,7 @@ def running_controller(runtime_dir: str | os.PathLike[str]) -> int | None:
         record = read_json(Path(runtime_dir) / PIDFILE)
     except (OSError, ValueError):
         return None
-    if not isinstance(record, dict) or record.get("boot_id") != identity.boot_id():
+    if not isinstance(record, dict) or not identity.same_boot(record.get("boot_id")):
         return None
     pid = record.get("pid")
     if isinstance(pid, int) and identity.same_process(pid, record.get("start_time")):

@@ -142,6 +142,20 @@ class RunningAttempt(_Flat):
         return self.state if self.verified else "unverified"
 
 
+SEAM_NAMES = ("wait", "identity", "subreaper", "oom", "spawn")
+"""The platform seams a worker records (``workers/seams.py``), in the order shown."""
+
+
+def seams_words(seams: dict[str, Any] | None) -> str:
+    """A worker's seams in words: ``wait pidfd, identity boot_id + start time, subreaper
+    prctl, oom cgroup, spawn fork`` ('' when it recorded none); ``(portable paths
+    forced)`` after them when the test hook switched Linux's facilities off."""
+    if not seams:
+        return ""
+    text = ", ".join(f"{name} {seams[name]}" for name in SEAM_NAMES if seams.get(name))
+    return text + (" (portable paths forced)" if seams.get("portable") else "")
+
+
 @dataclass
 class Worker(_Flat):
     """A worker of one of the run's nodes. ``liveness`` (``status_nodes.worker_liveness``):
@@ -160,6 +174,9 @@ class Worker(_Flat):
     heartbeat_age_seconds: float
     stopped_at: str | None
     liveness: str
+    seams: dict[str, Any] | None = None
+    """What it chose for each platform seam as it registered (``workers/seams.py``):
+    ``wait``, ``identity``, ``subreaper``, ``oom``, ``spawn``; None if it did not say."""
 
     def liveness_words(self) -> str:
         """Its liveness in words: ``stale for 12 s``, ``lost``, ``live``, ``stopped``."""

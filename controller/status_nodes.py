@@ -57,7 +57,7 @@ def process_gone(host: str, boot_id: str, pid: int) -> bool:
     Only said for this machine (the same hostname and kernel boot), where no process
     with that pid exists; a pid that exists may be another process, so it proves
     nothing and the heartbeat decides."""
-    if host != socket.gethostname() or boot_id != identity.boot_id():
+    if host != socket.gethostname() or not identity.same_boot(boot_id):
         return False
     try:
         os.kill(pid, 0)
@@ -66,6 +66,23 @@ def process_gone(host: str, boot_id: str, pid: int) -> bool:
     except OSError:  # it exists, another user's: not known gone
         return False
     return False
+
+
+WORKER_SEAMS = "SELECT id, seams FROM workers WHERE node = :node"
+"""Each worker's platform seams (``workers.seams``; NULL for a worker that did not say)."""
+
+
+def worker_seams(source: Rows, nodes: list[str]) -> dict[str, dict[str, Any]]:
+    """Worker id -> the seams it recorded as it registered (``workers.seams``), for the
+    workers of ``nodes`` that recorded them."""
+    found: dict[str, dict[str, Any]] = {}
+    for node in nodes:
+        for worker_id, seams in source.rows(WORKER_SEAMS, {"node": node}):
+            if isinstance(seams, str):  # a raw read of a JSON column (the read-only ledger)
+                seams = json.loads(seams)
+            if isinstance(seams, dict):
+                found[worker_id] = seams
+    return found
 
 
 def worker_command(node: str, runtime_dir: str) -> str:
@@ -83,6 +100,7 @@ def node_workers(source: Rows, nodes: list[str], *, now: datetime) -> list[Worke
         params = {"node": node}
         found += source.rows(queries.ACTIVE_WORKERS, params)
         found += source.rows(queries.ENDED_WORKERS, params)
+    seams = worker_seams(source, nodes)
     workers = []
     for worker_id, node, host, pid, boot_id, slots, state, started, beat, stopped in found:
         heartbeat = _moment(beat)
@@ -92,6 +110,7 @@ def node_workers(source: Rows, nodes: list[str], *, now: datetime) -> list[Worke
         liveness = worker_liveness(state, age, gone=gone)
         workers.append(
             Worker(
+                seams=seams.get(worker_id),
                 worker_id=worker_id,
                 node=node,
                 host=host,

@@ -1,7 +1,28 @@
-"""Process identity (boot id, pid, start time): it lives in ``controller/identity.py``,
-on the bottom floor, because the controller judges processes too and does not import
-``workers``. Stdlib only, like the supervisor that imports it from here."""
+"""Process identity (boot identity, pid, start time): it lives in
+``controller/identity.py``, on the bottom floor, because the controller judges processes
+too and does not import ``workers``. Stdlib only, like the supervisor that imports it
+from here."""
 
-from laneway.controller.identity import boot_id, current, host, process_start_time, same_process
+from laneway.controller.identity import (
+    boot_id,
+    current,
+    describe,
+    host,
+    portable,
+    process_start_time,
+    same_boot,
+    same_process,
+    use_portable,
+)
 
-__all__ = ["boot_id", "current", "host", "process_start_time", "same_process"]
+__all__ = [
+    "boot_id",
+    "current",
+    "describe",
+    "host",
+    "portable",
+    "process_start_time",
+    "same_boot",
+    "same_process",
+    "use_portable",
+]

@@ -10,7 +10,10 @@ only after a timeout or an operator's stop (the exit record says ``timed_out`` o
 itself ``signal == 9`` without those flags is someone else's kill. A counter that went
 up since the attempt started names it; without a counter (no cgroup, no permission, a
 recovered attempt) the node's free memory under its floor at the worker's last probe
-does. Anything unreadable means no evidence, never an error.
+does. Anything unreadable means no evidence, never an error. Where the kernel counts
+no kills at all (macOS; Linux with ``LANEWAY_PORTABLE``, the ``oom`` seam ``inferred``
+of ``workers/seams.py``) the free-memory evidence is the only kind, and it is named
+inferred (``controller.oom``).
 
 Several attempts share the worker's cgroup: an OOM kill while two of them ran, one
 killed by someone else, would name both.
@@ -23,7 +26,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from laneway.controller import oom
+from laneway.controller import identity, oom
 
 PROC_SELF = "/proc/self"
 
@@ -80,7 +83,10 @@ class OomCounter:
 
     @classmethod
     def of_this_process(cls, proc: str = PROC_SELF) -> OomCounter:
-        """The counter of the cgroup this process runs in (None path if none is found)."""
+        """The counter of the cgroup this process runs in (None path if none is found,
+        or the Linux facilities are switched off: ``identity.portable``)."""
+        if identity.portable():
+            return cls(None)
         try:
             cgroup = Path(proc, "cgroup").read_text()
             mountinfo = Path(proc, "mountinfo").read_text()

@@ -5,7 +5,9 @@ Dead workers of the node are marked lost. Each of their in-flight attempts is th
 order of preference: adopted when its supervisor still lives (same boot, pid and start
 time: never a second copy), settled from its exit record when the supervisor is gone
 (the one verdict, ``controller.attempt.judge_attempt``, through ``Finishing.deliver``),
-or marked unknown with the reason.
+or marked unknown with the reason. The boot and the start times are compared in the
+form they were recorded in (``identity.same_boot``, ``identity.same_process``), so a
+worker restarted with the portable paths (``workers.seams``) judges them the same way.
 
 ``Recovery`` is one part of ``workers.service.WorkerService``: it reads the worker's
 identity, clock and ledger from it and hands an adopted attempt to ``WorkerService.track``.
@@ -78,7 +80,7 @@ class Recovery:
             for worker in ledger.active_workers(session, node=self.worker.node):
                 if worker.id == self.worker.worker_id:
                     continue
-                alive = worker.boot_id == boot and identity.same_process(
+                alive = identity.same_boot(worker.boot_id) and identity.same_process(
                     worker.pid, worker.process_start_time
                 )
                 if not alive:
@@ -103,7 +105,7 @@ class Recovery:
 
     def recover_one(self, attempt: Attempt, boot: str) -> str:
         label = f"attempt {attempt.id}"
-        if attempt.boot_id is not None and attempt.boot_id != boot:
+        if attempt.boot_id is not None and not identity.same_boot(attempt.boot_id):
             with db.transaction(self.worker.factory) as session:
                 now = db.ledger_now(session, self.worker.clock)
                 ledger.mark_unknown(

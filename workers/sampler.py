@@ -2,10 +2,11 @@
 
 The tree is every descendant of the attempt's supervisor — the child and all it started,
 including processes that left the job's process group: the supervisor is a child
-subreaper, so orphans are re-parented to it and stay in its tree. If the supervisor is
-gone, processes carrying the attempt's environment markers are found instead. RSS is
-summed with psutil; GPU memory per process comes from a GpuProbe (NVML). Without a GPU
-reading the GPU figure stays None and the probe's note says why.
+subreaper, so orphans are re-parented to it and stay in its tree (where the kernel
+offers one: without, ``workers.seams``, an orphan that left the group is not counted).
+If the supervisor is gone, processes carrying the attempt's environment markers are
+found instead. RSS is summed with psutil; GPU memory per process comes from a GpuProbe
+(NVML). Without a GPU reading the GPU figure stays None and the probe's note says why.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from datetime import datetime
 
 import psutil
 
+from laneway.workers import identity
 from laneway.workers.gpu import GpuProbe, GpuReading
 from laneway.workers.supervisor import MARK
 
@@ -56,11 +58,18 @@ class TreeSample:
     pids: list[int] = field(default_factory=list)
 
 
+def _children_files() -> bool:
+    """Does ``/proc`` list each task's children here (and are they to be used)?"""
+    return not identity.portable() and os.path.isdir(f"/proc/{os.getpid()}/task")
+
+
 def descendants(pid: int) -> list[int]:
     """Every descendant of ``pid``, from ``/proc/PID/task/TID/children``: the cost follows
     the tree, not the machine (psutil's ``children`` reads every process's parent).
-    Raises NoSuchProcess if ``pid`` is gone; falls back to psutil where the kernel does
-    not offer the children files."""
+    Raises NoSuchProcess if ``pid`` is gone; psutil where the kernel does not offer the
+    children files (macOS; the portable paths forced, ``workers.seams``)."""
+    if not _children_files():
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
     found: list[int] = []
     queue = [pid]
     while queue:

@@ -53,6 +53,7 @@ from laneway.controller.crashpoints import crash_point
 from laneway.controller.errors import CommitOutcomeUnknown, StaleLease
 from laneway.controller.watch import ChangeWatch
 from laneway.workers import oom as oom_watch
+from laneway.workers import seams as platform_seams
 from laneway.workers.finishing import Finishing
 from laneway.workers.flight import InFlight, StageRules, measurements
 from laneway.workers.gpu import GpuProbe, GpuReading, NvmlGpu
@@ -175,6 +176,10 @@ class WorkerService:
         node left behind (``recover``; its lines land in ``self.recovered``). Returns the
         worker's id."""
         pid, start_time = identity.current()
+        self.seams = platform_seams.current()
+        seams = self.seams.as_dict()
+        if self.launcher is None:
+            seams["spawn"] = "exec"  # the launcher is switched off for this worker
         with db.transaction(self.factory) as session:
             self.worker_id = ledger.register_worker(
                 session,
@@ -185,6 +190,7 @@ class WorkerService:
                 process_start_time=start_time,
                 slots=self.slots,
                 now=db.ledger_now(session, self.clock),
+                seams=seams,
             )
         # Reconcile before admitting: nothing is leased until what was left is settled.
         self.recovered = self.recover()
@@ -533,12 +539,20 @@ class WorkerService:
         return settled, outcomes
 
     def _track(self, attempt_id: int, flight: InFlight) -> None:
-        """Watch a supervisor: its pidfd wakes ``wait`` the moment it exits."""
+        """Watch a supervisor: its pidfd (or kqueue, the ``wait`` seam of
+        ``workers.seams``) wakes ``wait`` the moment it exits. With neither (``poll``)
+        the callers' bounded wait (``poll_seconds``) finds it."""
         self.in_flight[attempt_id] = flight
+        how = platform_seams.current().wait
         try:
-            fd = os.pidfd_open(flight.supervisor.pid)
+            if how == "pidfd":
+                fd = os.pidfd_open(flight.supervisor.pid)
+            elif how == "kqueue":
+                fd = platform_seams.kqueue_exit_fd(flight.supervisor.pid)
+            else:
+                return
         except OSError:
-            return  # already gone (poll() will see it) or no pidfd: the poll interval
+            return  # already gone (poll() will see it): the poll interval
         if flight.supervisor.poll() is not None:
             os.close(fd)
             return
@@ -555,7 +569,9 @@ class WorkerService:
     def wait(self, timeout: float) -> None:
         """Sleep until a supervisor exits, the ledger notifies a commit (PostgreSQL) or
         ``timeout`` passes (a slot is refilled the moment its attempt ends, and new work
-        is seen the moment it is committed, not at the next poll)."""
+        is seen the moment it is committed, not at the next poll). Where the ``wait``
+        seam is ``poll`` nothing wakes it on an exit: ``serve`` and ``drain`` pass a
+        short ``timeout`` (``poll_seconds``), the bound on how late an exit is seen."""
         self.watch.wait(timeout, self._selector)
 
     # -- the loop ------------------------------------------------------------

@@ -2,7 +2,8 @@
 commit. Each attempt's directory is made and its inputs fetched (every byte verified
 against its recorded sha256), its environment built (``workers.jobenv``), and its
 supervisor started: forked by the warm launcher (``workers.launcher``), or by exec when
-the launcher cannot be reached. Each supervisor reports its child's identity on its
+the launcher cannot be reached or the ``spawn`` seam says ``exec`` (``workers.seams``:
+macOS, or the portable paths forced on Linux). Each supervisor reports its child's identity on its
 stdout; ``record_reports`` records those identities in one transaction and writes each
 ``receipt.json``. An attempt that cannot start is settled without a spawn.
 
@@ -31,6 +32,7 @@ from laneway.controller.crashpoints import crash_point
 from laneway.controller.durable import write_json
 from laneway.controller.states import Outcome
 from laneway.workers import launcher as launcher_module
+from laneway.workers import seams
 from laneway.workers import supervisor as supervisor_module
 from laneway.workers.flight import InFlight, LaunchedSupervisor
 from laneway.workers.jobenv import SecretMissing, job_environment, secret_values
@@ -38,7 +40,7 @@ from laneway.workers.jobenv import SecretMissing, job_environment, secret_values
 if TYPE_CHECKING:
     from laneway.workers.service import WorkerService
 
-LAUNCHER_ENV = "LANEWAY_SUPERVISOR_LAUNCHER"
+LAUNCHER_ENV = seams.LAUNCHER_ENV
 """Set to 0 to start every supervisor by exec instead of forking it from the launcher."""
 
 
@@ -262,12 +264,14 @@ class Spawning:
             "secret_env": secret_names,
             "strip_env": strip,
         }
+        if identity.portable():
+            spec["portable"] = True  # the supervisor runs with the job's environment
         secrets = secret_values(env, secret_names)
         with (
             durable.AttemptDir(directory) as attempt,
             attempt.append("supervisor.log") as supervisor_log,
         ):
-            if self.worker.launcher is not None:
+            if self.worker.launcher is not None and seams.current().spawn == "fork":
                 read_end, write_end = os.pipe2(os.O_CLOEXEC)
                 try:
                     pid, start_time = self.worker.launcher.spawn(

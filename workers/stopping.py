@@ -101,7 +101,7 @@ def check_local_supervisor(attempt: Any) -> None:
             f"attempt {attempt.id} is {attempt.state}; only a running attempt can be cancelled"
         )
     same = (
-        attempt.boot_id == identity.boot_id()
+        identity.same_boot(attempt.boot_id)
         and attempt.supervisor_pid is not None
         and identity.same_process(attempt.supervisor_pid, attempt.supervisor_start_time)
     )

@@ -5,7 +5,10 @@ crash of the worker service (invariant 6; the numbered invariants are in
 docs/invariants.md). It:
 
 1. makes itself a child subreaper, so descendants that double-fork are re-parented to
-   it and can be reaped and waited for;
+   it and can be reaped and waited for (where the kernel offers ``prctl``; elsewhere,
+   macOS or the portable paths forced, it tracks the job by its process group and
+   session alone, and says so in the exit record: ``"subreaper": false, "tracks":
+   "process group"``; see ``workers/seams.py``);
 2. starts the command in a new process group, stdin from /dev/null, stdout and stderr
    into pipes;
 3. reports the child's pid and start time on its stdout (one JSON line) to the worker;
@@ -46,6 +49,7 @@ import time
 from laneway.controller import crashpoints, durable, faults
 from laneway.controller.crashpoints import crash_point
 from laneway.controller.durable import write_bytes
+from laneway.workers import identity
 from laneway.workers.identity import boot_id, process_start_time
 from laneway.workers.redact import Redactor
 
@@ -117,6 +121,8 @@ def _libc_prctl() -> Any:
 
 
 def _become_subreaper() -> bool:
+    if identity.portable():
+        return False  # the portable paths: no prctl, the job is tracked by its group
     prctl = _libc_prctl()
     return bool(prctl) and bool(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
 
@@ -161,8 +167,12 @@ def _signal_group(pgid: int, signum: int) -> None:
 
 def _children() -> list[int]:
     """Our direct children. As a subreaper we inherit every orphaned descendant, so this
-    also finds processes that left the job's group (setsid) once their parent is gone."""
+    also finds processes that left the job's group (setsid) once their parent is gone.
+    Without ``/proc`` (or with the portable paths forced) none are listed: the job is
+    tracked by its process group."""
     pids: list[int] = []
+    if identity.portable():
+        return pids
     base = f"/proc/{os.getpid()}/task"
     try:
         tasks = os.listdir(base)
@@ -202,6 +212,10 @@ class Supervision:
 
     def __init__(self, spec: dict[str, Any], environ: Mapping[str, str] | None = None) -> None:
         self.spec = spec
+        if "portable" in spec:
+            # Told by the worker (its seams): we run with the job's environment, which
+            # does not carry the worker's LANEWAY_PORTABLE.
+            identity.use_portable(bool(spec["portable"]))
         self.environ = os.environ if environ is None else environ
         """The job's environment (``os.environ`` where the supervisor was exec'd with it;
         the request's where the launcher forked it: see ``HELPER_ENV``)."""
@@ -242,6 +256,9 @@ class Supervision:
 
     def run(self) -> int:
         self.record["subreaper"] = _become_subreaper()
+        self.record["tracks"] = (
+            "subreaper + process group" if self.record["subreaper"] else "process group"
+        )
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_stop_signal)
         wake_r, wake_w = os.pipe()

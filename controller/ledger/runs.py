@@ -304,8 +304,10 @@ def register_worker(
     process_start_time: int | None,
     slots: int,
     now: datetime,
+    seams: dict[str, Any] | None = None,
 ) -> str:
-    """Record a starting worker and return its id."""
+    """Record a starting worker and return its id. ``seams``: what it chose for each
+    platform seam (``workers.seams``), shown by ``laneway status``."""
     if session.get(Node, node) is None:
         raise NotFound(f"node {node!r} is not in the ledger; start a pipeline that names it first")
     worker_id = f"{node}-{pid}-{uuid.uuid4().hex[:8]}"
@@ -321,6 +323,7 @@ def register_worker(
             state=WorkerState.ACTIVE,
             started_at=now,
             heartbeat_at=now,
+            seams=seams,
         )
     )
     append_event(session, EventKind.WORKER_STARTED, actor=worker_id, now=now, node=node, pid=pid)
