@@ -148,6 +148,11 @@ def warm_up() -> None:
     _utc()
 
 
+def _on_child(_signum: int, _frame: object) -> None:
+    """SIGCHLD: nothing to do here; its arrival wakes the watch loop (``set_wakeup_fd``),
+    which reaps."""
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -261,6 +266,11 @@ class Supervision:
         )
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_stop_signal)
+        # A handler of its own for SIGCHLD, so that the child's exit writes to the wake-up
+        # pipe below: without one (the default ignores it) the exit is seen only when a
+        # pipe's end arrives after the child can be reaped, or at the watch loop's next
+        # timeout (a quarter of a second later on a good share of attempts).
+        signal.signal(signal.SIGCHLD, _on_child)
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)

@@ -233,3 +233,25 @@ def test_a_log_planted_as_a_link_is_never_written_through(tmp_path):
     )
     assert done.returncode != 0
     assert outside.read_text() == "precious\n" and not marker.exists()
+
+
+def test_the_childs_exit_wakes_the_supervisor(tmp_path):
+    """The supervisor catches SIGCHLD (a handler of its own, whose arrival writes to its
+    wake-up pipe): with the default disposition the child's exit went unnoticed until the
+    watch loop's next timeout whenever its pipes closed before it could be reaped, which
+    delayed the exit record, the settle and the slot's refill of many attempts."""
+    release = tmp_path / "release"
+    code = (
+        "import pathlib, time\n"
+        f"while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.01)\n"
+    )
+    proc, attempt, _ = start(tmp_path, [sys.executable, "-c", code])
+    try:
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        mask = next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt"))
+        caught = int(mask, 16)
+        assert caught & (1 << (signal.SIGCHLD - 1)), status
+    finally:
+        release.touch()
+        assert proc.wait(timeout=30) == 0
+    assert exit_record(attempt)["exit_code"] == 0
