@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,14 +18,13 @@ import pytest
 from sqlalchemy import select
 
 from laneway.controller import db, identity, status_model, status_nodes
-from laneway.controller.models import Attempt, Worker
+from laneway.controller.models import Worker
 from laneway.controller.rows import SessionRows
+from tests.integration.test_two_nodes import Cluster
 from tests.support import escape, wait_until
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
-LANEWAY = [sys.executable, "-m", "laneway"]
 
 # A review-style stage: read the item, leave one line of side effect, hold until
 # released (so workers and supervisors can be killed while it runs), write a result.
@@ -67,41 +65,25 @@ timeout_seconds = 120
     return path
 
 
-class Nodes:
+class Nodes(Cluster):
     """A controller and two workers, each in a runtime dir of its own, sharing the
-    ledger's URL; the ``portable`` worker runs with ``LANEWAY_PORTABLE=1``."""
+    ledger's URL (``test_two_nodes.Cluster``); the ``portable`` worker runs with
+    ``LANEWAY_PORTABLE=1``."""
 
     def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.dirs = {name: tmp / name for name in ("control", "linux", "portable")}
-        url = db.ledger_url(self.dirs["control"])
-        self.env = {**os.environ, "LANEWAY_DATABASE_URL": url}
+        super().__init__(tmp, nodes=("linux", "portable"))
         self.env.pop(identity.PORTABLE_ENV, None)
-        self.engine = db.make_engine(url)
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*LANEWAY, *args, "--runtime-dir", str(self.dirs["control"])],
-            env=self.env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
 
     def start(self, name: str, *args: str, where: str, portable: bool = False) -> None:
-        env = {**self.env, identity.PORTABLE_ENV: "1"} if portable else self.env
-        log = (self.tmp / f"{name}.log").open("ab")
-        self.processes[name] = subprocess.Popen(
-            [*LANEWAY, *args, "--runtime-dir", str(self.dirs[where])],
-            env=env,
-            cwd=ROOT,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
-        log.close()
+        if not portable:
+            super().start(name, *args, where=where)
+            return
+        plain = self.env
+        self.env = {**plain, identity.PORTABLE_ENV: "1"}
+        try:
+            super().start(name, *args, where=where)
+        finally:
+            self.env = plain
 
     def worker(self, node: str, *, portable: bool = False) -> None:
         self.start(
@@ -111,35 +93,11 @@ class Nodes:
             portable=portable,
         )
 
-    def attempts(self, node: str | None = None) -> list[Attempt]:
-        query = select(Attempt).order_by(Attempt.id)
-        if node is not None:
-            query = query.where(Attempt.node == node)
-        with db.session_factory(self.engine)() as session:
-            return list(session.scalars(query))
-
     def workers(self, node: str) -> list[Worker]:
         with db.session_factory(self.engine)() as session:
             return list(
                 session.scalars(select(Worker).where(Worker.node == node).order_by(Worker.id))
             )
-
-    def side_effects(self) -> list[str]:
-        path = self.tmp / "side.log"
-        return path.read_text().split() if path.exists() else []
-
-    def stop(self) -> None:
-        (self.tmp / "release").touch()
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        self.engine.dispose()
 
 
 @pytest.fixture
