@@ -98,8 +98,9 @@ class Finishing:
             return verdict
         why = (
             "its memory cgroup counted the kill"
-            if found["source"] == "cgroup"
-            else "the node's free memory was under its floor"
+            if not oom.inferred(found)
+            else "inferred: no memory cgroup counts kills here, and the node's free memory "
+            "was under its floor"
         )
         return replace(
             verdict,

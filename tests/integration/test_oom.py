@@ -154,6 +154,9 @@ def test_without_a_cgroup_counter_free_memory_under_the_floor_names_it(engine, m
 
     (attempt,) = _attempts(engine, run_id)
     assert attempt.outcome == "failed" and attempt.exit_signal == 9
+    # Without a counter of kills the evidence is inferred, and the reason says so.
+    assert "out of memory (inferred: no memory cgroup counts kills" in attempt.state_reason
+    assert oom.inferred(oom.from_diagnostics(attempt.diagnostics))
     assert oom.from_diagnostics(attempt.diagnostics) == {
         "source": "free_memory",
         "mem_available_mib": 700.0,
