@@ -41,7 +41,11 @@ def one_cycle(engine, factory, make_run, register_worker, clock, items: int) -> 
     ``items`` items x 3 stages (every prepare ready, everything else waiting)."""
     backlog(make_run, items)
     worker = register_worker()
-    controller = Controller(engine, clock=clock)
+    # Its time-driven steps fixed, so only the backlog differs between the two sizes:
+    # the lost-worker and lease look only on the first tick (recovery_seconds), and a
+    # status snapshot in every tick that follows a change (snapshot_seconds=0), never
+    # in whichever later tick a slow machine lets a second pass.
+    controller = Controller(engine, clock=clock, recovery_seconds=3600, snapshot_seconds=0)
     controller.tick()  # its first tick makes the one full pass
     with statements(engine) as claim_count:
         (claim,) = claim_on_n1(factory, worker, clock)
