@@ -176,7 +176,14 @@ class Worker(_Flat):
     liveness: str
     seams: dict[str, Any] | None = None
     """What it chose for each platform seam as it registered (``workers/seams.py``):
-    ``wait``, ``identity``, ``subreaper``, ``oom``, ``spawn``; None if it did not say."""
+    ``wait``, ``identity``, ``subreaper``, ``oom``, ``spawn``; None if it did not say.
+    In ``as_dict`` only when set."""
+
+    def as_dict(self) -> dict[str, Any]:
+        body = dict(self.__dict__)
+        if body["seams"] is None:
+            del body["seams"]
+        return body
 
     def liveness_words(self) -> str:
         """Its liveness in words: ``stale for 12 s``, ``lost``, ``live``, ``stopped``."""
