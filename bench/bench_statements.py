@@ -54,7 +54,7 @@ def count(n: int, slots: int) -> tuple[collections.Counter[str], int]:
         report = service.tick()
         if controller.due():
             controller.tick()
-        with factory() as session:
+        with db.reader(engine)() as session:  # read-only, not counted: the bench's own look
             if session.get(Run, run_id).state == "finished":
                 break
         if not (report.claimed or report.settled):

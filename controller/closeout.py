@@ -164,6 +164,7 @@ def needs_closeout(session: Session, run: Run) -> bool:
 
 def load(session: Session, run: Run) -> Closeout:
     """Rebuild a run's closeout state from its events (a restarted controller resumes)."""
+    ledger.flush_events(session)
     directory = Path(run.runtime_dir) / "runs" / str(run.id)
     steps = [
         {

@@ -242,7 +242,9 @@ def transaction(factory: sessionmaker[Session], *, fair: bool = True) -> Iterato
                 session.info[WRITE_LOCKED] = True
             session.info[LOCKED_AT] = time.monotonic()
             session.info[LOCK_WAIT] = session.info[LOCKED_AT] - asked
+            session.info[DEFERRED] = []
             yield session
+            _run_deferred(session)
         except BaseException:
             session.rollback()
             raise
@@ -274,8 +276,10 @@ def claim_transaction(factory: sessionmaker[Session], *, node: str) -> Iterator[
             ).scalar_one()
             session.info[LOCK_WAIT] = time.monotonic() - asked
             session.info[WRITE_LOCKED] = False
+            session.info[DEFERRED] = []
             yield session
             write_lock(session)  # a claim that wrote nothing still commits in order
+            _run_deferred(session)
         except BaseException:
             session.rollback()
             raise
@@ -297,6 +301,23 @@ def write_lock(session: Session) -> bool:
     session.info[LOCKED_AT] = time.monotonic()
     session.info[LOCK_WAIT] = session.info.get(LOCK_WAIT, 0.0) + session.info[LOCKED_AT] - asked
     return True
+
+
+def defer(session: Session, step: Callable[[Session], None]) -> bool:
+    """Keep ``step`` to the end of this write transaction (run in order just before its
+    commit, after the write lock: ``ledger.append_events`` writes a transaction's events
+    in one statement that way). False outside ``transaction``/``claim_transaction``,
+    where the caller must write now."""
+    deferred = session.info.get(DEFERRED)
+    if deferred is None:
+        return False
+    deferred.append(step)
+    return True
+
+
+def _run_deferred(session: Session) -> None:
+    for step in session.info.pop(DEFERRED, ()):
+        step(session)
 
 
 def _commit(session: Session) -> None:
@@ -461,6 +482,7 @@ LEDGER_NOW = "laneway_ledger_now"
 LOCK_WAIT = "laneway_lock_wait"
 WRITE_LOCKED = "laneway_write_locked"
 LOCKED_AT = "laneway_locked_at"
+DEFERRED = "laneway_deferred"
 """``time.monotonic()`` when the transaction's write lock was taken (the time it holds
 it, to its commit, is what every other writer may wait for: bench_claim_race.py)."""
 

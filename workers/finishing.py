@@ -181,7 +181,7 @@ class Finishing:
         for attempt_id, flight, verdict_of in judged:
             verdict = verdict_of.verdict
             try:
-                with session.begin_nested():
+                with ledger.savepoint(session):
                     if verdict.outcome is None:
                         ledger.mark_unknown(
                             session,

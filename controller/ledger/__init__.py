@@ -128,9 +128,11 @@ from laneway.controller.ledger.transitions import (
     append_event,
     append_events,
     event_row,
+    flush_events,
     latest_event_id,
     move_attempt,
     move_job,
+    savepoint,
 )
 from laneway.controller.states import ATTEMPT_TRANSITIONS, JOB_TRANSITIONS
 
@@ -170,6 +172,7 @@ __all__ = [
     "expired_leases",
     "failed_jobs",
     "finish_notification",
+    "flush_events",
     "fold_peaks",
     "frozen_config",
     "get_attempt",
@@ -217,6 +220,7 @@ __all__ = [
     "run_has_open_jobs",
     "run_paused",
     "running_attempts",
+    "savepoint",
     "set_control",
     "settle_attempt",
     "settle_from_verdict",

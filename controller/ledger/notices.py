@@ -23,6 +23,7 @@ from laneway.controller.ledger.tables import (
     notification_deliveries,
     notifications,
 )
+from laneway.controller.ledger.transitions import flush_events
 from laneway.controller.states import Attention, NotificationState
 
 
@@ -83,6 +84,7 @@ def attention_events(
     """Events of ``kinds`` after the cursor ``after``, oldest first, and the new cursor:
     the newest event looked at (the last one returned, or, when fewer than ``limit``
     matched, the newest event of the ledger), so each poll reads only what is new."""
+    flush_events(session)
     newest = session.execute(select(func.max(events.c.id))).scalar() or 0
     rows = list(
         session.execute(

@@ -21,6 +21,7 @@ from laneway.controller.ledger.transitions import (
     append_event,
     append_events,
     event_row,
+    flush_events,
     move_job,
     rowcount,
 )
@@ -123,6 +124,7 @@ class Changes:
 def changes_after(session: Session, cursor: int, *, batch: int = 1000) -> Changes:
     """Read (no writes) one page of events after ``cursor``: an index range on the
     primary key, as long as what happened since, not as long as the log."""
+    flush_events(session)
     rows = session.execute(statements.EVENTS_AFTER, {"cursor": cursor, "batch": batch}).all()
     changes = Changes(cursor=rows[-1].id if rows else cursor, more=len(rows) == batch)
     for row in rows:

@@ -4,18 +4,22 @@
 attempt's state. Each is one ``UPDATE ... WHERE id = :id AND state = :expected [AND
 fence = :fence] RETURNING ...``: no returned row means it lost, and only then is the
 row read again to say why (``StaleLease`` or ``IllegalTransition``). Its event is
-appended in the same transaction; the event kind comes from the tables in
+appended in the same transaction (all of a transaction's events are written at its end
+in one statement: ``append_events``); the event kind comes from the tables in
 ``controller.states``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import CursorResult, Row, bindparam, select, update
 from sqlalchemy.orm import Session
 
+from laneway.controller import db
 from laneway.controller.errors import IllegalTransition, NotFound, StaleLease
 from laneway.controller.ledger import statements
 from laneway.controller.ledger.tables import attempts, jobs
@@ -29,6 +33,9 @@ from laneway.controller.states import (
     EventKind,
     JobState,
 )
+
+PENDING_EVENTS = "laneway_pending_events"
+"""``session.info`` key: the events appended in this write transaction, not written yet."""
 
 
 def rowcount(result: Any) -> int:
@@ -59,9 +66,42 @@ def event_row(
 
 
 def append_events(session: Session, rows: list[dict[str, Any]]) -> None:
-    """Append rows built by ``event_row`` in one statement (same transaction)."""
-    if rows:
-        session.execute(statements.INSERT_EVENT, rows)
+    """Append rows built by ``event_row`` to the transaction's events. In a
+    ``db.transaction`` they are written at its end, every event of the transaction in
+    one statement (``flush_events``), in the order they were appended; elsewhere now."""
+    if not rows:
+        return
+    pending = session.info.get(PENDING_EVENTS)
+    if pending is None:
+        if not db.defer(session, flush_events):
+            session.execute(statements.INSERT_EVENT, rows)
+            return
+        pending = session.info[PENDING_EVENTS] = []
+    pending.extend(rows)
+
+
+def flush_events(session: Session) -> None:
+    """Write the events appended so far in this transaction, in one statement. Whatever
+    reads the event log inside a write transaction calls it first."""
+    pending = session.info.pop(PENDING_EVENTS, None)
+    if pending:
+        session.execute(statements.INSERT_EVENT, pending)
+
+
+@contextmanager
+def savepoint(session: Session) -> Iterator[None]:
+    """``session.begin_nested()`` whose appended events go with it when it rolls back.
+    (Nothing inside reads the event log: a flush there would be undone too.)"""
+    pending = session.info.get(PENDING_EVENTS)
+    mark = len(pending) if pending is not None else 0
+    try:
+        with session.begin_nested():
+            yield
+    except BaseException:
+        pending = session.info.get(PENDING_EVENTS)
+        if pending is not None:
+            del pending[mark:]
+        raise
 
 
 def append_event(
@@ -93,7 +133,9 @@ def append_event(
 
 
 def latest_event_id(session: Session) -> int:
-    """The newest event id: a cheap "did anything change?" signal for polling loops."""
+    """The newest event id: a cheap "did anything change?" signal for polling loops (in a
+    write transaction, counting the events it appended)."""
+    flush_events(session)
     return session.execute(statements.LATEST_EVENT_ID).scalar() or 0
 
 

@@ -297,3 +297,80 @@ def test_events_are_append_only_in_increasing_order(factory, make_run, register_
     with factory() as session:
         ids = session.scalars(select(Event.id).order_by(Event.at, Event.id)).all()
     assert ids == sorted(ids) and len(set(ids)) == len(ids) >= 3
+
+
+def _statements_into_events(engine):
+    """A listener that counts the INSERTs into ``events`` sent to the ledger."""
+    from sqlalchemy import event
+
+    sent = []
+
+    def count(_conn, _cursor, sql, *_):
+        if sql.lstrip().upper().startswith("INSERT INTO EVENTS"):
+            sent.append(sql)
+
+    event.listen(engine, "before_cursor_execute", count)
+    return sent, lambda: event.remove(engine, "before_cursor_execute", count)
+
+
+def test_a_transactions_events_are_written_at_its_end_in_one_statement_in_order(
+    engine, factory, make_run, clock
+):
+    run_id = make_run()
+    job_id = _job_id(factory, run_id)
+    with factory() as session:
+        before = ledger.latest_event_id(session)
+    sent, stop = _statements_into_events(engine)
+    try:
+        with db.transaction(factory) as session:
+            ledger.append_event(
+                session, "sources_changed", actor="t", now=clock.now(), run_id=run_id
+            )
+            ledger.move_job(
+                session, job_id, JobState.READY, JobState.CANCELLED, now=clock.now(), actor="t"
+            )
+            ledger.append_event(
+                session, "snapshot_failed", actor="t", now=clock.now(), run_id=run_id
+            )
+            assert sent == []  # nothing written yet
+    finally:
+        stop()
+    assert len(sent) == 1
+    with factory() as session:
+        kinds = session.scalars(select(Event.kind).where(Event.id > before).order_by(Event.id))
+        assert list(kinds) == ["sources_changed", "job_cancelled", "snapshot_failed"]
+
+
+def test_reading_the_event_log_inside_a_write_counts_its_own_events(factory, make_run, clock):
+    run_id = make_run()
+    with factory() as session:
+        before = ledger.latest_event_id(session)
+    with db.transaction(factory) as session:
+        ledger.append_event(session, "sources_changed", actor="t", now=clock.now(), run_id=run_id)
+        assert ledger.latest_event_id(session) == before + 1
+        ledger.append_event(session, "snapshot_failed", actor="t", now=clock.now(), run_id=run_id)
+        assert ledger.changes_after(session, before).cursor == before + 2
+    with factory() as session:
+        assert ledger.latest_event_id(session) == before + 2
+
+
+def test_a_rolled_back_savepoint_or_transaction_takes_its_events_with_it(factory, make_run, clock):
+    run_id = make_run()
+    with factory() as session:
+        before = ledger.latest_event_id(session)
+    with db.transaction(factory) as session:
+        ledger.append_event(session, "sources_changed", actor="t", now=clock.now(), run_id=run_id)
+        with contextlib.suppress(StaleLease), ledger.savepoint(session):
+            ledger.append_event(
+                session, "snapshot_failed", actor="t", now=clock.now(), run_id=run_id
+            )
+            raise StaleLease("revoked while we were away")
+        ledger.append_event(session, "run_reopened", actor="t", now=clock.now(), run_id=run_id)
+    with contextlib.suppress(RuntimeError), db.transaction(factory) as session:
+        ledger.append_event(session, "snapshot_failed", actor="t", now=clock.now(), run_id=run_id)
+        raise RuntimeError("the transaction fails")
+    with db.transaction(factory) as session:
+        pass  # a transaction after the failed one carries nothing of it
+    with factory() as session:
+        kinds = session.scalars(select(Event.kind).where(Event.id > before).order_by(Event.id))
+        assert list(kinds) == ["sources_changed", "run_reopened"]
