@@ -290,8 +290,13 @@ class WorkerService:
         one never sampled); write peaks to the ledger when they move or every
         ``sample_flush_seconds``, in one transaction for all attempts."""
         # A flight whose supervisor has exited is about to be settled: sampling it would
-        # only fall back to scanning every process on the machine for its markers.
-        flights = [f for f in self.in_flight.values() if not f.marked_unknown and not f.exited]
+        # only fall back to scanning every process on the machine for its markers (a
+        # short job's supervisor has often exited since ``finished`` last polled it).
+        flights = [
+            f
+            for f in self.in_flight.values()
+            if not f.marked_unknown and not f.exited and f.supervisor.poll() is None
+        ]
         now_mono = time.monotonic()
         fresh = any(f.peaks.sampled_at is None for f in flights)
         if not flights:

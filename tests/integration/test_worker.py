@@ -423,3 +423,24 @@ def test_a_freed_slot_is_refilled_before_sampling_and_the_heartbeat(engine, make
     refills = [t.split() for t in ticks if t.split() == ["spawn", "periodic"]]
     assert len(refills) == 2, log
     assert not any(t.split() == ["periodic", "spawn"] for t in ticks[1:]), log
+
+
+def test_an_attempt_whose_supervisor_has_exited_is_not_sampled(engine, make_run):
+    """Between a supervisor's exit and the tick that settles its attempt, sampling that
+    attempt could only fall back to scanning every process on the machine for its
+    markers (a short job's supervisor has often exited by the next sample): it is left
+    to the settle."""
+    make_run(make_config([py_stage("only", "pass")], items=1))
+    service = start_worker(engine, slots=1)
+    Controller(engine).tick()
+    service.tick()  # claims and spawns
+    (flight,) = service.in_flight.values()
+    wait_until(lambda: flight.supervisor.poll() is not None, timeout=30)
+    assert not flight.exited  # not yet seen by a tick
+    sampled: list[list[tuple[int, int | None, str]]] = []
+    service.sampler.sample = lambda attempts, gpu=None: sampled.append(attempts) or {}
+    service._last_sample = float("-inf")  # a sample is due
+    service._sample_if_due()
+    assert sampled == []
+    service.tick()  # the settle
+    assert service.in_flight == {}
