@@ -288,7 +288,9 @@ class WorkerService:
     def _sample_if_due(self) -> None:
         """Sample every in-flight attempt's tree each ``sample_seconds`` (and at once for
         one never sampled); write peaks to the ledger when they move or every
-        ``sample_flush_seconds``, in one transaction for all attempts."""
+        ``sample_flush_seconds``, in one transaction for all attempts. An attempt's first
+        sample is written with its second (or the flush): a short job has ended by then
+        and its peaks go with its settle, so starting it costs no transaction."""
         # A flight whose supervisor has exited is about to be settled: sampling it would
         # only fall back to scanning every process on the machine for its markers (a
         # short job's supervisor has often exited since ``finished`` last polled it).
@@ -298,11 +300,11 @@ class WorkerService:
             if not f.marked_unknown and not f.exited and f.supervisor.poll() is None
         ]
         now_mono = time.monotonic()
-        fresh = any(f.peaks.sampled_at is None for f in flights)
+        first = {f.claim.attempt_id for f in flights if f.peaks.sampled_at is None}
         if not flights:
             self._our_pids = set()  # nothing of ours runs: all GPU use is the baseline
             return
-        if now_mono - self._last_sample < self.sample_seconds and not fresh:
+        if now_mono - self._last_sample < self.sample_seconds and not first:
             return
         self._last_sample = now_mono
         reading = self._gpu_reading = self.sampler.read_gpu()
@@ -316,7 +318,9 @@ class WorkerService:
             sample = samples[flight.claim.attempt_id]
             flight.peaks.add(sample.rss_mib, sample.gpu_mib, sample.gpu_note, now)
         due = now_mono - self._last_flush >= self.sample_flush_seconds
-        changed = [f for f in flights if f.peaks.changed or due]
+        changed = [
+            f for f in flights if due or (f.peaks.changed and f.claim.attempt_id not in first)
+        ]
         if not changed:
             return
         try:

@@ -444,3 +444,34 @@ def test_an_attempt_whose_supervisor_has_exited_is_not_sampled(engine, make_run)
     assert sampled == []
     service.tick()  # the settle
     assert service.in_flight == {}
+
+
+def test_an_attempts_first_sample_is_written_with_its_second(engine, make_run):
+    """Starting an attempt costs no transaction of samples: its first sample waits for
+    the second (or the periodic flush, or its settle), and is written then."""
+    from sqlalchemy import event
+
+    run_id = make_run(make_config([py_stage("only", "import time; time.sleep(3)")], items=1))
+    service = start_worker(engine, slots=1)
+    service._last_flush = float("inf")  # no periodic flush in this test
+    Controller(engine).tick()
+    service.tick()  # claims, spawns; its first sample is taken and kept
+    (flight,) = service.in_flight.values()
+    wait_until(lambda: (service.tick(), flight.peaks.sampled_at)[1] is not None, timeout=30)
+    (row,) = attempts(engine, run_id)
+    assert row.peak_rss_mib is None  # sampled, not written
+    commits: list[int] = []
+
+    def on_commit(_connection):
+        commits.append(1)
+
+    event.listen(engine, "commit", on_commit)
+    try:
+        service._last_sample = float("-inf")
+        service._sample_if_due()  # the second sample: both are written now
+    finally:
+        event.remove(engine, "commit", on_commit)
+    assert len(commits) == 1
+    (row,) = attempts(engine, run_id)
+    assert row.peak_rss_mib is not None
+    service.drain()
