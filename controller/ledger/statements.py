@@ -4,12 +4,13 @@ A claim, a spawn record and a settle run only these (plus event inserts); each i
 Core statement on the tables (no ORM entities are built), dialect-neutral, and uses
 ``RETURNING`` instead of reading back what the same transaction just wrote. Statements
 that vary with the number of lanes or runs are built by the functions at the bottom,
-sized to what the claim can use.
+sized to what the claim can use, and kept by their arguments (``_built_once``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -355,6 +356,20 @@ READY_JOB = _CANDIDATE.where(
 )
 
 
+def _built_once(build: Callable[..., Any]) -> Callable[..., Any]:
+    """Keep the statements a builder made, by its arguments (the first a sequence of
+    keys): a claim that asks for the same lanes again reuses the statement object, so
+    it is neither built nor keyed for SQLAlchemy's compiled cache again."""
+    cached = functools.lru_cache(maxsize=256)(build)
+
+    @functools.wraps(build)
+    def get(keys: Sequence[Any], *rest: Any) -> Any:
+        return cached(tuple(keys), *rest)
+
+    return get
+
+
+@_built_once
 def ready_candidates(
     partitions: Sequence[tuple[int, str, str, str | None]], per_partition: int
 ) -> Any:
@@ -387,6 +402,7 @@ def ready_candidates(
     return union_all(*branches)
 
 
+@_built_once
 def waiting_lanes(lane_keys: Sequence[tuple[int, str]]) -> Any:
     """Which of these (run, lane) pairs have a job waiting on its needs (one probe each)."""
     branches = [
@@ -404,6 +420,7 @@ def waiting_lanes(lane_keys: Sequence[tuple[int, str]]) -> Any:
     return union_all(*branches)
 
 
+@_built_once
 def last_decisions(keys: Sequence[tuple[int, str, str | None]]) -> Any:
     """The newest decision of each (run, lane, stage) (one index probe each)."""
     branches = []

@@ -374,3 +374,20 @@ def test_a_rolled_back_savepoint_or_transaction_takes_its_events_with_it(factory
     with factory() as session:
         kinds = session.scalars(select(Event.kind).where(Event.id > before).order_by(Event.id))
         assert list(kinds) == ["sources_changed", "run_reopened"]
+
+
+def test_statements_built_per_claim_are_built_once_per_shape():
+    """A claim that asks for the same lanes again gets the same statement object (it is
+    not rebuilt, nor keyed again for SQLAlchemy's compiled cache); other lanes or sizes
+    get their own, and the keys are data, whatever sequence they come in."""
+    from laneway.controller.ledger import statements
+
+    lanes = [(1, "a", "s", None), (1, "b", "s", None)]
+    first = statements.ready_candidates(lanes, 3)
+    assert statements.ready_candidates(tuple(lanes), 3) is first
+    assert statements.ready_candidates(lanes, 4) is not first
+    assert statements.ready_candidates(lanes[:1], 3) is not first
+    keys = [(1, "a", "s")]
+    assert statements.last_decisions(keys) is statements.last_decisions(list(keys))
+    assert statements.waiting_lanes([(1, "a")]) is statements.waiting_lanes([(1, "a")])
+    assert statements.waiting_lanes([(1, "a")]) is not statements.waiting_lanes([(2, "a")])
