@@ -189,3 +189,15 @@ def test_the_supervisor_starts_on_the_standard_library_alone():
     assert "laneway" in out and argv[1:3] == ["-I", "-S"]
     assert "laneway.workers.supervisor" in argv  # how a restarted worker finds it
     assert sys.executable == argv[0]
+
+
+def test_a_run_is_created_in_the_same_statements_at_any_size(engine, make_run):
+    """Items and jobs are written in one executemany each (not one INSERT and flush per
+    item): creating a run of 300 items runs the statements one of 10 does. (Below
+    psycopg's page of 1,000 rows, which splits a larger executemany.)"""
+    counts = []
+    for items in (10, 300):
+        with statements(engine) as counted:
+            backlog(make_run, items)
+        counts.append(sum(counted.values()))
+    assert counts[0] == counts[1], counts
