@@ -482,9 +482,10 @@ LEDGER_NOW = "laneway_ledger_now"
 LOCK_WAIT = "laneway_lock_wait"
 WRITE_LOCKED = "laneway_write_locked"
 LOCKED_AT = "laneway_locked_at"
-DEFERRED = "laneway_deferred"
 """``time.monotonic()`` when the transaction's write lock was taken (the time it holds
 it, to its commit, is what every other writer may wait for: bench_claim_race.py)."""
+DEFERRED = "laneway_deferred"
+"""The steps ``defer`` keeps to the end of a write transaction."""
 
 
 def lock_wait(session: Session) -> float:
