@@ -180,9 +180,10 @@ def create_run(
     earlier = {k: found for k, found in all_found.items() if found.attempt_id not in distrust}
     handed = hand_offs(session, [found.attempt_id for found in earlier.values()])
     decisions = takeovers(config, keys, earlier, handed, chosen)
-    # Items, then jobs, each in one executemany (no ORM objects: a run of 100k items
-    # is created in seconds). Rows go in item order, each item's jobs in stage order,
-    # so job ids follow item order within each stage.
+    # Items, then jobs, each in one executemany (no ORM object and no flush per item:
+    # tests/integration/test_kernel_scale.py). Rows go in item order, each item's jobs
+    # in stage order, and take their ids in that order, so job ids follow item order
+    # within each stage.
     if items:
         session.execute(
             insert(items_table),
