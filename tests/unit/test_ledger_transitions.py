@@ -299,6 +299,16 @@ def test_events_are_append_only_in_increasing_order(factory, make_run, register_
     assert ids == sorted(ids) and len(set(ids)) == len(ids) >= 3
 
 
+def _note(session, kind, clock, run_id):
+    """Append one event of ``kind`` to the run, by actor "t"."""
+    ledger.append_event(session, kind, actor="t", now=clock.now(), run_id=run_id)
+
+
+def _newest_event(factory):
+    with factory() as session:
+        return ledger.latest_event_id(session)
+
+
 def _statements_into_events(engine):
     """A listener that counts the INSERTs into ``events`` sent to the ledger."""
     from sqlalchemy import event
@@ -318,20 +328,15 @@ def test_a_transactions_events_are_written_at_its_end_in_one_statement_in_order(
 ):
     run_id = make_run()
     job_id = _job_id(factory, run_id)
-    with factory() as session:
-        before = ledger.latest_event_id(session)
+    before = _newest_event(factory)
     sent, stop = _statements_into_events(engine)
     try:
         with db.transaction(factory) as session:
-            ledger.append_event(
-                session, "sources_changed", actor="t", now=clock.now(), run_id=run_id
-            )
+            _note(session, "sources_changed", clock, run_id)
             ledger.move_job(
                 session, job_id, JobState.READY, JobState.CANCELLED, now=clock.now(), actor="t"
             )
-            ledger.append_event(
-                session, "snapshot_failed", actor="t", now=clock.now(), run_id=run_id
-            )
+            _note(session, "snapshot_failed", clock, run_id)
             assert sent == []  # nothing written yet
     finally:
         stop()
@@ -343,12 +348,11 @@ def test_a_transactions_events_are_written_at_its_end_in_one_statement_in_order(
 
 def test_reading_the_event_log_inside_a_write_counts_its_own_events(factory, make_run, clock):
     run_id = make_run()
-    with factory() as session:
-        before = ledger.latest_event_id(session)
+    before = _newest_event(factory)
     with db.transaction(factory) as session:
-        ledger.append_event(session, "sources_changed", actor="t", now=clock.now(), run_id=run_id)
+        _note(session, "sources_changed", clock, run_id)
         assert ledger.latest_event_id(session) == before + 1
-        ledger.append_event(session, "snapshot_failed", actor="t", now=clock.now(), run_id=run_id)
+        _note(session, "snapshot_failed", clock, run_id)
         assert ledger.changes_after(session, before).cursor == before + 2
     with factory() as session:
         assert ledger.latest_event_id(session) == before + 2
@@ -356,18 +360,15 @@ def test_reading_the_event_log_inside_a_write_counts_its_own_events(factory, mak
 
 def test_a_rolled_back_savepoint_or_transaction_takes_its_events_with_it(factory, make_run, clock):
     run_id = make_run()
-    with factory() as session:
-        before = ledger.latest_event_id(session)
+    before = _newest_event(factory)
     with db.transaction(factory) as session:
-        ledger.append_event(session, "sources_changed", actor="t", now=clock.now(), run_id=run_id)
+        _note(session, "sources_changed", clock, run_id)
         with contextlib.suppress(StaleLease), ledger.savepoint(session):
-            ledger.append_event(
-                session, "snapshot_failed", actor="t", now=clock.now(), run_id=run_id
-            )
+            _note(session, "snapshot_failed", clock, run_id)
             raise StaleLease("revoked while we were away")
-        ledger.append_event(session, "run_reopened", actor="t", now=clock.now(), run_id=run_id)
+        _note(session, "run_reopened", clock, run_id)
     with contextlib.suppress(RuntimeError), db.transaction(factory) as session:
-        ledger.append_event(session, "snapshot_failed", actor="t", now=clock.now(), run_id=run_id)
+        _note(session, "snapshot_failed", clock, run_id)
         raise RuntimeError("the transaction fails")
     with db.transaction(factory) as session:
         pass  # a transaction after the failed one carries nothing of it
