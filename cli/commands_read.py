@@ -240,7 +240,13 @@ def report(
         typer.Option("--html", help="Where to write the HTML (default runs/RUN/report.html)."),
     ] = None,
     idle_min_seconds: Annotated[
-        float, typer.Option("--idle-min-seconds", min=0, help="Shortest idle period listed.")
+        float,
+        typer.Option(
+            "--idle-min-seconds",
+            min=0,
+            callback=common.finite,
+            help="Shortest idle period listed.",
+        ),
     ] = 1.0,
     yield_keys: Annotated[
         list[str] | None,
@@ -411,6 +417,7 @@ def sql(
             "--timeout",
             min=0.001,
             max=limits.MAX_SECONDS,
+            callback=common.finite,
             help="Stop the query after this many seconds.",
         ),
     ] = readonly.QUERY_TIMEOUT_S,

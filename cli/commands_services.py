@@ -158,6 +158,7 @@ def worker(
             "--lease-seconds",
             min=1.0,
             max=limits.MAX_SECONDS,
+            callback=common.finite,
             help="How long a claim stays this worker's without a heartbeat renewing it; "
             "past it the controller settles the attempt from its exit record or marks it "
             "unknown.",
@@ -345,6 +346,7 @@ def controller(
         typer.Option(
             min=0.001,
             max=3600.0,
+            callback=common.finite,
             help="Seconds between looks at the ledger files; a tick runs only when something "
             "changed or a periodic step (lease expiry, lost workers) is due.",
         ),
@@ -355,6 +357,7 @@ def controller(
             "--lost-after",
             min=1.0,
             max=limits.MAX_SECONDS,
+            callback=common.finite,
             help="Seconds without a heartbeat after which a worker is declared lost.",
         ),
     ] = 30.0,

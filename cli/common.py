@@ -9,6 +9,7 @@ imports this, and `status`, `sql` and `--help` must start fast
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -39,6 +40,14 @@ def _runtime_dir(value: Path) -> Path:
         value.resolve()
     except (RuntimeError, OSError) as exc:
         fail(UsageError(f"--runtime-dir {value}: does not resolve ({exc}); pass a directory"))
+    return value
+
+
+def finite(value: float | None) -> float | None:
+    """A number option's callback: ``nan`` and ``inf`` refused (a ``min``/``max`` range
+    lets ``nan`` through, since every comparison with it is false)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number; give one in seconds")
     return value
 
 

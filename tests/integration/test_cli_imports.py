@@ -34,10 +34,10 @@ FAST = NEVER | {
     "laneway.controller.models",
     "laneway.controller.config",
     "laneway.controller.ledger",
+    "pydantic",
 }
-"""Not imported by `status`, `sql` or `--help` either (plain sqlite3 is enough). pydantic
-is not listed: typer itself (0.29) parses some parameters with it (`status` and `--help`
-do without it: tests/integration/test_quick_reads_cli.py)."""
+"""Not imported by `status`, `sql` or `--help` either (plain sqlite3 is enough; typer
+below 0.29 parses parameters without pydantic)."""
 
 
 pytestmark = pytest.mark.sqlite_only(
