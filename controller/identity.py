@@ -74,24 +74,38 @@ def use_portable(on: bool | None) -> None:
 # -- the Linux form -----------------------------------------------------------------
 
 
-def _read_proc_boot_id() -> str | None:
+def read_proc(path: str) -> bytes | None:
+    """The whole of a small ``/proc`` file, or None where it cannot be opened or read.
+    Bare system calls, bytes: a text-mode ``open`` costs a freshly forked supervisor its
+    io and codec objects (about 1.5 ms the first time; ``bench/bench_supervisor.py``)."""
     try:
-        with open(_BOOT_ID_PATH, encoding="ascii") as handle:
-            return handle.read().strip() or None
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def _read_proc_boot_id() -> str | None:
+    found = read_proc(_BOOT_ID_PATH)
+    return (found.decode("ascii", errors="replace").strip() or None) if found else None
 
 
 def _read_proc_ticks(pid: int) -> int | None:
     """Start time of ``pid`` in clock ticks since boot, from ``/proc``; None if it does
     not exist (or there is no ``/proc``)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            stat = handle.read()
-    except OSError:
+    stat = read_proc(f"/proc/{pid}/stat")
+    if stat is None:
         return None
     # The command name (field 2) may contain spaces and ')' : split after the last ')'.
-    fields = stat[stat.rfind(")") + 2 :].split()
+    fields = stat[stat.rfind(b")") + 2 :].split()
     try:
         return int(fields[19])
     except (IndexError, ValueError):

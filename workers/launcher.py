@@ -92,6 +92,7 @@ def serve(fd: int) -> None:
         if not message:
             return  # the worker is gone; our supervisors run on
         request = json.loads(message)
+        _flush_stdio()  # a forked supervisor must not inherit output still buffered
         pid = os.fork()
         if pid == 0:
             _become_supervisor(request, fds, sock, selector, (wake_r, wake_w))
@@ -99,6 +100,17 @@ def serve(fd: int) -> None:
         for passed in fds:
             os.close(passed)
         sock.send(json.dumps({"pid": pid, "start_time": process_start_time(pid)}).encode())
+
+
+def _flush_stdio() -> None:
+    """Write out what our stdout and stderr still buffer (``_reap``'s diagnostics)."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:
+            continue
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            continue  # the worker's end is gone or closed: nothing can be written out
 
 
 _FILE_MODE = durable.modes()[0]

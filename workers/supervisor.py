@@ -29,8 +29,9 @@ Its floor (``bench/bench_supervisor.py``): forked from the warm launcher, what a
 costs here beyond the job's own start is the fork's copy-on-write faults and a handful
 of system calls. So nothing is imported, compiled or looked up per attempt (``warm_up``
 runs in the launcher before it forks: libc's ``prctl``, the redactor's substitution
-templates, the JSON encoder), and the fsyncs are the fewest that keep every guarantee:
-one per log that holds output (an empty log has nothing to lose; its name is made
+templates, the JSON encoder), ``/proc`` is read with bare system calls
+(``identity.read_proc``), and the fsyncs are the fewest that keep every guarantee: one
+per log that holds output (an empty log has nothing to lose; its name is made
 durable by the directory's fsync below, in the same directory), then one of
 ``exit.json``'s temp file before its rename and one of the directory after it.
 """
@@ -184,11 +185,10 @@ def _children() -> list[int]:
     except OSError:
         return pids
     for task in tasks:
-        try:
-            with open(f"{base}/{task}/children", encoding="ascii") as handle:
-                pids += [int(pid) for pid in handle.read().split()]
-        except OSError:
-            continue
+        # Bytes, by bare system calls: a text-mode open costs its io and codec objects.
+        found = identity.read_proc(f"{base}/{task}/children")
+        if found:
+            pids += [int(pid) for pid in found.split()]
     return pids
 
 
