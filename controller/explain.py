@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from laneway.controller import admission
+from laneway.controller import admission, refusal_words
 from laneway.controller.clock import iso
 from laneway.controller.errors import NotFound
 from laneway.controller.states import AttemptState, JobState
@@ -87,7 +87,7 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
         "nodes": list(stage.nodes) if stage.nodes else None,
         "lane_node": lane_node,
         "runs_on": runs_on,
-        "words": admission.placement_words(stage.nodes),
+        "words": refusal_words.placement_words(stage.nodes),
         "explained_node": node_name,
         "per_node": where,
     }
@@ -150,7 +150,7 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
 
 
 def _blocker(code: str, detail: dict[str, Any]) -> dict[str, Any]:
-    return {"code": code, "detail": detail, "words": admission.describe(code, detail)}
+    return {"code": code, "detail": detail, "words": refusal_words.describe(code, detail)}
 
 
 def _no_worker_detail(entry: dict[str, Any], job: Any, stage: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlsplit
 
 from sqlalchemy import Engine
 
-from laneway.controller import admission, db, ledger, ledger_open, limits, reuse
+from laneway.controller import admission, db, ledger, ledger_open, limits, refusal_words, reuse
 from laneway.controller.attempt.artifacts import GONE, still_stored
 from laneway.controller.clock import Clock, SystemClock
 from laneway.controller.config import (
@@ -500,7 +500,7 @@ def plan(
                 # nodes that take its jobs, and in words.
                 "nodes": list(stage.nodes) if stage.nodes else None,
                 "runs_on": sorted(set(stage.nodes) if stage.nodes else set(lane_node.values())),
-                "placement": admission.placement_words(stage.nodes),
+                "placement": refusal_words.placement_words(stage.nodes),
             }
             for stage in config.stages
         ],

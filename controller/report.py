@@ -37,7 +37,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from laneway.controller import admission, ledger, oom, spend
+from laneway.controller import ledger, oom, refusal_words, spend
 from laneway.controller.clock import iso
 from laneway.controller.models import (
     Artifact,
@@ -472,7 +472,7 @@ def _idle_period(
     worked = any(y > x for x, y in _gaps(unserved, a, until))
     reasons = _reasons(decisions, lane, start, a, b, unserved, dispatched) if worked else []
     if unserved:
-        words = admission.describe("no_worker", {"node": node, "spans": unserved})
+        words = refusal_words.describe("no_worker", {"node": node, "spans": unserved})
         if missing * 2 >= b - a:
             reasons.insert(0, words)
         else:
@@ -510,8 +510,8 @@ def _reasons(
         inside = at <= b if dispatched is None else at < dispatched
         if inside and decision.verdict == "refused":
             if not any(x <= at < y for x, y in unserved):
-                words.append(admission.describe(decision.reason_code or "", decision.detail))
+                words.append(refusal_words.describe(decision.reason_code or "", decision.detail))
     for decision in last_before.values():
         if decision.verdict == "refused":
-            words.insert(0, admission.describe(decision.reason_code or "", decision.detail))
+            words.insert(0, refusal_words.describe(decision.reason_code or "", decision.detail))
     return list(dict.fromkeys(words))

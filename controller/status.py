@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from laneway.controller import admission, advice, queries
+from laneway.controller import advice, queries, refusal_words
 from laneway.controller.clock import iso
 from laneway.controller.errors import NotFound
 from laneway.controller.pidfile import running_controller
@@ -467,7 +467,7 @@ def held_by_control(controls: list[Control], lane: str, *, unknown: int = 0) -> 
         return next((c for c in controls if c.kind == kind and c.lane in (None, lane)), None)
 
     def held(code: str, detail: dict[str, Any], since: str | None) -> Reason:
-        words = admission.describe(code, detail)
+        words = refusal_words.describe(code, detail)
         return Reason(code=code, stage=None, since=since, detail=detail, words=words)
 
     halt = control_of("halt")
@@ -497,7 +497,7 @@ def _current_refusal(source: Rows, run_id: int, lane: str) -> Reason | None:
         node=node,
         since=iso(_moment(decided_at)),
         detail=detail,
-        words=admission.describe(code, detail),
+        words=refusal_words.describe(code, detail),
         recorded=True,
     )
 

@@ -13,7 +13,7 @@ import socket
 from datetime import datetime
 from typing import Any
 
-from laneway.controller import admission, identity, queries
+from laneway.controller import identity, queries, refusal_words
 from laneway.controller.clock import iso
 from laneway.controller.errors import NotFound
 from laneway.controller.rows import Rows, _moment
@@ -191,7 +191,7 @@ def placement(
                 stage=stage,
                 nodes=nodes,
                 runs_on=runs_on,
-                words=admission.placement_words(nodes),
+                words=refusal_words.placement_words(nodes),
                 no_live_worker=[node for node in runs_on if node not in live],
             )
         )
@@ -216,7 +216,7 @@ def no_worker_reason(
         stage=stage,
         since=since,
         detail=detail,
-        words=admission.describe("no_worker", detail),
+        words=refusal_words.describe("no_worker", detail),
     )
 
 

@@ -22,10 +22,19 @@ from tests.integration.test_cli import GOOD
 pytestmark = pytest.mark.sqlite_only("the quick path is the standard library's sqlite3")
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("sqlalchemy", "alembic", "psutil", "rich", "pydantic", "laneway.cli.commands_operator")
+HEAVY = (
+    "sqlalchemy",
+    "alembic",
+    "psutil",
+    "rich",
+    "pydantic",
+    "laneway.controller.admission",
+    "laneway.cli.commands_operator",
+)
 """pydantic among them: typer 0.29 coerces every parameter through it (about 300 ms of each
 call), which is why pyproject.toml keeps typer below 0.29; this fails on a typer that
-does."""
+does. Admission's dataclasses cost about 10 ms: status words refusals with
+controller/refusal_words.py."""
 
 
 @pytest.fixture(scope="module")

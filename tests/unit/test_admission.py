@@ -21,12 +21,11 @@ from laneway.controller.admission import (
     SelectionView,
     Snapshot,
     admit,
-    describe,
     explain,
     order_by_yield,
-    placement_words,
     runs_on,
 )
+from laneway.controller.refusal_words import describe, placement_words
 
 RUN = 1
 
