@@ -109,6 +109,8 @@ class Controller:
         self._closeouts: dict[int, closeout.Closeout] = {}
         self._closeout_runs: list[int] | None = None
         self._last_recovery = float("-inf")
+        self._last_recovery_at: datetime | None = None
+        """The ledger's clock at the last look for lost workers and expired leases."""
         self.last_ledger_error: str | None = None
         self.lost_lock = False
         """``serve`` stopped because this controller no longer holds the ledger's lock."""
@@ -148,7 +150,8 @@ class Controller:
             self._ledger_away = False
             self._hold_judgement()
         report = ControllerReport()
-        self._recovery_step(now, report)
+        if self._recovery_due(now):
+            self._recovery_step(now, report)
         touched = self._promotion_step(now, report)
         self._retry_step(now, report)
         self._closing_step(touched, now, report)
@@ -161,6 +164,16 @@ class Controller:
 
     # -- steps -----------------------------------------------------------------
 
+    def _recovery_due(self, now: datetime) -> bool:
+        """Lost workers and expired leases are judged by time, so on their own schedule:
+        every ``recovery_seconds`` of this process's clock or of the ledger's (a caller
+        may hand ``tick`` a later ``now``). A busy ledger ticks on every change (each
+        settle); judging each time found nothing new and cost two reads per tick."""
+        if time.monotonic() - self._last_recovery >= self.recovery_seconds:
+            return True
+        last = self._last_recovery_at
+        return last is None or abs((now - last).total_seconds()) >= self.recovery_seconds
+
     def _recovery_step(self, now: datetime, report: ControllerReport) -> None:
         """Lost workers, then expired leases: only the live rows are looked at.
 
@@ -168,6 +181,7 @@ class Controller:
         outage, or a write that waited long for the lock (so heartbeats queued behind
         it), nothing is judged until live workers had ``lost_after_seconds`` to beat."""
         self._last_recovery = time.monotonic()
+        self._last_recovery_at = now
         if time.monotonic() < self._judge_after:
             return
         with self.reader() as session:

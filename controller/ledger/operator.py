@@ -325,19 +325,26 @@ def record_capture(
     )
 
 
+_CLOSEOUT_CANDIDATES = (
+    select(Run)
+    .where(Run.closeout_finished_at.is_(None))
+    .where(
+        (Run.state == RunState.FINISHED)
+        | Run.id.in_(
+            select(Control.run_id).where(
+                Control.kind == ControlKind.STOP, Control.cleared_at.is_(None)
+            )
+        )
+    )
+    .order_by(Run.id)
+)
+"""Built once: the controller asks after every tick that saw a change."""
+
+
 def closeout_candidates(session: Session) -> list[Run]:
     """Runs whose closeout may be due: those with steps whose closeout has not finished
     (a column, not a search of the event log), finished or carrying a stop."""
-    stopped = select(Control.run_id).where(
-        Control.kind == ControlKind.STOP, Control.cleared_at.is_(None)
-    )
-    query = (
-        select(Run)
-        .where(Run.closeout_finished_at.is_(None))
-        .where((Run.state == RunState.FINISHED) | Run.id.in_(stopped))
-        .order_by(Run.id)
-    )
-    return [run for run in session.scalars(query) if run_config(run).closeout]
+    return [run for run in session.scalars(_CLOSEOUT_CANDIDATES) if run_config(run).closeout]
 
 
 def mark_closeout_finished(session: Session, run_id: int, *, now: datetime) -> bool:

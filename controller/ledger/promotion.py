@@ -70,7 +70,7 @@ def promote_item(session: Session, item_id: int, *, now: datetime, actor: str) -
 def next_retry_at(session: Session) -> datetime | None:
     """When the first job waiting out a retry backoff may run again (None: no job
     waits). One index probe (``ix_jobs_retry_after``)."""
-    moment = session.execute(select(func.min(jobs.c.retry_after))).scalar()
+    moment = session.execute(statements.NEXT_RETRY_AT).scalar()
     if isinstance(moment, str):  # SQLite hands an aggregate back as text
         moment = datetime.fromisoformat(moment)
     return moment

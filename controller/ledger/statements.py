@@ -152,6 +152,9 @@ RUN_OPEN_JOB = select(
     )
 )
 
+# next_retry_at: the earliest retry backoff's end (an index probe, ix_jobs_retry_after).
+NEXT_RETRY_AT = select(func.min(jobs.c.retry_after))
+
 # running_by_lane_stage: running jobs per (run, lane, stage) of the node's runs.
 RUNNING_BY_LANE_STAGE = (
     select(jobs.c.run_id, jobs.c.lane, jobs.c.stage, func.count())

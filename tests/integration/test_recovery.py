@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from laneway.controller import db, ledger, pipeline
 from laneway.controller.daemon import Controller
 from laneway.controller.errors import IllegalTransition, StaleLease
-from laneway.controller.models import Attempt, Control, Decision, Job, Run
+from laneway.controller.models import Attempt, Control, Decision, Job, Run, Worker
 from laneway.controller.outcome import read_outcome
 from laneway.controller.states import ControlKind, Outcome
 from laneway.workers.recovery import Recovery
@@ -70,6 +71,33 @@ def test_expired_lease_makes_unknown_on_the_ledger_clock_and_rejects_the_zombie(
         settle_one(factory, claim, worker, clock, Outcome.SUCCEEDED)
     # The run is halted by its unknown attempt.
     assert claim_on_n1(factory, worker, clock, slots=4) == []
+
+
+def test_lost_workers_and_leases_are_judged_on_their_schedule_not_at_every_tick(
+    engine, factory, make_run, register_worker, clock
+):
+    """A busy ledger ticks the controller at every change; heartbeats and leases are
+    judged once per ``recovery_seconds`` (of this process's clock or the ledger's), not at
+    each of those ticks."""
+    run_id = make_run(make_config(items=2))
+    worker = register_worker()
+    controller = Controller(engine, clock=clock, lost_after_seconds=30, recovery_seconds=60)
+    assert controller.tick(clock.now()).lost == []  # the first tick judges
+    with db.transaction(factory) as session:  # the worker's heartbeat is long gone
+        session.execute(
+            update(Worker)
+            .where(Worker.id == worker)
+            .values(heartbeat_at=clock.now() - timedelta(seconds=3600))
+        )
+    with db.transaction(factory) as session:  # a change: the next tick is not idle
+        control_run(
+            session, ControlKind.PAUSE, run_id, reason="look", actor="test", now=clock.now()
+        )
+    assert controller.tick(clock.now()).lost == []  # judged 0 s ago on both clocks
+    clock.advance(59)
+    assert controller.tick(clock.now()).lost == []
+    clock.advance(1)  # recovery_seconds of the ledger's clock since the last look
+    assert controller.tick(clock.now()).lost == [worker]
 
 
 def test_expired_lease_with_exit_record_is_settled_not_unknown(
