@@ -157,7 +157,9 @@ def claim_jobs(
             ]
             verdict = admission.admit(snapshot)
     claims = []
-    taken = _ports_in_use(session, node) if verdict.starts else set()
+    # The node's ports in use are read only when a job to start asks for ports.
+    wants_ports = any(jobs_by_id[c.job_id][1].config.stage(c.stage).ports for c in verdict.starts)
+    taken = _ports_in_use(session, node) if wants_ports else set()
     event_rows: list[dict[str, Any]] = []
     for candidate in verdict.starts:
         job, run = jobs_by_id[candidate.job_id]

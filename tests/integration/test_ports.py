@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from laneway.controller import db
 from laneway.controller.daemon import Controller
@@ -15,7 +15,7 @@ from laneway.workers.gpu import FakeGpu
 from laneway.workers.ports import free_ports
 from laneway.workers.service import WorkerService
 from tests.integration.test_worker import drive
-from tests.support import make_config, py_stage, wait_until
+from tests.support import claim_on_n1, make_config, py_stage, wait_until
 
 
 def test_free_ports_are_distinct_and_avoid_taken():
@@ -60,3 +60,35 @@ def test_concurrent_attempts_get_disjoint_port_sets(engine, make_run, tmp_path):
     for attempt in rows:
         seen = json.loads((Path(attempt.attempt_dir) / "result.json").read_text())["ports"]
         assert [int(p) for p in seen.split(",")] == attempt.ports
+
+
+def test_a_claim_reads_the_ports_in_use_only_for_a_job_that_asks_for_ports(
+    engine, factory, make_run, register_worker, clock
+):
+    """The node's ports in use are one read of its in-flight attempts: a claim makes it
+    only when a job it starts has ``ports``, and then avoids them."""
+    make_run(make_config([py_stage("plain", "pass"), py_stage("serve", "pass", ports=2)]))
+    worker = register_worker()
+    given: list[set[int]] = []
+
+    def pick(n: int, taken: set[int]) -> list[int]:
+        given.append(set(taken))
+        return free_ports(n, taken)
+
+    sent: list[str] = []
+
+    def note(conn, cursor, statement, parameters, context, executemany) -> None:
+        sent.append(" ".join(statement.split()))
+
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        claimed = []
+        for _ in range(2):  # one job of each stage
+            sent.clear()
+            (claim,) = claim_on_n1(factory, worker, clock, pick_ports=pick)
+            reads = [s for s in sent if s.startswith("SELECT attempts.ports")]
+            claimed.append((claim.stage, len(reads)))
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    assert sorted(claimed) == [("plain", 0), ("serve", 1)]
+    assert given == [set()]  # nothing else on the node holds ports
