@@ -281,7 +281,8 @@ class Snapshot:
     """Unknown attempts of runs whose ``unknown_scope`` is "everything": they stop every
     run's dispatch, not only their own."""
     waiting_lanes: set[tuple[int, str]] = field(default_factory=set)
-    """(run, lane) pairs with jobs waiting on `needs`."""
+    """(run, lane) pairs with jobs waiting on `needs` (the ledger's snapshot looks only
+    at lanes with no candidate: the only ones ``admit`` reads it for)."""
     budgets: dict[tuple[int, str | None], dict[str, float]] = field(default_factory=dict)
     """(run, stage or None for the run) -> usage key -> budget."""
     spend: dict[tuple[int, str | None, str], tuple[float, float]] = field(default_factory=dict)

@@ -276,8 +276,10 @@ def admission_snapshot(
             unknown_everywhere += count
     waiting: set[tuple[int, str]] = set()
     # Only the node's own lanes: "waiting on earlier stages" is their lane-level reason,
-    # recorded by the node the lane is bound to.
-    for chunk in statements.chunks(sorted(own_lanes)):
+    # recorded by the node the lane is bound to; and only those with no ready candidate
+    # (admission gives that reason to no other lane), so a busy lane costs no read here.
+    with_candidates = {(job.run_id, job.lane) for job in ready_rows}
+    for chunk in statements.chunks(sorted(own_lanes - with_candidates)):
         waiting.update((r.run_id, r.lane) for r in session.execute(statements.waiting_lanes(chunk)))
     snapshot = admission.Snapshot(
         node=admission.NodeView(

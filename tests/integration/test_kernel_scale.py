@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from laneway.controller import db, ledger, ledger_open
 from laneway.controller.daemon import Controller
-from laneway.controller.models import Job, StageStats
+from laneway.controller.models import Decision, Job, StageStats
 from laneway.controller.states import JobState, Outcome
 from tests import backends
 from tests.support import claim_on_n1, make_config, py_stage, settle_one, statements
@@ -201,3 +201,32 @@ def test_a_run_is_created_in_the_same_statements_at_any_size(engine, make_run):
             backlog(make_run, items)
         counts.append(sum(counted.values()))
     assert counts[0] == counts[1], counts
+
+
+def test_a_lane_with_ready_jobs_is_not_asked_whether_jobs_wait(
+    engine, factory, make_run, register_worker, clock
+):
+    """A lane's reason `needs_pending` (waiting on earlier stages) is given only where the
+    lane has no ready job, so a claim asks whether jobs wait only there: a busy lane
+    costs no such read."""
+    run_id = make_run(make_config(THREE_STAGES[:2], items=2))
+    worker = register_worker()
+
+    def waiting_reads() -> int:
+        return sum(n for text, n in counted.items() if "WHERE EXISTS (SELECT" in text)
+
+    with statements(engine) as counted:  # a prepare job is ready: no read
+        assert [c.stage for c in claim_on_n1(factory, worker, clock)] == ["prepare"]
+    assert waiting_reads() == 0
+    claim_on_n1(factory, worker, clock)  # the other prepare job
+    with statements(engine) as counted:  # only solve jobs, waiting: read, and said
+        assert claim_on_n1(factory, worker, clock) == []
+    assert waiting_reads() == 1
+    with factory() as session:
+        reasons = [
+            row.reason_code
+            for row in session.scalars(
+                select(Decision).where(Decision.run_id == run_id).order_by(Decision.id)
+            )
+        ]
+    assert reasons[-1] == "needs_pending"
