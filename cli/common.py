@@ -9,7 +9,6 @@ imports this, and `status`, `sql` and `--help` must start fast
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from laneway.cli import render
-from laneway.controller import db, ledger_open
+from laneway.controller import db, ledger_open, limits
 from laneway.controller.clock import SystemClock, iso
 from laneway.controller.errors import ConfigError, LanewayError, UsageError
 
@@ -46,8 +45,9 @@ def _runtime_dir(value: Path) -> Path:
 def finite(value: float | None) -> float | None:
     """A number option's callback: ``nan`` and ``inf`` refused (a ``min``/``max`` range
     lets ``nan`` through, since every comparison with it is false)."""
-    if value is not None and not math.isfinite(value):
-        raise typer.BadParameter(f"{value} is not a finite number; give one in seconds")
+    problem = None if value is None else limits.float_problem(value)
+    if problem:
+        raise typer.BadParameter(f"{problem}; give one in seconds")
     return value
 
 
