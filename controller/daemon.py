@@ -98,16 +98,26 @@ class Controller:
         """This controller's ``controllers`` row, from its first ``beat``."""
         self._last_beat = float("-inf")
         self._cursor: int | None = None
-        self._retry_cursor: int | None = -1
-        """The event cursor when the retry backoffs were last looked at (-1: look)."""
+        self._retry_look = True
+        """Read the earliest retry backoff again: a job became ready since the last look
+        (only a settle starts a backoff, and it makes the job ready), or backoffs were
+        released and later ones may remain."""
         self._next_retry: datetime | None = None
-        """The newest event the promotion step has looked at (None: not yet started)."""
+        """The earliest retry backoff's end at the last look (None: none)."""
         self._active: set[int] = set()
+        self._needs: dict[int, bool] = {}
+        """Per run: does a stage need another (``_has_needs``)."""
         self._last_snapshot: dict[int, tuple[int, float]] = {}
         self._snapshot_errors: dict[int, str] = {}
         self._snapshot_owed: set[int] = set()
         self._closeouts: dict[int, closeout.Closeout] = {}
         self._closeout_runs: list[int] | None = None
+        self._closeout_seen: set[int] = set()
+        """The runs the last look for closeouts found (finished or stopped, with steps not
+        finished), whether or not one was due: their jobs' changes make it look again."""
+        self._run_level = False
+        """The promotion step saw a run created, finished or reopened, or a control set
+        or cleared, since the closeouts were last looked for."""
         self._last_recovery = float("-inf")
         self._last_recovery_at: datetime | None = None
         """The ledger's clock at the last look for lost workers and expired leases."""
@@ -159,7 +169,9 @@ class Controller:
             self.write_snapshots(run_id, now=now, final=run_id in report.closed)
         self._active -= set(report.closed)
         report.active = sorted(self._active)
-        self._advance_closeouts(now, changed=bool(touched or report.closed))
+        changed = bool(report.closed) or self._run_level or bool(touched & self._closeout_seen)
+        self._run_level = False
+        self._advance_closeouts(now, changed=changed)
         return report
 
     # -- steps -----------------------------------------------------------------
@@ -222,20 +234,19 @@ class Controller:
         return True
 
     def _retry_step(self, now: datetime, report: ControllerReport) -> None:
-        """Retried jobs whose backoff has passed become claimable. Only a settle (an
-        event) can start a backoff, so the ledger is asked again only after events or
-        once the earliest known backoff has passed: an idle tick reads nothing here."""
-        if self._retry_cursor == self._cursor and (
-            self._next_retry is None or now < self._next_retry
-        ):
+        """Retried jobs whose backoff has passed become claimable. Only a settle that
+        makes a job ready again can start a backoff, so the ledger is asked again only
+        after a ``job_ready`` event or once the earliest known backoff has passed: a
+        tick that saw other events (a job that succeeded) or none reads nothing here."""
+        if not self._retry_look and (self._next_retry is None or now < self._next_retry):
             return
-        self._retry_cursor = self._cursor
+        self._retry_look = False
         with self.reader() as session:
             self._next_retry = ledger.next_retry_at(session)
         if self._next_retry is not None and self._next_retry <= now:
             with db.transaction(self.factory) as session:
                 report.promoted += ledger.release_due_retries(session, now=now, actor=ACTOR)
-            self._retry_cursor = -1  # look again: later backoffs may remain
+            self._retry_look = True  # look again: later backoffs may remain
 
     def _promotion_step(self, now: datetime, report: ControllerReport) -> set[int]:
         """Promote what the events since the cursor made possible; returns the runs
@@ -258,9 +269,18 @@ class Controller:
         while more:
             with self.reader() as session:
                 changes = ledger.changes_after(session, self._cursor)
-                waiting = ledger.items_with_waiting(session, changes.items)
+                # Only a stage that needs another has jobs that wait: the items of runs
+                # with none (one stage, or none that needs another) are not asked about.
+                may_wait = {
+                    item
+                    for item, run_id in changes.item_runs.items()
+                    if self._has_needs(session, run_id)
+                }
+                waiting = ledger.items_with_waiting(session, may_wait)
             touched |= changes.runs
             items.update(waiting)
+            self._retry_look = self._retry_look or changes.backoffs
+            self._run_level = self._run_level or changes.run_level
             self._cursor, more = changes.cursor, changes.more
         if items:
             with db.transaction(self.factory) as session:
@@ -268,6 +288,15 @@ class Controller:
                     report.promoted += ledger.promote_item(session, item_id, now=now, actor=ACTOR)
         self._active |= touched
         return touched
+
+    def _has_needs(self, session: Session, run_id: int) -> bool:
+        """Does a stage of the run need another (so its jobs may wait)? From its frozen
+        config, read once per run: a run's config never changes."""
+        known = self._needs.get(run_id)
+        if known is None:
+            config = ledger.run_config(ledger.get_run(session, run_id))
+            known = self._needs[run_id] = any(stage.needs for stage in config.stages)
+        return known
 
     def _closing_step(self, touched: set[int], now: datetime, report: ControllerReport) -> None:
         """Close runs whose jobs changed and are all terminal now."""
@@ -306,14 +335,18 @@ class Controller:
 
     def _advance_closeouts(self, now: datetime, *, changed: bool) -> None:
         """Start, poll and record closeout steps of finished or stopped runs. The list of
-        candidates is read again only when something changed (or a step is running).
+        candidates is read again only when it may have changed (a run finished, a run-level
+        event, a change to a candidate's jobs: a stopped run is due once drained), or
+        while a step is running.
         Steps are started and polled outside any write transaction; each change is
         written in its own short one (``closeout.advance`` says how)."""
         if self._closeout_runs is None or changed or self._closeouts:
             with self.reader() as session:
+                candidates = ledger.closeout_candidates(session)
+                self._closeout_seen = {run.id for run in candidates}
                 self._closeout_runs = [
                     run.id
-                    for run in ledger.closeout_candidates(session)
+                    for run in candidates
                     if run.id in self._closeouts or closeout.needs_closeout(session, run)
                 ]
         for run_id in list(self._closeout_runs):
@@ -399,7 +432,10 @@ class Controller:
     def write_snapshots(self, run_id: int, *, now: datetime, final: bool = False) -> None:
         """Write status.json (and SUMMARY.json when ``final``) if the ledger changed."""
         with self.reader() as session:
-            latest = ledger.latest_event_id(session)
+            # The newest event this tick's promotion step read: a snapshot built from a
+            # later read is at least that new (one the tick wrote itself is seen, and
+            # snapshotted, by the next tick). Outside a tick, the ledger's newest.
+            latest = self._cursor if self._cursor is not None else ledger.latest_event_id(session)
             seen, at = self._last_snapshot.get(run_id, (-1, float("-inf")))
             if latest == seen and not final:
                 self._snapshot_owed.discard(run_id)

@@ -303,7 +303,7 @@ def write_lock(session: Session) -> bool:
     return True
 
 
-def defer(session: Session, step: Callable[[Session], None]) -> bool:
+def defer(session: Session, step: Callable[[Session], object]) -> bool:
     """Keep ``step`` to the end of this write transaction (run in order just before its
     commit, after the write lock: ``ledger.append_events`` writes a transaction's events
     in one statement that way). False outside ``transaction``/``claim_transaction``,

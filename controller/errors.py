@@ -74,6 +74,12 @@ class StaleLease(IllegalTransition):
     """A write carried a fence token that is no longer the job's current one."""
 
 
+class PartialWrite(LanewayError):
+    """A write was refused after it had already written part of itself inside the
+    transaction (``ledger.refused_before_writing``): the whole transaction must roll back,
+    so it is not a ``StaleLease`` any caller may catch and go on from."""
+
+
 class LedgerUnavailable(LanewayError):
     """The ledger could not be reached (or refused writes, or stayed locked) for longer
     than a command retries; nothing was written."""

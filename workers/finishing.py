@@ -2,8 +2,8 @@
 verdict (``controller.attempt.judge_attempt``) reads its exit record and result, classifies
 and redacts them and stores a success's declared outputs; a SIGKILL laneway did not send
 is named an OOM kill when the evidence says so (``workers.oom``); the settle is written
-in a savepoint of the worker's tick transaction; a failure's workspace is captured after
-the commit (``workers.capture``).
+in the worker's tick transaction (a stale one refused before it writes); a failure's
+workspace is captured after the commit (``workers.capture``).
 
 ``Finishing`` is one part of ``workers.service.WorkerService``: it reads the worker's
 identity, clock, ledger and stage rules from it. ``deliver`` is also how
@@ -173,15 +173,17 @@ class Finishing:
     def settle(
         self, session: Session, now: datetime, judged: list[tuple[int, InFlight, Judged]]
     ) -> tuple[list[str], list[InFlight]]:
-        """Write each verdict (settled, or unknown), each in a savepoint so a stale lease
-        undoes only its own. Returns each outcome's name (``stale`` for a zombie's) and
-        the flights that settled as failures (to capture after the commit)."""
+        """Write each verdict (settled, or unknown). A stale lease (a zombie's) is refused
+        by the settle's first compare-and-set, before it writes anything, so it leaves
+        the others in the transaction as they are, without a savepoint around each
+        (``ledger.refused_before_writing``). Returns each outcome's name (``stale`` for a
+        zombie's) and the flights that settled as failures (to capture after the commit)."""
         outcomes: list[str] = []
         settled_failures: list[InFlight] = []
         for attempt_id, flight, verdict_of in judged:
             verdict = verdict_of.verdict
             try:
-                with ledger.savepoint(session):
+                with ledger.refused_before_writing(session):
                     if verdict.outcome is None:
                         ledger.mark_unknown(
                             session,

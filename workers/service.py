@@ -7,9 +7,10 @@ One ``WorkerService`` per node. Each ``tick``:
    supervisor that is still starting holds up nothing;
 2. heartbeats (renews its leases, reports the node's live memory) when due;
 3. in ONE write transaction: settles attempts whose supervisor has exited (from
-   ``exit.json`` and the optional ``result.json``, read before it, each settle in a
-   savepoint so a stale lease undoes only its own; an attempt that would succeed has
-   its declared outputs hashed and stored first, and recorded with its settle), then,
+   ``exit.json`` and the optional ``result.json``, read before it; a stale lease is
+   refused before its settle writes anything, so it undoes nothing of the others; an
+   attempt that would succeed has its declared outputs hashed and stored first, and
+   recorded with its settle), then,
    with free slots and something changed, claims admissible jobs and writes their
    intents with the inputs each will be given (``ledger.claim_jobs``);
 4. only after that commit fetches each claimed attempt's inputs, verifying every
@@ -453,9 +454,10 @@ class WorkerService:
     def _settle_and_claim(
         self, finished: list[tuple[int, InFlight]], free: int
     ) -> tuple[int, list[str], list[ledger.Claim]]:
-        """Settle every finished attempt (each in a savepoint, so a stale one does not
-        undo the others), then lease work for ``free`` slots and write its intents. Exit
-        records and source files are read before the transaction begins.
+        """Settle every finished attempt (a stale one is refused before it writes, and the
+        others stand: ``ledger.refused_before_writing``), then lease work for ``free``
+        slots and write its intents. Exit records and source files are read before the
+        transaction begins.
 
         On SQLite both happen in one transaction. On PostgreSQL the settle commits first
         under the write lock and the claim follows in a ``db.claim_transaction``, which
@@ -506,7 +508,14 @@ class WorkerService:
                 self._waiting_on_capacity = seen.get("candidates", 0) > len(claims)
                 for claim in claims:
                     self.stages.remember(session, claim)
-                self._seen_event = ledger.latest_event_id(session)
+                # The newest event this transaction wrote is the ledger's newest on
+                # SQLite, whose write lock it holds; elsewhere the newest is read.
+                written = ledger.flush_events(session)
+                self._seen_event = (
+                    written
+                    if written is not None and not late
+                    else ledger.latest_event_id(session)
+                )
         if finished:
             self._settled(finished, classified, settled_failures)
         if free > 0:

@@ -132,7 +132,7 @@ from laneway.controller.ledger.transitions import (
     latest_event_id,
     move_attempt,
     move_job,
-    savepoint,
+    refused_before_writing,
 )
 from laneway.controller.states import ATTEMPT_TRANSITIONS, JOB_TRANSITIONS
 
@@ -205,6 +205,7 @@ __all__ = [
     "record_samples",
     "record_spawn",
     "refuse_start",
+    "refused_before_writing",
     "register_controller",
     "register_worker",
     "release",
@@ -220,7 +221,6 @@ __all__ = [
     "run_has_open_jobs",
     "run_paused",
     "running_attempts",
-    "savepoint",
     "set_control",
     "settle_attempt",
     "settle_from_verdict",

@@ -26,6 +26,8 @@ from laneway.controller.ledger.transitions import (
     rowcount,
 )
 from laneway.controller.states import (
+    CONTROL_CLEARED_EVENT,
+    CONTROL_SET_EVENT,
     TERMINAL_JOB_EVENTS,
     TERMINAL_JOB_STATES,
     EventKind,
@@ -108,6 +110,18 @@ def promote_run(session: Session, run_id: int, *, now: datetime, actor: str) -> 
     return sum(promote_item(session, item_id, now=now, actor=actor) for item_id in item_ids)
 
 
+RUN_LEVEL_EVENTS = frozenset(
+    {
+        EventKind.RUN_CREATED,
+        EventKind.RUN_FINISHED,
+        EventKind.RUN_REOPENED,
+        *CONTROL_SET_EVENT.values(),
+        *CONTROL_CLEARED_EVENT.values(),
+    }
+)
+"""Events after which the runs that may owe a closeout are read again."""
+
+
 @dataclass
 class Changes:
     """What the events after a cursor touched."""
@@ -115,8 +129,16 @@ class Changes:
     cursor: int
     items: set[int] = field(default_factory=set)
     """Items with a job that reached a terminal state: their waiting jobs may move."""
+    item_runs: dict[int, int] = field(default_factory=dict)
+    """The run of each of ``items``."""
     runs: set[int] = field(default_factory=set)
     """Runs whose jobs changed, or that were created or reopened: they may be done."""
+    backoffs: bool = False
+    """A job became ready: it may be waiting out a retry backoff (only a settle starts
+    one, and it makes the job ready)."""
+    run_level: bool = False
+    """A run was created, finished or reopened, or a control was set or cleared: which
+    runs may owe a closeout may have changed."""
     more: bool = False
     """The page was full: call again."""
 
@@ -130,9 +152,14 @@ def changes_after(session: Session, cursor: int, *, batch: int = 1000) -> Change
     for row in rows:
         if row.kind in TERMINAL_JOB_EVENTS and row.item_id is not None:
             changes.items.add(row.item_id)
+            changes.item_runs[row.item_id] = row.run_id
             changes.runs.add(row.run_id)
         elif row.kind in (EventKind.RUN_CREATED, EventKind.RUN_REOPENED, EventKind.JOB_RETRY):
             changes.runs.add(row.run_id)
+        if row.kind == EventKind.JOB_READY:
+            changes.backoffs = True
+        elif row.kind in RUN_LEVEL_EVENTS:
+            changes.run_level = True
     return changes
 
 

@@ -143,14 +143,15 @@ def admission_snapshot(
     lane_caps: dict[tuple[int, str], dict[str, int]] = {}
     own_lanes: set[tuple[int, str]] = set()
     lanes_of: dict[int, list[str]] = {}
-    if run_infos:
-        for lane in session.execute(statements.RUN_LANES, {"run_ids": sorted(run_infos)}):
-            # Every lane of a run whose stages this node may run: its caps count the
-            # jobs of the lane wherever they run.
-            lane_caps[(lane.run_id, lane.name)] = dict(lane.caps)
-            lanes_of.setdefault(lane.run_id, []).append(lane.name)
+    for run_id, info in run_infos.items():
+        # Every lane of a run whose stages this node may run: its caps count the jobs of
+        # the lane wherever they run. From the run's frozen config, parsed once per hash:
+        # its ``lanes`` rows are written from it when the run is created and never change.
+        for lane in info.config.lanes:
+            lane_caps[(run_id, lane.name)] = dict(lane.caps)
+            lanes_of.setdefault(run_id, []).append(lane.name)
             if lane.node == node:
-                own_lanes.add((lane.run_id, lane.name))
+                own_lanes.add((run_id, lane.name))
     run_ids = sorted(run_infos)
     stage_caps: dict[tuple[int, str], int | None] = {}
     partitions: list[tuple[int, str, str, str | None]] = []

@@ -35,7 +35,6 @@ from laneway.controller.ledger.tables import (
     events,
     items,
     jobs,
-    lanes,
     leases,
     node_low_water,
     nodes,
@@ -58,6 +57,10 @@ from laneway.controller.states import (
 
 # insert_event: one append-only event row (executemany for a batch).
 INSERT_EVENT = insert(events)
+
+# insert_events: a write transaction's events, all in one statement, returning their
+# ids (the newest is what the writer has seen).
+INSERT_EVENTS = insert(events).returning(events.c.id)
 
 # latest_event_id: the newest event id, a cheap "did anything change?" probe.
 LATEST_EVENT_ID = select(func.max(events.c.id))
@@ -93,12 +96,6 @@ ACTIVE_RUNS = select(
     runs.c.runtime_dir,
     runs.c.source_hashes,
 ).where(runs.c.state == RunState.ACTIVE.value)
-
-# run_lanes: every lane of these runs, with its node and caps (the lanes table's
-# (run_id, name) index).
-RUN_LANES = select(lanes.c.run_id, lanes.c.name, lanes.c.node, lanes.c.caps).where(
-    lanes.c.run_id.in_(bindparam("run_ids", expanding=True))
-)
 
 # -- jobs
 

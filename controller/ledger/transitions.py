@@ -20,7 +20,7 @@ from sqlalchemy import CursorResult, Row, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from laneway.controller import db
-from laneway.controller.errors import IllegalTransition, NotFound, StaleLease
+from laneway.controller.errors import IllegalTransition, NotFound, PartialWrite, StaleLease
 from laneway.controller.ledger import statements
 from laneway.controller.ledger.tables import attempts, jobs
 from laneway.controller.states import (
@@ -36,6 +36,10 @@ from laneway.controller.states import (
 
 PENDING_EVENTS = "laneway_pending_events"
 """``session.info`` key: the events appended in this write transaction, not written yet."""
+APPENDED = "laneway_events_appended"
+"""``session.info`` key: how many events this session has appended, written or not.
+Every state write appends its event right after its compare-and-set, so a count that
+moved means something was written (``refused_before_writing``)."""
 
 
 def rowcount(result: Any) -> int:
@@ -71,6 +75,7 @@ def append_events(session: Session, rows: list[dict[str, Any]]) -> None:
     one statement (``flush_events``), in the order they were appended; elsewhere now."""
     if not rows:
         return
+    session.info[APPENDED] = session.info.get(APPENDED, 0) + len(rows)
     pending = session.info.get(PENDING_EVENTS)
     if pending is None:
         if not db.defer(session, flush_events):
@@ -80,27 +85,31 @@ def append_events(session: Session, rows: list[dict[str, Any]]) -> None:
     pending.extend(rows)
 
 
-def flush_events(session: Session) -> None:
-    """Write the events appended so far in this transaction, in one statement. Whatever
-    reads the event log inside a write transaction calls it first."""
+def flush_events(session: Session) -> int | None:
+    """Write the events appended so far in this transaction, in one statement; returns
+    the newest id written (None: nothing was pending). Whatever reads the event log
+    inside a write transaction calls it first."""
     pending = session.info.pop(PENDING_EVENTS, None)
-    if pending:
-        session.execute(statements.INSERT_EVENT, pending)
+    if not pending:
+        return None
+    return int(max(session.execute(statements.INSERT_EVENTS, pending).scalars()))
 
 
 @contextmanager
-def savepoint(session: Session) -> Iterator[None]:
-    """``session.begin_nested()`` whose appended events go with it when it rolls back.
-    (Nothing inside reads the event log: a flush there would be undone too.)"""
-    pending = session.info.get(PENDING_EVENTS)
-    mark = len(pending) if pending is not None else 0
+def refused_before_writing(session: Session) -> Iterator[None]:
+    """For a write whose one survivable refusal, ``StaleLease``, comes from its first
+    compare-and-set, before anything is written (``settle_attempt`` and ``mark_unknown``
+    both begin with ``move_attempt``): the caller catches it and the transaction goes on
+    with nothing of this write in it, without a savepoint (which costs a SAVEPOINT and a
+    RELEASE statement per settle). A StaleLease raised after this block wrote something
+    (an event was appended) would leave half a write behind if caught: it propagates as
+    ``PartialWrite`` instead, and the whole transaction rolls back."""
+    mark = session.info.get(APPENDED, 0)
     try:
-        with session.begin_nested():
-            yield
-    except BaseException:
-        pending = session.info.get(PENDING_EVENTS)
-        if pending is not None:
-            del pending[mark:]
+        yield
+    except StaleLease as exc:
+        if session.info.get(APPENDED, 0) != mark:
+            raise PartialWrite(f"refused after writing: {exc}") from exc
         raise
 
 

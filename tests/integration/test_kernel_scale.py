@@ -13,7 +13,7 @@ import sys
 from sqlalchemy import select
 
 from laneway.controller import db, ledger, ledger_open
-from laneway.controller.daemon import Controller
+from laneway.controller.daemon import Controller, ControllerReport
 from laneway.controller.models import Decision, Job, StageStats
 from laneway.controller.states import JobState, Outcome
 from tests import backends
@@ -145,6 +145,46 @@ def test_the_controller_promotes_what_a_settle_left_waiting(engine, factory, mak
             ).all()
         )
     assert states == {"prepare": "cancelled", "solve": "skipped", "judge": "skipped"}
+
+
+def test_a_tick_reads_backoffs_and_closeouts_only_after_events_that_change_them(
+    engine, factory, make_run, register_worker, clock
+):
+    """A job that succeeded cannot start a retry backoff nor make a run owe a closeout,
+    so the tick that sees it reads neither; nor, in a run where no stage needs another,
+    which of its items have jobs waiting; nor the newest event id again for the status
+    snapshot (the events it just read say it). A job made ready again to retry is looked
+    at, and its backoff is released once it has passed, with no event in between."""
+    retry = {"max_attempts": 3, "on": ["infra_failure"], "backoff_seconds": 30}
+    make_run(make_config([py_stage("call", "pass", retry=retry)], 3))
+    worker = register_worker()
+    controller = Controller(engine, clock=clock, recovery_seconds=3600, snapshot_seconds=3600)
+    controller.tick(clock.now())  # the first tick makes its full pass and looks at both
+    first, second = claim_on_n1(factory, worker, clock, slots=2)
+
+    def tick() -> tuple[str, ControllerReport]:
+        with statements(engine) as counted:
+            report = controller.tick(clock.now())  # the test's clock on every backend
+        return "\n".join(counted), report
+
+    settle_one(factory, first, worker, clock, Outcome.SUCCEEDED)
+    read, _ = tick()
+    assert "FROM events" in read  # it saw the settle
+    assert "retry_after" not in read
+    assert "closeout_finished_at IS NULL" not in read
+    assert "DISTINCT jobs.item_id" not in read
+    assert "max(events.id)" not in read
+
+    settle_one(factory, second, worker, clock, Outcome.INFRA_FAILURE)  # ready, backing off
+    read, report = tick()
+    assert "min(jobs.retry_after)" in read and report.promoted == 0
+    assert "closeout_finished_at IS NULL" not in read
+    read, _ = tick()
+    assert "retry_after" not in read  # nothing new, and the backoff has not passed
+
+    clock.advance(30)
+    read, report = tick()
+    assert "retry_after" in read and report.promoted == 1
 
 
 def test_settled_peaks_are_folded_into_the_stage_row(

@@ -19,7 +19,7 @@ from laneway.controller import db, ledger
 from laneway.controller.daemon import Controller
 from laneway.controller.models import Attempt, Control, Decision, Job, Run
 from laneway.workers.service import WorkerService
-from tests.support import escape, make_config, py_stage, wait_until
+from tests.support import escape, make_config, py_stage, statements, wait_until
 
 PLENTY = (64_000.0, 128_000.0)
 
@@ -475,3 +475,20 @@ def test_an_attempts_first_sample_is_written_with_its_second(engine, make_run):
     (row,) = attempts(engine, run_id)
     assert row.peak_rss_mib is not None
     service.drain()
+
+
+def test_a_claim_takes_the_newest_event_from_its_own_insert_on_sqlite(engine, make_run):
+    """A claim remembers the newest event, so the worker claims again only after a
+    change. On SQLite the claim holds the write lock, so that is the last event it
+    wrote: taken from the insert's returned ids, not read again (one statement fewer per
+    claim). On PostgreSQL other nodes write meanwhile, and it is read."""
+    run_id = make_run(make_config([py_stage("only", "pass")], items=2))
+    service = start_worker(engine, slots=2)
+    with statements(engine) as counted:
+        report = service.tick()
+    assert report.claimed == 2
+    with db.session_factory(engine)() as session:
+        assert service._seen_event == ledger.latest_event_id(session)
+    newest_reads = sum(n for sql, n in counted.items() if "max(events.id)" in sql)
+    assert newest_reads == (0 if db.is_sqlite(engine) else 1), counted
+    drive(engine, [service], run_id)

@@ -12,7 +12,7 @@ from laneway.controller.states import AttemptState, Outcome
 from laneway.workers.flight import AdoptedSupervisor, InFlight
 from laneway.workers.oom import OomCounter
 from tests.integration.worker_parts import claimed, host
-from tests.support import make_config
+from tests.support import make_config, statements
 
 GONE = (999_999, 1)  # a supervisor that has exited: poll() says so, exit.json is the record
 
@@ -21,9 +21,11 @@ def flights(claims, **kwargs):
     return [(c.attempt_id, InFlight(c, AdoptedSupervisor(*GONE), {}, **kwargs)) for c in claims]
 
 
-def test_each_settle_is_its_own_savepoint_and_failures_are_kept_for_capture(
+def test_a_stale_settle_undoes_none_of_the_others_and_failures_are_kept_for_capture(
     engine, factory, make_run, register_worker, clock
 ):
+    """Three settles in one transaction, one of them a zombie's (its fence is stale): the
+    zombie writes nothing, the others stand, and no savepoint is spent on any of them."""
     make_run(make_config(items=4))
     worker = register_worker()
     service = host(engine, worker, clock)
@@ -37,9 +39,10 @@ def test_each_settle_is_its_own_savepoint_and_failures_are_kept_for_capture(
     assert [attempt_id for attempt_id, _, _ in judged] == [
         c.attempt_id for c in (ok, failed, stale)
     ]
-    with db.transaction(factory) as session:
+    with statements(engine) as counted, db.transaction(factory) as session:
         outcomes, failures = service.finishing.settle(session, clock.now(), judged)
     assert outcomes == ["succeeded", "failed", "stale"]
+    assert not [sql for sql in counted if "SAVEPOINT" in sql.upper()]
     assert failures == [finished[1][1]]
     with factory() as session:
         rows = {c.attempt_id: session.get(Attempt, c.attempt_id) for c in (ok, failed, stale)}

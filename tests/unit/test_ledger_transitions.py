@@ -10,7 +10,7 @@ from sqlalchemy import select, text, update
 from sqlalchemy.exc import IntegrityError, StatementError
 
 from laneway.controller import db, ledger
-from laneway.controller.errors import IllegalTransition, StaleLease
+from laneway.controller.errors import IllegalTransition, PartialWrite, StaleLease
 from laneway.controller.models import Attempt, Decision, Event, Job, Lease, Reservation
 from laneway.controller.states import AttemptState, JobState, Outcome
 from tests.conftest import force_job_state
@@ -358,14 +358,15 @@ def test_reading_the_event_log_inside_a_write_counts_its_own_events(factory, mak
         assert ledger.latest_event_id(session) == before + 2
 
 
-def test_a_rolled_back_savepoint_or_transaction_takes_its_events_with_it(factory, make_run, clock):
+def test_a_refusal_before_writing_leaves_the_transaction_and_a_failed_one_takes_its_events(
+    factory, make_run, clock
+):
     run_id = make_run()
     before = _newest_event(factory)
     with db.transaction(factory) as session:
         _note(session, "sources_changed", clock, run_id)
-        with contextlib.suppress(StaleLease), ledger.savepoint(session):
-            _note(session, "snapshot_failed", clock, run_id)
-            raise StaleLease("revoked while we were away")
+        with contextlib.suppress(StaleLease), ledger.refused_before_writing(session):
+            raise StaleLease("revoked while we were away")  # refused before writing
         _note(session, "run_reopened", clock, run_id)
     with contextlib.suppress(RuntimeError), db.transaction(factory) as session:
         _note(session, "snapshot_failed", clock, run_id)
@@ -375,6 +376,24 @@ def test_a_rolled_back_savepoint_or_transaction_takes_its_events_with_it(factory
     with factory() as session:
         kinds = session.scalars(select(Event.kind).where(Event.id > before).order_by(Event.id))
         assert list(kinds) == ["sources_changed", "run_reopened"]
+
+
+def test_a_refusal_after_writing_is_not_caught_as_stale_and_rolls_everything_back(
+    factory, make_run, clock
+):
+    """Catching StaleLease without a savepoint is safe only while nothing was written:
+    one raised after a write (an event appended) propagates as PartialWrite, which no
+    caller catches as stale, and the whole transaction rolls back."""
+    run_id = make_run()
+    before = _newest_event(factory)
+    with pytest.raises(PartialWrite), db.transaction(factory) as session:
+        _note(session, "sources_changed", clock, run_id)
+        with contextlib.suppress(StaleLease), ledger.refused_before_writing(session):
+            _note(session, "snapshot_failed", clock, run_id)
+            raise StaleLease("refused after a write")
+    with factory() as session:
+        assert _newest_event(factory) == before
+        assert list(session.scalars(select(Event.kind).where(Event.id > before))) == []
 
 
 def test_statements_built_per_claim_are_built_once_per_shape():
