@@ -512,9 +512,7 @@ class WorkerService:
                 # SQLite, whose write lock it holds; elsewhere the newest is read.
                 written = ledger.flush_events(session)
                 self._seen_event = (
-                    written
-                    if written is not None and not late
-                    else ledger.latest_event_id(session)
+                    written if written is not None and not late else ledger.latest_event_id(session)
                 )
         if finished:
             self._settled(finished, classified, settled_failures)

@@ -26,7 +26,6 @@ from laneway.controller.ledger import selection, statements
 from laneway.controller.ledger import usage as usage_ledger
 from laneway.controller.ledger.controls import pause_run, set_control
 from laneway.controller.ledger.snapshot import RunInfo, admission_snapshot
-from laneway.controller.ledger.tables import decisions
 from laneway.controller.ledger.transitions import append_events, event_row, move_job
 from laneway.controller.states import (
     AttemptState,
@@ -161,6 +160,7 @@ def claim_jobs(
     wants_ports = any(jobs_by_id[c.job_id][1].config.stage(c.stage).ports for c in verdict.starts)
     taken = _ports_in_use(session, node) if wants_ports else set()
     event_rows: list[dict[str, Any]] = []
+    grants = Grants()
     for candidate in verdict.starts:
         job, run = jobs_by_id[candidate.job_id]
         claims.append(
@@ -181,9 +181,11 @@ def claim_jobs(
                 now=now,
                 lease_seconds=lease_seconds,
                 event_rows=event_rows,
+                grants=grants,
                 runtime_dir=runtime_dir,
             )
         )
+    grants.write(session)
     append_events(session, event_rows)
     # Refusals after dispatches: when a lane dispatched one job and must refuse the next
     # (e.g. its cap is now reached), the refusal is the lane's state from now on.
@@ -316,6 +318,27 @@ def _halt_on_source_drift(
     return drifted
 
 
+@dataclass
+class Grants:
+    """The leases and reservations of one claim's grants, written together after them
+    (in the same transaction as their intents): one statement per table for the whole
+    claim, not one per grant."""
+
+    leases: list[dict[str, Any]] = field(default_factory=list)
+    reservations: list[dict[str, Any]] = field(default_factory=list)
+
+    def write(self, session: Session) -> None:
+        if self.leases:
+            session.execute(statements.INSERT_LEASE, self.leases)
+        # A reservation no budget covers leaves ``usage`` out (SQL NULL, not JSON null),
+        # and one statement takes rows of one shape: at most two statements.
+        budgeted = [row for row in self.reservations if "usage" in row]
+        unbudgeted = [row for row in self.reservations if "usage" not in row]
+        for rows in (budgeted, unbudgeted):
+            if rows:
+                session.execute(statements.INSERT_RESERVATION, rows)
+
+
 def _grant(
     session: Session,
     job: Any,
@@ -331,6 +354,7 @@ def _grant(
     now: datetime,
     lease_seconds: float,
     event_rows: list[dict[str, Any]],
+    grants: Grants,
     runtime_dir: str | None = None,
 ) -> Claim:
     stage = run.config.stage(job.stage)
@@ -395,8 +419,7 @@ def _grant(
         session, job_id=job.id, needs_outputs=needs_outputs
     )
     artifact_ledger.record_inputs(session, attempt_id, inputs, node=node, now=now)
-    session.execute(
-        statements.INSERT_LEASE,
+    grants.leases.append(
         {
             "job_id": job.id,
             "attempt_id": attempt_id,
@@ -404,7 +427,7 @@ def _grant(
             "fence": fence,
             "granted_at": now,
             "expires_at": now + timedelta(seconds=lease_seconds),
-        },
+        }
     )
     reservation: dict[str, Any] = {
         "attempt_id": attempt_id,
@@ -416,7 +439,7 @@ def _grant(
     if expected_usage:
         # Left out otherwise: SQL NULL, not JSON null, for a stage no budget covers.
         reservation["usage"] = expected_usage
-    session.execute(statements.INSERT_RESERVATION, reservation)
+    grants.reservations.append(reservation)
     usage_ledger.hold_expected(session, run.id, job.stage, expected_usage)
     event_rows.append(
         event_row(
@@ -500,5 +523,5 @@ def record_decisions(
             }
         )
     if rows:
-        session.execute(decisions.insert(), rows)
+        session.execute(statements.INSERT_DECISION, rows)
     return len(rows)

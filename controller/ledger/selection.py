@@ -17,7 +17,8 @@ from sqlalchemy import Float, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from laneway.controller import admission
-from laneway.controller.ledger.tables import decisions, group_stats
+from laneway.controller.ledger import statements
+from laneway.controller.ledger.tables import group_stats
 from laneway.controller.ledger.transitions import rowcount
 from laneway.controller.states import Verdict
 
@@ -128,7 +129,7 @@ def record_choices(
             }
         )
     if rows:
-        session.execute(decisions.insert(), rows)
+        session.execute(statements.INSERT_DECISION, rows)
 
 
 def record_group_usage(

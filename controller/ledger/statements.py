@@ -272,6 +272,10 @@ STAGE_MEASURED = (
 # insert_stage_stats: a new run's stages start unmeasured.
 INSERT_STAGE_STATS = insert(stage_stats)
 
+# insert_decision: a dispatch decision (executemany: one per (run, lane, stage) that
+# changed).
+INSERT_DECISION = insert(decisions)
+
 # -- workers
 
 # stale_workers: active workers whose heartbeat is older than the cutoff.
