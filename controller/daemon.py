@@ -170,8 +170,8 @@ class Controller:
         self._active -= set(report.closed)
         report.active = sorted(self._active)
         changed = bool(report.closed) or self._run_level or bool(touched & self._closeout_seen)
-        self._run_level = False
         self._advance_closeouts(now, changed=changed)
+        self._run_level = False  # kept when the look failed (the ledger away): look again
         return report
 
     # -- steps -----------------------------------------------------------------
