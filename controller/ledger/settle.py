@@ -126,28 +126,29 @@ def settle_attempt(
             **columns,
         },
         event_detail={"outcome": outcome.value, "exit_code": exit_code, "reason": reason},
+        job_context=True,  # the job's stage, item, attempts and group, in the same statement
     )
-    job = session.execute(statements.JOB_CONTEXT, {"job_id": attempt.job_id}).one()
+    job_id, job_stage = attempt.job_id, attempt.job_stage
     stored_usage = usage_ledger.record_usage(
         session,
         attempt_id=attempt_id,
-        run_id=job.run_id,
-        job_id=job.id,
-        stage=job.stage,
+        run_id=attempt.run_id,
+        job_id=job_id,
+        stage=job_stage,
         usage=usage,
         now=now,
     )
-    config = frozen_config(session, job.run_id, job.config_sha256)
+    config = frozen_config(session, attempt.run_id, attempt.config_sha256)
     if stored_usage:
-        selection.record_group_usage(session, config, job.run_id, job.group_name, usage)
-    stage = config.stage(job.stage)
-    new_state = policy.next_job_state(stage, outcome, job.attempt_count)
+        selection.record_group_usage(session, config, attempt.run_id, attempt.group_name, usage)
+    stage = config.stage(job_stage)
+    new_state = policy.next_job_state(stage, outcome, attempt.attempt_count)
     delay = 0.0
     if new_state is JobState.READY and outcome is Outcome.RATE_LIMITED:
         asked = asked_delay(result if isinstance(result, dict) else None)
-        delay = policy.rate_limited_delay(stage.retry, job.attempt_count, asked)
+        delay = policy.rate_limited_delay(stage.retry, attempt.attempt_count, asked)
     elif new_state is JobState.READY:
-        delay = policy.retry_delay(stage.retry, job.attempt_count)
+        delay = policy.retry_delay(stage.retry, attempt.attempt_count)
     retry_after = now + timedelta(seconds=delay) if delay > 0 else None
     job_reason = (
         None if new_state is JobState.SUCCEEDED else f"attempt {attempt.number}: {outcome.value}"
@@ -157,7 +158,7 @@ def settle_attempt(
         job_reason = f"{job_reason}; retry after {iso(retry_after)} ({why} {delay:g} s)"
     move_job(
         session,
-        job.id,
+        job_id,
         JobState.RUNNING,
         new_state,
         now=now,
@@ -168,11 +169,11 @@ def settle_attempt(
     )
     if retry_after is not None:
         # Same transaction as the move: no claim can see the job ready without it.
-        session.execute(update(jobs).where(jobs.c.id == job.id).values(retry_after=retry_after))
+        session.execute(update(jobs).where(jobs.c.id == job_id).values(retry_after=retry_after))
     release(session, attempt_id, now=now)
-    fold_peaks(session, job.run_id, job.stage, attempt, columns)
-    if any(job.stage in stage.needs for stage in config.stages):
-        promote_item(session, job.item_id, now=now, actor=actor)
+    fold_peaks(session, attempt.run_id, job_stage, attempt, columns)
+    if any(job_stage in stage.needs for stage in config.stages):
+        promote_item(session, attempt.item_id, now=now, actor=actor)
     _trip_breaker(session, attempt, outcome, reason, now=now, actor=actor)
     return new_state
 

@@ -183,6 +183,25 @@ ATTEMPT_MOVE_RETURNING = (
     attempts.c.peak_gpu_mib,
 )
 
+
+def _of_job(column: Any) -> Any:
+    return select(column).where(jobs.c.id == attempts.c.job_id).scalar_subquery()
+
+
+# attempt_job_context: returned beside ATTEMPT_MOVE_RETURNING by a settle's move, so it
+# needs no read of its job afterwards: the job's stage, item, attempts so far and group,
+# and its run's config hash (one primary-key probe each, inside the same statement).
+ATTEMPT_JOB_CONTEXT = (
+    _of_job(jobs.c.stage).label("job_stage"),
+    _of_job(jobs.c.item_id).label("item_id"),
+    _of_job(jobs.c.attempt_count).label("attempt_count"),
+    _of_job(jobs.c.group_name).label("group_name"),
+    select(runs.c.config_sha256)
+    .where(runs.c.id == attempts.c.run_id)
+    .scalar_subquery()
+    .label("config_sha256"),
+)
+
 # release_lease: an attempt's lease ends (its reservation ends with
 # usage.RELEASE_RESERVATION_USAGE, which returns the expected cost it held).
 RELEASE_LEASE = (

@@ -225,10 +225,13 @@ def move_attempt(
     fence: int | None = None,
     values: dict[str, Any] | None = None,
     event_detail: dict[str, Any] | None = None,
+    job_context: bool = False,
 ) -> Row[Any]:
     """Compare-and-set an attempt's state (and ``values``), fenced by its job's fence.
 
-    Returns the attempt's (id, job_id, run_id, number, fence, worker_id)."""
+    Returns the attempt's (id, job_id, run_id, number, fence, worker_id, peaks) and,
+    with ``job_context``, its job's (job_stage, item_id, attempt_count, group_name) and
+    its run's config_sha256, read by the same statement."""
     expected_states = expected if isinstance(expected, tuple) else (expected,)
     for state in expected_states:
         if new not in ATTEMPT_TRANSITIONS[state]:
@@ -236,7 +239,9 @@ def move_attempt(
                 f"attempt {attempt_id}: {state.value} -> {new.value} is not allowed"
             )
     changes = {"state": new.value, **(values or {})}
-    statement = _attempt_move(len(expected_states), fence is not None, tuple(sorted(changes)))
+    statement = _attempt_move(
+        len(expected_states), fence is not None, tuple(sorted(changes)), job_context
+    )
     params = {f"v_{key}": value for key, value in changes.items()}
     params.update(
         {f"b_expected{i}": state.value for i, state in enumerate(expected_states)},
@@ -287,7 +292,7 @@ def _explain_attempt_miss(
 
 
 _JOB_MOVES: dict[tuple[bool, bool, str | None, bool], Any] = {}
-_ATTEMPT_MOVES: dict[tuple[int, bool, tuple[str, ...]], Any] = {}
+_ATTEMPT_MOVES: dict[tuple[int, bool, tuple[str, ...], bool], Any] = {}
 
 
 def _job_move(fenced: bool, bump: bool, finish: str | None, count: bool) -> Any:
@@ -321,10 +326,13 @@ def _job_move(fenced: bool, bump: bool, finish: str | None, count: bool) -> Any:
     return statement
 
 
-def _attempt_move(expected: int, fenced: bool, columns: tuple[str, ...]) -> Any:
+def _attempt_move(
+    expected: int, fenced: bool, columns: tuple[str, ...], context: bool = False
+) -> Any:
     """attempt_move: the compare-and-set UPDATE of one attempt (fenced by its job's
-    fence too), built once per shape: how many expected states, which columns."""
-    key = (expected, fenced, columns)
+    fence too), built once per shape: how many expected states, which columns, and
+    whether it returns its job's context too (``statements.ATTEMPT_JOB_CONTEXT``)."""
+    key = (expected, fenced, columns, context)
     statement = _ATTEMPT_MOVES.get(key)
     if statement is None:
         conditions = [
@@ -343,6 +351,9 @@ def _attempt_move(expected: int, fenced: bool, columns: tuple[str, ...]) -> Any:
             update(attempts)
             .where(*conditions)
             .values({column: bindparam(f"v_{column}") for column in columns})
-            .returning(*statements.ATTEMPT_MOVE_RETURNING)
+            .returning(
+                *statements.ATTEMPT_MOVE_RETURNING,
+                *(statements.ATTEMPT_JOB_CONTEXT if context else ()),
+            )
         )
     return statement

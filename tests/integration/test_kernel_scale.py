@@ -212,6 +212,22 @@ def test_a_claim_writes_its_leases_and_reservations_in_one_statement_each(
             assert reservation.node == "n1" and reservation.released_at is None
 
 
+def test_a_settle_reads_no_row_back(engine, factory, make_run, register_worker, clock):
+    """What a settle needs of its job (stage, item, attempts so far, group) and of its run
+    (the config hash) comes back with its compare-and-set on the attempt: it reads
+    nothing of its own."""
+    make_run(make_config([py_stage("only", "pass")], 1))
+    worker = register_worker()
+    (claim,) = claim_on_n1(factory, worker, clock)
+    with statements(engine) as counted:
+        assert settle_one(factory, claim, worker, clock, Outcome.SUCCEEDED) is JobState.SUCCEEDED
+    # On PostgreSQL the transaction's first statement takes the write lock (a SELECT of
+    # pg_advisory_xact_lock, with the ledger's clock): not a read of the ledger.
+    reads = [sql for sql in counted if sql.startswith("SELECT") and "pg_advisory" not in sql]
+    assert reads == []
+    assert any(sql.startswith("UPDATE attempts") and "config_sha256" in sql for sql in counted)
+
+
 def test_settled_peaks_are_folded_into_the_stage_row(
     engine, factory, make_run, register_worker, clock
 ):
