@@ -316,7 +316,7 @@ def record_samples(session: Session, attempt_id: int, *, fence: int, **measured:
     values = _measured_columns(measured)
     if not values:
         return False
-    current_fence = select(jobs.c.fence).where(jobs.c.id == attempts.c.job_id).scalar_subquery()
+    current_fence = statements.of_attempts_job(jobs.c.fence)
     changed = rowcount(
         session.execute(
             update(attempts)

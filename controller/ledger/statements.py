@@ -184,7 +184,9 @@ ATTEMPT_MOVE_RETURNING = (
 )
 
 
-def _of_job(column: Any) -> Any:
+def of_attempts_job(column: Any) -> Any:
+    """A column of an attempt's job, as a scalar subquery correlated to ``attempts``
+    (for a WHERE or RETURNING clause of a statement on the attempts table)."""
     return select(column).where(jobs.c.id == attempts.c.job_id).scalar_subquery()
 
 
@@ -192,10 +194,10 @@ def _of_job(column: Any) -> Any:
 # needs no read of its job afterwards: the job's stage, item, attempts so far and group,
 # and its run's config hash (one primary-key probe each, inside the same statement).
 ATTEMPT_JOB_CONTEXT = (
-    _of_job(jobs.c.stage).label("job_stage"),
-    _of_job(jobs.c.item_id).label("item_id"),
-    _of_job(jobs.c.attempt_count).label("attempt_count"),
-    _of_job(jobs.c.group_name).label("group_name"),
+    of_attempts_job(jobs.c.stage).label("job_stage"),
+    of_attempts_job(jobs.c.item_id).label("item_id"),
+    of_attempts_job(jobs.c.attempt_count).label("attempt_count"),
+    of_attempts_job(jobs.c.group_name).label("group_name"),
     select(runs.c.config_sha256)
     .where(runs.c.id == attempts.c.run_id)
     .scalar_subquery()

@@ -340,9 +340,7 @@ def _attempt_move(
             attempts.c.state.in_([bindparam(f"b_expected{i}") for i in range(expected)]),
         ]
         if fenced:
-            current_fence = (
-                select(jobs.c.fence).where(jobs.c.id == attempts.c.job_id).scalar_subquery()
-            )
+            current_fence = statements.of_attempts_job(jobs.c.fence)
             conditions += [
                 attempts.c.fence == bindparam("b_fence"),
                 current_fence == bindparam("b_fence"),
