@@ -204,6 +204,27 @@ def reap_orphans() -> int:
         reaped += 1
 
 
+def machine_ticks() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of every CPU of the machine since boot, from the first
+    line of /proc/stat (idle and iowait are not busy); None without /proc."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+def machine_busy(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float:
+    """The share of the machine's CPU time (all cores) that was busy between two
+    ``machine_ticks``: whatever ran, the benchmark's processes, a database server and
+    any other work alike; NaN without /proc."""
+    if before is None or after is None or after[1] == before[1]:
+        return float("nan")
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def proc_stat(pid: int) -> tuple[float, float, float] | None:
     """(own CPU seconds, waited-children CPU seconds, RSS MiB) from /proc/PID/stat."""
     try:

@@ -13,7 +13,10 @@ succeeded), with the load average when the row was measured. "write lock held ms
 median, over workers, of each worker's median time its transactions held the write lock
 per job claimed (settle included): every other writer waits while it is held, so
 1000 / that is the rate no number of machines can pass ("ceiling jobs/s"); on a 2-core
-machine the CPU is spent long before it.
+machine the CPU is spent long before it. "machine busy": the share of all the machine's
+cores that was busy during the row (``/proc/stat``: the workers, the database server and
+anything else running), so a rate that stops growing with workers can be told apart:
+the machine full (near 100 %) or a lock (well below).
 
     .venv/bin/python bench/bench_claim_race.py [--jobs 5000] [--workers 1,2,4,8,16]
         [--nodes each,one] [--postgres postgresql://postgres@127.0.0.1:5432/postgres]
@@ -30,7 +33,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from _common import int_list, parser, table, use_project
+from _common import int_list, machine_busy, machine_ticks, parser, table, use_project
 
 
 def main() -> None:
@@ -81,7 +84,9 @@ def main() -> None:
                             url = backends.database_url(name)
                         try:
                             load = os.getloadavg()[0]
+                            ticks = machine_ticks()
                             found = race(url, jobs=jobs, workers=workers, nodes=nodes)
+                            busy = machine_busy(ticks, machine_ticks())
                             counted = create_engine(
                                 url.replace("postgresql://", "postgresql+psycopg://")
                             )
@@ -116,6 +121,7 @@ def main() -> None:
                             str(attempts[0] - attempts[1]),
                             str(lost),
                             str(errors),
+                            f"{busy * 100:.0f} %",
                             f"{load:.1f}",
                         ]
                     )
@@ -124,7 +130,7 @@ def main() -> None:
         backends.drop_template()
     header = ["backend", "jobs", "workers", "nodes", "claims/s", "vs 1 worker", "worst claim ms"]
     header += ["write lock held ms/job", "ceiling jobs/s"]
-    print(table([*header, "duplicates", "lost", "errors", "load"], rows))
+    print(table([*header, "duplicates", "lost", "errors", "machine busy", "load"], rows))
 
 
 if __name__ == "__main__":

@@ -6,13 +6,16 @@ An in-process worker service and controller (as `laneway run` drives them) run N
 jobs on SQLite; a ``before_cursor_execute`` listener counts every statement the ledger
 is sent (claims, spawn records, settles, heartbeats, the controller's safety net and
 status snapshots), grouped by its first words, and a ``commit`` listener the commits.
-Prints, per size, the totals per attempt and the most frequent statements. No
-assertions (tests/integration/test_kernel_scale.py asserts what must not grow).
+Prints, per size, the totals per attempt and the most frequent statements. With
+``--postgres URL`` the ledger is a scratch database on that server (made and dropped
+here), so PostgreSQL's extra statements (its locks, its clock, its connection checks)
+are counted too. No assertions (tests/integration/test_kernel_scale.py asserts what must not grow).
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -69,10 +72,30 @@ def main() -> None:
     args = common.parser(__doc__ or "")
     args.add_argument("--sizes", type=common.int_list, default=[200, 1000])
     args.add_argument("--slots", type=int, default=2)
+    args.add_argument(
+        "--postgres",
+        default="",
+        help="count on a scratch database of this PostgreSQL server instead of SQLite "
+        "(e.g. postgresql://postgres@127.0.0.1:5432/postgres)",
+    )
     options = args.parse_args()
     common.use_project_and_say(options.project)
+    if options.postgres:
+        os.environ["LANEWAY_TEST_POSTGRES_URL"] = options.postgres
     for n in options.sizes:
-        counts, commits = count(n, options.slots)
+        if options.postgres:
+            from tests import backends
+
+            name = backends.create_database()
+            os.environ["LANEWAY_DATABASE_URL"] = backends.database_url(name)
+            try:
+                counts, commits = count(n, options.slots)
+            finally:
+                del os.environ["LANEWAY_DATABASE_URL"]
+                backends.drop_database(name)
+                backends.drop_template()
+        else:
+            counts, commits = count(n, options.slots)
         total = sum(counts.values())
         print(
             f"\nN = {n}, {options.slots} slots: {total / n:.1f} statements and "

@@ -30,7 +30,10 @@ fork+exec: what the launcher and supervisor add to the job's own start) and this
 process's own CPU per attempt (the worker's side of a spawn: not in the other figures).
 The laneway figure is split, from the launcher's ``/proc/PID/stat`` just before it is
 told to exit, into the launcher's own CPU (its start subtracted) and that of the
-supervisors it reaped (each with its job: a supervisor waits for its job).
+supervisors it reaped (each with its job: a supervisor waits for its job). "Supervisors
+alone" is an estimate of issue 22's figure (the supervisor's own CPU per attempt): that
+last share less the job's own CPU, taken as what bare posix_spawn's children cost in the
+same rep (a supervisor starts its job the same way, by ``vfork`` and ``exec``).
 
 Then fsyncs per attempt: ``--fsync-attempts`` more attempts through a launcher run
 under ``strace -f -y -e trace=fsync,fdatasync``, counted by the name of what was
@@ -352,6 +355,21 @@ def print_size(n: int, samples: dict[str, list[dict]], alone: list[float]) -> No
         [
             "  of which supervisors + jobs",
             common.fmt(per(samples["laneway"], "supervisors"), 3),
+            "",
+            "",
+            "",
+        ],
+        [
+            "  supervisors alone (est.)",
+            common.fmt(
+                [
+                    sup - job
+                    for sup, job in zip(
+                        per(samples["laneway"], "supervisors"), per(samples["spawn"]), strict=True
+                    )
+                ],
+                3,
+            ),
             "",
             "",
             "",
