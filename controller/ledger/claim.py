@@ -25,7 +25,7 @@ from laneway.controller.ledger import artifacts as artifact_ledger
 from laneway.controller.ledger import selection, statements
 from laneway.controller.ledger import usage as usage_ledger
 from laneway.controller.ledger.controls import pause_run, set_control
-from laneway.controller.ledger.snapshot import RunInfo, admission_snapshot
+from laneway.controller.ledger.snapshot import RunInfo, admission_snapshot, stoppers
 from laneway.controller.ledger.transitions import append_events, event_row, move_job
 from laneway.controller.states import (
     AttemptState,
@@ -233,13 +233,8 @@ def _look_again(
     for candidate in verdict.starts:
         if _spans_nodes(snapshot, jobs_by_id[candidate.job_id][1]):
             return True
-    if session.execute(statements.UNKNOWN_BY_RUN).first() is not None:
-        return True
-    controls = {
-        admission.ControlView(c.kind, c.scope, c.run_id, c.lane, c.reason)
-        for c in session.execute(statements.ACTIVE_CONTROLS).all()
-    }
-    return controls != set(snapshot.controls)
+    controls, unknown = stoppers(session)
+    return bool(unknown) or set(controls) != set(snapshot.controls)
 
 
 def _spans_nodes(snapshot: admission.Snapshot, run: RunInfo) -> bool:

@@ -136,7 +136,7 @@ def admission_snapshot(
     overrides the per-partition count): its lanes' stages without ``nodes``, and every
     lane's stages whose ``nodes`` name it.
     """
-    node_row = session.execute(statements.NODE_ROW, {"node": node}).first()
+    node_row = session.execute(statements.NODE_ROW_HELD, {"node": node}).first()
     if node_row is None:
         raise NotFound(f"node {node!r} is not in the ledger")
     run_infos, placed = node_run_infos(session, node)
@@ -181,7 +181,12 @@ def admission_snapshot(
 
     per_partition = limit if limit is not None else free_slots + 1
     ready_rows = _ready_rows(session, partitions, per_partition, job_id=job_id, lock=lock)
-    peaks = stage_peaks(session, run_ids)
+    # Peaks matter only to a stage that learns its memory or uses a GPU: no read for
+    # the rest (most stages), however many runs are active.
+    peaks = stage_peaks(
+        session,
+        sorted({job.run_id for job in ready_rows if _uses_peaks(run_infos[job.run_id], job.stage)}),
+    )
     budgets, spend = budget_state(session, run_infos)
     expected: dict[tuple[int, str], dict[str, tuple[float, str]]] = {}
     limit_costs: dict[tuple[int, str, str], dict[str, tuple[float, str]]] = {}
@@ -238,16 +243,17 @@ def admission_snapshot(
             running_lane_stage[(run_id, lane, stage_name)] += count
             running_stage[(run_id, stage_name)] += count
 
-    node_running = session.execute(statements.NODE_HELD, {"node": node}).scalar() or 0
-    # "Unreleased": the part of each live reservation its attempt has not yet grown into
-    # (free memory already shows what it uses). Never sampled: the whole reservation.
-    reserved = 0.0
+    node_running = node_row.held or 0
+    # "Unreleased" (statements.NODE_UNRELEASED), read with the node's row.
+    reserved = float(node_row.unreleased or 0.0)
+    has_gpu = node_row.gpu_total_mib is not None or bool(node_row.gpus)
     gpu_running_peaks: list[float | None] = []
     holders: dict[int, list[admission.Holder]] = {}
-    for memory_mib, gpu_mib, current_rss, run_id, stage_name, given in session.execute(
-        statements.NODE_RESERVATIONS, {"node": node}
-    ).all():
-        reserved += max(0.0, memory_mib - (current_rss or 0.0))
+    # Only a node with GPUs holds devices: who holds which is read there alone.
+    held_rows = (
+        session.execute(statements.NODE_RESERVATIONS, {"node": node}).all() if has_gpu else []
+    )
+    for _memory_mib, gpu_mib, _current_rss, run_id, stage_name, given in held_rows:
         if gpu_mib > 0 or given:
             if (run_id, stage_name) not in peaks:
                 peaks.update(stage_peaks(session, [run_id]))
@@ -258,13 +264,10 @@ def admission_snapshot(
                 holders.setdefault(int(device["index"]), []).append(
                     admission.Holder(bool(device.get("whole")), peak)
                 )
-    controls = [
-        admission.ControlView(c.kind, c.scope, c.run_id, c.lane, c.reason)
-        for c in session.execute(statements.ACTIVE_CONTROLS).all()
-    ]
+    controls, unknown = stoppers(session)
     unknown_runs: dict[int, int] = {}
     unknown_everywhere = 0
-    for run_id, count in session.execute(statements.UNKNOWN_BY_RUN).all():
+    for run_id, count in unknown.items():
         if run_id in run_infos:
             unknown_runs[run_id] = count
             scope = run_infos[run_id].config.unknown_scope
@@ -290,7 +293,7 @@ def admission_snapshot(
             mem_available_mib=mem,
             reserved_mib=reserved,
             running=node_running,
-            has_gpu=node_row.gpu_total_mib is not None or bool(node_row.gpus),
+            has_gpu=has_gpu,
             gpu_running_peaks=tuple(gpu_running_peaks),
             devices=node_devices(node_row, holders),
             **_gpu_capacity(node_row),
@@ -313,6 +316,27 @@ def admission_snapshot(
         ),
     )
     return snapshot, jobs_by_id
+
+
+def stoppers(session: Session) -> tuple[list[admission.ControlView], dict[int, int]]:
+    """What stops dispatch whatever the candidates, in one statement: the active
+    controls, and per run the number of attempts awaiting reconciliation."""
+    controls: list[admission.ControlView] = []
+    unknown: dict[int, int] = {}
+    for row in session.execute(statements.STOPPERS):
+        if row.unknown is None:
+            controls.append(
+                admission.ControlView(row.kind, row.scope, row.run_id, row.lane, row.reason)
+            )
+        else:
+            unknown[int(row.run_id)] = int(row.unknown)
+    return controls, unknown
+
+
+def _uses_peaks(info: RunInfo, stage_name: str) -> bool:
+    """Does admission read a stage's measured peaks (``reservation_mib``, GPU shares)?"""
+    stage = info.config.stage(stage_name)
+    return bool(stage.learn_memory or stage.gpu_mib or stage.gpus)
 
 
 def rate_windows(

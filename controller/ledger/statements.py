@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import (
+    Float,
+    Integer,
     and_,
     bindparam,
     case,
@@ -222,6 +224,24 @@ NODE_HELD = (
     )
 )
 
+# node_unreleased: the part of the node's live reservations their attempts have not
+# yet grown into (free memory already shows what they use), summed; never sampled:
+# the whole reservation.
+_UNRELEASED = reservations.c.memory_mib - func.coalesce(attempts.c.current_rss_mib, 0.0)
+NODE_UNRELEASED = (
+    select(func.sum(case((_UNRELEASED > 0, cast(_UNRELEASED, Float)), else_=cast(0.0, Float))))
+    .select_from(reservations.join(attempts, attempts.c.id == reservations.c.attempt_id))
+    .where(reservations.c.node == bindparam("node"), reservations.c.released_at.is_(None))
+)
+
+# node_row_held: node_row with node_held (``held``) and node_unreleased (``unreleased``)
+# beside it, for a claim's snapshot: one statement, not three.
+NODE_ROW_HELD = select(
+    nodes,
+    NODE_HELD.scalar_subquery().label("held"),
+    NODE_UNRELEASED.scalar_subquery().label("unreleased"),
+).where(nodes.c.name == bindparam("node"))
+
 # node_ports: ports held by the node's in-flight and unknown attempts.
 NODE_PORTS = select(attempts.c.ports).where(
     attempts.c.node == bindparam("node"),
@@ -229,7 +249,8 @@ NODE_PORTS = select(attempts.c.ports).where(
     attempts.c.state.in_([s.value for s in HELD_ATTEMPT_STATES]),
 )
 
-# node_reservations: the node's live reservations, with each attempt's current RSS.
+# node_reservations: the node's live reservations, with each attempt's current RSS (read
+# for a node with GPUs: who holds which device).
 NODE_RESERVATIONS = (
     select(
         reservations.c.memory_mib,
@@ -244,17 +265,29 @@ NODE_RESERVATIONS = (
     .where(reservations.c.node == bindparam("node"), reservations.c.released_at.is_(None))
 )
 
-# unknown_by_run: attempts awaiting reconciliation, per run.
-UNKNOWN_BY_RUN = (
-    select(attempts.c.run_id, func.count())
+# stoppers: what stops dispatch whatever the candidates, in one read per claim: every
+# control not yet cleared (``unknown`` NULL), and per run the number of attempts
+# awaiting reconciliation (a row with ``unknown`` set, its other columns NULL).
+STOPPERS = union_all(
+    select(
+        controls.c.kind,
+        controls.c.scope,
+        controls.c.run_id,
+        controls.c.lane,
+        controls.c.reason,
+        cast(literal(None), Integer).label("unknown"),
+    ).where(controls.c.cleared_at.is_(None)),
+    select(
+        literal(None),
+        literal(None),
+        attempts.c.run_id,
+        literal(None),
+        literal(None),
+        func.count(),
+    )
     .where(attempts.c.state == AttemptState.UNKNOWN.value)
-    .group_by(attempts.c.run_id)
+    .group_by(attempts.c.run_id),
 )
-
-# active_controls: every control not yet cleared.
-ACTIVE_CONTROLS = select(
-    controls.c.kind, controls.c.scope, controls.c.run_id, controls.c.lane, controls.c.reason
-).where(controls.c.cleared_at.is_(None))
 
 # stage_peaks: the measured peaks of the given runs' stages (one row per stage).
 STAGE_PEAKS = select(

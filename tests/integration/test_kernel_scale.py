@@ -212,6 +212,44 @@ def test_a_claim_writes_its_leases_and_reservations_in_one_statement_each(
             assert reservation.node == "n1" and reservation.released_at is None
 
 
+def test_a_claim_reads_peaks_only_for_a_stage_that_uses_them_and_its_stoppers_once(
+    engine, factory, make_run, register_worker, clock
+):
+    """A claim reads the node's held slots and unreleased memory with its row (a node
+    without GPUs reads no reservation rows), the active controls and the unknown
+    attempts in one statement, and a stage's measured peaks only when a stage to start
+    learns its memory: none for a plain stage, one read for a learning one."""
+
+    def reads(counted) -> dict[str, list[str]]:
+        selects = [sql for sql, n in counted.items() for _ in range(n) if sql.startswith("SELECT")]
+        return {
+            what: [sql for sql in selects if key in sql]
+            for what, key in (
+                ("node", "FROM nodes"),
+                ("controls", "FROM controls"),
+                ("peaks", "FROM stage_stats"),
+            )
+        }
+
+    make_run(make_config([py_stage("plain", "pass")], 1))
+    worker = register_worker()
+    with statements(engine) as plain:
+        assert len(claim_on_n1(factory, worker, clock)) == 1
+    learning = py_stage("learn", "pass", memory_mib=10, learn_memory=True)
+    make_run(make_config([learning], 1))
+    with statements(engine) as learn:
+        assert len(claim_on_n1(factory, worker, clock)) == 1
+    for counted, peaks in ((plain, 0), (learn, 1)):
+        seen = reads(counted)
+        (node,) = seen["node"]
+        assert "count(*)" in node  # the node's held slots, with its row
+        assert "sum(CASE" in node  # and its unreleased reservations: no GPU, no row read
+        assert not [sql for sql in counted if sql.startswith("SELECT reservations.")]
+        (stoppers,) = seen["controls"]
+        assert "UNION ALL" in stoppers and "attempts.state" in stoppers  # and unknown ones
+        assert len(seen["peaks"]) == peaks, counted
+
+
 def test_a_settle_reads_no_row_back(engine, factory, make_run, register_worker, clock):
     """What a settle needs of its job (stage, item, attempts so far, group) and of its run
     (the config hash) comes back with its compare-and-set on the attempt: it reads
@@ -311,3 +349,33 @@ def test_a_lane_with_ready_jobs_is_not_asked_whether_jobs_wait(
             )
         ]
     assert reasons[-1] == "needs_pending"
+
+
+def test_the_snapshot_counts_what_live_reservations_have_not_grown_into(
+    engine, factory, make_run, register_worker, clock
+):
+    """The node's unreleased memory, summed in the ledger with the node's row: a 1000
+    MiB reservation whose attempt uses 300 MiB holds 700 more; one whose attempt grew
+    past it (1200 MiB) holds none, never less; a released one nothing."""
+    from sqlalchemy import update
+
+    from laneway.controller.ledger.snapshot import admission_snapshot
+    from laneway.controller.models import Attempt
+
+    make_run(make_config([py_stage("big", "pass", memory_mib=1000)], 3))
+    worker = register_worker()
+    grown, growing, released = claim_on_n1(factory, worker, clock, slots=3)
+    with db.transaction(factory) as session:
+        for claim, rss in ((grown, 1200.0), (growing, 300.0)):
+            session.execute(
+                update(Attempt).where(Attempt.id == claim.attempt_id).values(current_rss_mib=rss)
+            )
+        session.execute(
+            update(Reservation)
+            .where(Reservation.attempt_id == released.attempt_id)
+            .values(released_at=clock.now())
+        )
+    with factory() as session:
+        snapshot, _ = admission_snapshot(session, node="n1", free_slots=1, mem=64_000.0)
+    assert snapshot.node.reserved_mib == 700.0
+    assert snapshot.node.running == 3  # a released reservation still holds its slot
