@@ -1,10 +1,11 @@
 """Claim: lease admissible jobs and commit their intents (invariant 1).
 
 One write transaction per claim, for all of the worker's free slots at once: build the
-admission snapshot (``controller.ledger.snapshot``), ask ``admission.admit``, then for
-each job to start move it to running with a new fence, insert the attempt (the intent,
-with a fresh idempotency key), its lease and its reservation, and record the decisions.
-The caller commits before anything is spawned.
+admission snapshot (``controller.ledger.snapshot``), ask ``admission.admit``, then move
+every job to start to running with a new fence (one statement), insert their attempts
+(the intents, each with a fresh idempotency key; one statement), their leases and their
+reservations (one each), and record the decisions. The caller commits before anything
+is spawned.
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ from laneway.controller.ledger import selection, statements
 from laneway.controller.ledger import usage as usage_ledger
 from laneway.controller.ledger.controls import pause_run, set_control
 from laneway.controller.ledger.snapshot import RunInfo, admission_snapshot, stoppers
-from laneway.controller.ledger.transitions import append_events, event_row, move_job
+from laneway.controller.ledger.transitions import append_events, event_row, start_jobs
 from laneway.controller.states import (
     AttemptState,
     ControlKind,
     ControlScope,
     EventKind,
-    JobState,
     Verdict,
 )
 
@@ -161,21 +161,42 @@ def claim_jobs(
     taken = _ports_in_use(session, node) if wants_ports else set()
     event_rows: list[dict[str, Any]] = []
     grants = Grants()
-    for candidate in verdict.starts:
-        job, run = jobs_by_id[candidate.job_id]
+    starts = [(candidate, *jobs_by_id[candidate.job_id]) for candidate in verdict.starts]
+    # Every job to start moves in one statement, every intent is inserted in one (per
+    # row shape), whatever the number of free slots.
+    fences = start_jobs(
+        session,
+        [(job.id, job.attempt_count + 1) for _, job, _ in starts],
+        now=now,
+        actor=worker_id,
+    )
+    intents = [
+        _intent(
+            job,
+            run,
+            fence=fences[job.id],
+            gpu_devices=[
+                {"index": d.index, "uuid": d.uuid, "whole": candidate.gpus > 0}
+                for d in verdict.devices.get(candidate.job_id, ())
+            ],
+            pick_ports=pick_ports,
+            taken_ports=taken,
+            worker_id=worker_id,
+            node=node,
+            now=now,
+            runtime_dir=runtime_dir,
+        )
+        for candidate, job, run in starts
+    ]
+    attempt_ids = _insert_intents(session, [intent.row for intent in intents])
+    for (candidate, _, _), intent, attempt_id in zip(starts, intents, attempt_ids, strict=True):
         claims.append(
             _grant(
                 session,
-                job,
-                run,
+                intent,
+                attempt_id,
                 memory_mib=candidate.memory_mib,
                 expected_usage=candidate.expected_usage,
-                gpu_devices=[
-                    {"index": d.index, "uuid": d.uuid, "whole": candidate.gpus > 0}
-                    for d in verdict.devices.get(candidate.job_id, ())
-                ],
-                pick_ports=pick_ports,
-                taken_ports=taken,
                 worker_id=worker_id,
                 node=node,
                 now=now,
@@ -334,37 +355,43 @@ class Grants:
                 session.execute(statements.INSERT_RESERVATION, rows)
 
 
-def _grant(
-    session: Session,
+@dataclass
+class _Intent:
+    """One job to start, rendered before its intent row is inserted."""
+
+    job: Any
+    run: RunInfo
+    stage: Any
+    number: int
+    fence: int
+    directory: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    render_error: str | None
+    key: str
+    ports: list[int] | None
+    gpu_devices: list[dict[str, Any]]
+    row: dict[str, Any]
+
+
+def _intent(
     job: Any,
     run: RunInfo,
     *,
-    memory_mib: float,
-    expected_usage: dict[str, float],
+    fence: int,
     gpu_devices: list[dict[str, Any]],
     pick_ports: PortPicker | None,
     taken_ports: set[int],
     worker_id: str,
     node: str,
     now: datetime,
-    lease_seconds: float,
-    event_rows: list[dict[str, Any]],
-    grants: Grants,
-    runtime_dir: str | None = None,
-) -> Claim:
+    runtime_dir: str | None,
+) -> _Intent:
+    """Render a job's command and build its intent row (its attempt, number
+    ``attempt_count + 1``, under the fence the job's move just gave it)."""
     stage = run.config.stage(job.stage)
     number = job.attempt_count + 1
-    moved = move_job(
-        session,
-        job.id,
-        JobState.READY,
-        JobState.RUNNING,
-        now=now,
-        actor=worker_id,
-        bump_fence=True,
-        attempt_count=number,
-    )
-    fence = moved.fence
     directory = launch.attempt_dir(
         runtime_dir or run.runtime_dir, run.id, job.item_key, job.stage, number
     )
@@ -388,27 +415,80 @@ def _grant(
         ports = pick_ports(stage.ports, taken_ports)
         taken_ports.update(ports)
     devices = {"gpu_devices": gpu_devices} if gpu_devices else {}  # else SQL NULL
-    attempt_id = session.execute(
-        statements.INSERT_ATTEMPT,
-        {
-            **devices,
-            "ports": ports,
-            "job_id": job.id,
-            "run_id": run.id,
-            "number": number,
-            "idempotency_key": key,
-            "state": AttemptState.INTENT,
-            "fence": fence,
-            "worker_id": worker_id,
-            "node": node,
-            "stage": job.stage,
-            "lane": job.lane,
-            "argv_hash": launch.argv_hash(argv, cwd),
-            "attempt_dir": directory,
-            "intent_at": now,
-            "diagnostics": [],
-        },
-    ).scalar_one()
+    row = {
+        **devices,
+        "ports": ports,
+        "job_id": job.id,
+        "run_id": run.id,
+        "number": number,
+        "idempotency_key": key,
+        "state": AttemptState.INTENT,
+        "fence": fence,
+        "worker_id": worker_id,
+        "node": node,
+        "stage": job.stage,
+        "lane": job.lane,
+        "argv_hash": launch.argv_hash(argv, cwd),
+        "attempt_dir": directory,
+        "intent_at": now,
+        "diagnostics": [],
+    }
+    return _Intent(
+        job,
+        run,
+        stage,
+        number,
+        fence,
+        directory,
+        argv,
+        env,
+        cwd,
+        render_error,
+        key,
+        ports,
+        gpu_devices,
+        row,
+    )
+
+
+def _insert_intents(session: Session, rows: list[dict[str, Any]]) -> list[int]:
+    """Insert the intent rows, one statement per row shape (a row without GPU devices
+    leaves the column out: SQL NULL, not JSON null); their ids, in the rows' order."""
+    shapes: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        shapes.setdefault(tuple(sorted(row)), []).append(row)
+    ids: dict[str, int] = {}
+    for shape in shapes.values():
+        for attempt_id, key in session.execute(statements.INSERT_ATTEMPT, shape):
+            ids[key] = int(attempt_id)
+    return [ids[row["idempotency_key"]] for row in rows]
+
+
+def _grant(
+    session: Session,
+    intent: _Intent,
+    attempt_id: int,
+    *,
+    memory_mib: float,
+    expected_usage: dict[str, float],
+    worker_id: str,
+    node: str,
+    now: datetime,
+    lease_seconds: float,
+    event_rows: list[dict[str, Any]],
+    grants: Grants,
+    runtime_dir: str | None = None,
+) -> Claim:
+    """What goes with an inserted intent: its inputs, lease, reservation, expected
+    usage and event; the claim the worker spawns from."""
+    job, run, stage, number, fence = (
+        intent.job,
+        intent.run,
+        intent.stage,
+        intent.number,
+        intent.fence,
+    )
+    key, ports = intent.key, intent.ports
     needs_outputs = [need for need in stage.needs if run.config.stage(need).outputs]
     inputs, input_problems = artifact_ledger.inputs_for(
         session, job_id=job.id, needs_outputs=needs_outputs
@@ -459,23 +539,23 @@ def _grant(
         item=job.item_key,
         stage=job.stage,
         lane=job.lane,
-        argv=argv,
-        env=env,
-        cwd=cwd,
+        argv=intent.argv,
+        env=intent.env,
+        cwd=intent.cwd,
         timeout_seconds=stage.timeout_seconds,
         grace_seconds=stage.grace_seconds,
-        attempt_dir=directory,
+        attempt_dir=intent.directory,
         log_cap_bytes=int(stage.log_cap_mib * 1024 * 1024),
         ports=list(ports or []),
         pass_env=list(stage.pass_env),
-        render_error=render_error,
+        render_error=intent.render_error,
         inputs=inputs,
         input_problems=input_problems,
         outputs=list(stage.outputs),
         artifact_store=launch.artifact_store_url(
             run.config.artifact_store, runtime_dir or run.runtime_dir
         ),
-        gpu_devices=gpu_devices,
+        gpu_devices=intent.gpu_devices,
     )
 
 

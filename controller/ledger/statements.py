@@ -166,8 +166,28 @@ RUNNING_BY_LANE_STAGE = (
 
 # -- attempts, leases, reservations
 
-# insert_attempt: the intent row (invariant 1), returning its id.
-INSERT_ATTEMPT = insert(attempts).returning(attempts.c.id)
+# insert_attempt: the intent rows of a claim (invariant 1), one statement for all of a
+# shape, returning each id with its idempotency key (unique: what maps an id to its row,
+# as a multi-row insert's RETURNING keeps no order).
+INSERT_ATTEMPT = insert(attempts).returning(attempts.c.id, attempts.c.idempotency_key)
+
+# start_jobs: a claim's jobs ready -> running in one statement, each fence bumped (its
+# new lease's) and its attempt count raised by one (the intent's number).
+START_JOBS = (
+    update(jobs)
+    .where(
+        jobs.c.id.in_(bindparam("b_ids", expanding=True)),
+        jobs.c.state == JobState.READY.value,
+    )
+    .values(
+        state=JobState.RUNNING.value,
+        updated_at=bindparam("b_now"),
+        state_reason=None,
+        fence=jobs.c.fence + 1,
+        attempt_count=jobs.c.attempt_count + 1,
+    )
+    .returning(jobs.c.id, jobs.c.run_id, jobs.c.fence, jobs.c.attempt_count)
+)
 
 # insert_lease / insert_reservation: granted in the same transaction as the intent.
 INSERT_LEASE = insert(leases)

@@ -214,6 +214,43 @@ def move_job(
     return row
 
 
+def start_jobs(
+    session: Session, wanted: list[tuple[int, int]], *, now: datetime, actor: str
+) -> dict[int, int]:
+    """Move a claim's jobs ``ready -> running`` in one statement and log their events:
+    ``wanted`` is each (job id, the number of the attempt it starts). Returns each job's
+    new fence. Raises IllegalTransition when one of them was no longer ready, or had
+    started another attempt meanwhile (the claim read them under its locks: a bug)."""
+    if not wanted:
+        return {}
+    rows = {
+        row.id: row
+        for row in session.execute(
+            statements.START_JOBS, {"b_ids": [job_id for job_id, _ in wanted], "b_now": now}
+        )
+    }
+    for job_id, number in wanted:
+        row = rows.get(job_id)
+        if row is None or row.attempt_count != number:
+            raise IllegalTransition(
+                f"job {job_id} is no longer ready for its attempt {number}; cannot start it"
+            )
+    append_events(
+        session,
+        [
+            event_row(
+                JOB_EVENT[JobState.RUNNING],
+                actor=actor,
+                now=now,
+                run_id=rows[job_id].run_id,
+                job_id=job_id,
+            )
+            for job_id, _ in wanted
+        ],
+    )
+    return {job_id: int(rows[job_id].fence) for job_id, _ in wanted}
+
+
 def move_attempt(
     session: Session,
     attempt_id: int,

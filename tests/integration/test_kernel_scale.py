@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from laneway.controller import db, ledger, ledger_open
 from laneway.controller.daemon import Controller, ControllerReport
-from laneway.controller.models import Decision, Job, Lease, Reservation, StageStats
+from laneway.controller.models import Attempt, Decision, Job, Lease, Reservation, StageStats
 from laneway.controller.states import JobState, Outcome
 from tests import backends
 from tests.support import claim_on_n1, make_config, py_stage, settle_one, statements
@@ -187,23 +187,37 @@ def test_a_tick_reads_backoffs_and_closeouts_only_after_events_that_change_them(
     assert "retry_after" in read and report.promoted == 1
 
 
-def test_a_claim_writes_its_leases_and_reservations_in_one_statement_each(
+def test_a_claim_writes_its_grants_in_one_statement_per_table(
     engine, factory, make_run, register_worker, clock
 ):
-    """Three grants: an intent each (its id is needed at once), but one insert of the
-    three leases and one of the three reservations, each row bound to its attempt."""
+    """Three grants: one move of the three jobs, one insert of the three intents, one
+    of the three leases and one of the three reservations, each row bound to its own
+    job and attempt."""
     make_run(make_config([py_stage("only", "pass")], 3))
     worker = register_worker()
     with statements(engine) as counted:
         claims = claim_on_n1(factory, worker, clock, slots=3)
     assert len(claims) == 3
-    inserts = {
-        table: sum(n for sql, n in counted.items() if sql.startswith(f"INSERT INTO {table} "))
-        for table in ("attempts", "leases", "reservations")
+    writes = {
+        table: sum(n for sql, n in counted.items() if sql.startswith(table))
+        for table in (
+            "UPDATE jobs ",
+            "INSERT INTO attempts ",
+            "INSERT INTO leases ",
+            "INSERT INTO reservations ",
+        )
     }
-    assert inserts == {"attempts": 3, "leases": 1, "reservations": 1}
+    assert set(writes.values()) == {1}, writes
     with factory() as session:
         for claim in claims:
+            attempt = session.get(Attempt, claim.attempt_id)
+            job = session.get(Job, claim.job_id)
+            assert (attempt.job_id, attempt.idempotency_key) == (
+                claim.job_id,
+                claim.idempotency_key,
+            )
+            assert (attempt.number, attempt.fence) == (job.attempt_count, job.fence)
+            assert (job.state, claim.fence) == (JobState.RUNNING, job.fence)
             lease = session.scalars(select(Lease).where(Lease.attempt_id == claim.attempt_id)).one()
             assert (lease.job_id, lease.fence) == (claim.job_id, claim.fence)
             reservation = session.scalars(
