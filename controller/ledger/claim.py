@@ -355,7 +355,7 @@ class Grants:
                 session.execute(statements.INSERT_RESERVATION, rows)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Intent:
     """One job to start, rendered before its intent row is inserted."""
 

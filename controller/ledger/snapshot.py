@@ -253,7 +253,7 @@ def admission_snapshot(
     held_rows = (
         session.execute(statements.NODE_RESERVATIONS, {"node": node}).all() if has_gpu else []
     )
-    for _memory_mib, gpu_mib, _current_rss, run_id, stage_name, given in held_rows:
+    for gpu_mib, run_id, stage_name, given in held_rows:
         if gpu_mib > 0 or given:
             if (run_id, stage_name) not in peaks:
                 peaks.update(stage_peaks(session, [run_id]))

@@ -269,13 +269,11 @@ NODE_PORTS = select(attempts.c.ports).where(
     attempts.c.state.in_([s.value for s in HELD_ATTEMPT_STATES]),
 )
 
-# node_reservations: the node's live reservations, with each attempt's current RSS (read
-# for a node with GPUs: who holds which device).
+# node_reservations: the node's live reservations with their GPU share and devices
+# (read for a node with GPUs: who holds which device).
 NODE_RESERVATIONS = (
     select(
-        reservations.c.memory_mib,
         reservations.c.gpu_mib,
-        attempts.c.current_rss_mib,
         attempts.c.run_id,
         jobs.c.stage,
         attempts.c.gpu_devices,
