@@ -8,6 +8,8 @@ them:
 - ``worker_after_intent_commit`` — claim + intent committed, nothing spawned;
 - ``supervisor_after_spawn`` — the supervisor dies with its child running;
 - ``worker_after_spawn_before_identity`` — supervisor running, identity not recorded;
+- ``worker_after_receipt_before_identity`` — the supervisor's report read and its
+  receipt.json written, the identity waiting for the worker's next write;
 - ``supervisor_before_exit_record`` — the child exited, exit.json not yet written;
 - ``worker_after_store_before_settle`` — a succeeded attempt's outputs are in the
   artifact store, the settle that records them not begun;

@@ -47,7 +47,7 @@ from laneway.controller.durable import make_private_dir, write_json
 from laneway.controller.errors import CommitOutcomeUnknown, LedgerUnavailable
 from laneway.controller.models import Attempt, Job
 from laneway.controller.notify import Notifier
-from laneway.controller.states import EventKind
+from laneway.controller.states import AttemptState, EventKind
 from laneway.controller.status import build_status
 from laneway.controller.status_nodes import LOST_AFTER_SECONDS
 from laneway.controller.watch import ChangeWatch
@@ -565,6 +565,16 @@ def _settle_from_exit_record(
     lost). True if settled."""
     if judged is None or judged.verdict.outcome is None:
         return False
+    if attempt.state == AttemptState.INTENT:
+        # Its identity was waiting for the settle its worker never wrote.
+        ledger.record_spawn_from_exit(
+            session,
+            attempt.id,
+            fence=attempt.fence,
+            actor=ACTOR,
+            now=now,
+            exit_record=judged.exit_record,
+        )
     ledger.settle_from_verdict(
         session,
         attempt.id,

@@ -42,7 +42,7 @@ class Finishing:
 
     def finished(self) -> list[tuple[int, InFlight]]:
         """In-flight attempts whose supervisor has exited (its exit record is written)."""
-        self.worker.spawning.record_reports()
+        self.worker.spawning.read_reports()
         finished = []
         for attempt_id, flight in list(self.worker.in_flight.items()):
             if flight.awaiting_report:
@@ -163,11 +163,12 @@ class Finishing:
 
     def judge_all(self, finished: list[tuple[int, InFlight]]) -> list[tuple[int, InFlight, Judged]]:
         """The verdict on each finished attempt, read before the settle's transaction
-        begins; one already unknown in the ledger is only forgotten."""
+        begins; one already unknown in the ledger, or marked so with its identity (its
+        receipt could not be saved), is only forgotten."""
         return [
             (attempt_id, flight, self.judge(flight))
             for attempt_id, flight in finished
-            if not flight.marked_unknown
+            if not flight.marked_unknown and flight.receipt_error is None
         ]
 
     def settle(

@@ -39,7 +39,14 @@ class InFlight:
     """Values redacted from its result before the result reaches the ledger."""
     result_requirement: Literal["optional", "required"] = "optional"
     unrecorded_report: dict[str, Any] | None = None
-    """Its supervisor's report, read but not yet in the ledger (the write failed)."""
+    """Its supervisor's report, read but not yet in the ledger (it waits for the
+    worker's next write, ``Spawning.write_identities``, or that write failed)."""
+    reported_at: float = 0.0
+    """When the report was read (``time.monotonic``): its ``started_at`` and how long it
+    has waited to be recorded."""
+    receipt_error: str | None = None
+    """Why its ``receipt.json`` could not be saved: it is marked unknown as its identity
+    is recorded."""
     oom_kills_at_start: int | None = None
     """The worker cgroup's OOM kill count as it started (None: unknown; ``workers.oom``)."""
     free_before_exit: float | None = None

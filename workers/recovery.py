@@ -221,6 +221,16 @@ class Recovery:
                     result=judged.result,
                 )
                 return f"{label}: unknown ({verdict.reason})"
+            if attempt.state == AttemptState.INTENT:
+                # Its identity was waiting for the settle its worker never wrote.
+                ledger.record_spawn_from_exit(
+                    session,
+                    attempt.id,
+                    fence=fence,
+                    actor=self.worker.worker_id,
+                    now=now,
+                    exit_record=judged.exit_record,
+                )
             ledger.settle_from_verdict(
                 session,
                 attempt.id,

@@ -62,7 +62,7 @@ from laneway.workers.jobenv import missing_variables
 from laneway.workers.ports import free_ports
 from laneway.workers.recovery import Recovery
 from laneway.workers.sampler import Sampler
-from laneway.workers.spawning import LAUNCHER_ENV, Launcher, Spawning
+from laneway.workers.spawning import IDENTITY_WAIT_SECONDS, LAUNCHER_ENV, Launcher, Spawning
 
 MIB = 1024 * 1024
 
@@ -101,6 +101,7 @@ class WorkerService:
         sample_flush_seconds: float = 5.0,
         runtime_dir: str | os.PathLike[str] | None = None,
         oom_counter: oom_watch.OomCounter | None = None,
+        identity_wait_seconds: float = IDENTITY_WAIT_SECONDS,
     ) -> None:
         self.engine = engine
         self.runtime_dir = None if runtime_dir is None else str(Path(runtime_dir).resolve())
@@ -113,6 +114,9 @@ class WorkerService:
         self.lease_seconds = lease_seconds
         self.heartbeat_seconds = heartbeat_seconds
         self.rescan_seconds = rescan_seconds
+        self.identity_wait_seconds = identity_wait_seconds
+        """How long a supervisor's report may wait for the next settle or claim to carry
+        its identity into the ledger before it is recorded in a transaction of its own."""
         self.memory_probe = memory_probe
         self._last_available: float | None = None
         """Free memory (MiB) at the last probe: evidence when an attempt is OOM-killed."""
@@ -203,9 +207,15 @@ class WorkerService:
         return self.recovery.recover()
 
     def stop(self) -> None:
-        """Record a clean exit (call after ``drain``) and let the launcher go."""
+        """Record a clean exit (call after ``drain``) and let the launcher go. Identities
+        read and not yet recorded go with it (a worker that leaves its attempts running
+        leaves them recorded)."""
+        self.spawning.read_reports()
         with db.transaction(self.factory) as session:
-            ledger.stop_worker(session, self.worker_id, now=db.ledger_now(session, self.clock))
+            now = db.ledger_now(session, self.clock)
+            identities = self.spawning.write_identities(session, now)
+            ledger.stop_worker(session, self.worker_id, now=now)
+        self.spawning.identities_recorded(identities)
         self.watch.close()
         if self.launcher is not None:
             self.launcher.close()
@@ -245,6 +255,8 @@ class WorkerService:
             report.claimed = len(claims)
             if claims:
                 self.spawning.spawn_all(claims)
+        else:
+            self.spawning.record_due()
         if finished:
             self._periodic()  # after the refill: a freed slot never waits for it
         report.in_flight = len(self.in_flight)
@@ -474,11 +486,20 @@ class WorkerService:
         late = free > 0 and not db.is_sqlite(self.engine)
         outcomes: list[str] = []
         settled_failures: list[InFlight] = []
+        identities: list[InFlight] = []
         if late and finished:
             with db.transaction(self.factory) as session:
+                identities = self.spawning.write_identities(
+                    session, db.ledger_now(session, self.clock)
+                )
                 outcomes, settled_failures = self._settle(session, classified)
+            self.spawning.identities_recorded(identities)
             self._settled(finished, classified, settled_failures)
             finished = []
+        elif late:
+            # A PostgreSQL claim writes nothing before its write lock (docs/deploy.md):
+            # identities go in their own transaction when due, or with the next settle.
+            self.spawning.record_due()
         claims: list[ledger.Claim] = []
         writing = (
             db.claim_transaction(self.factory, node=self.node)
@@ -486,6 +507,10 @@ class WorkerService:
             else db.transaction(self.factory)
         )
         with writing as session:
+            if not late:
+                identities = self.spawning.write_identities(
+                    session, db.ledger_now(session, self.clock)
+                )
             if finished:
                 outcomes, settled_failures = self._settle(session, classified)
             if free > 0:
@@ -514,6 +539,8 @@ class WorkerService:
                 self._seen_event = (
                     written if written is not None and not late else ledger.latest_event_id(session)
                 )
+        if not late:
+            self.spawning.identities_recorded(identities)
         if finished:
             self._settled(finished, classified, settled_failures)
         if free > 0:
@@ -550,6 +577,7 @@ class WorkerService:
         """Settle what finished, claiming nothing (draining)."""
         finished = self.finishing.finished()
         if not finished:
+            self.spawning.record_due()
             return 0, []
         settled, outcomes, _ = self._settle_and_claim(finished, 0)
         return settled, outcomes

@@ -4,8 +4,11 @@ against its recorded sha256), its environment built (``workers.jobenv``), and it
 supervisor started: forked by the warm launcher (``workers.launcher``), or by exec when
 the launcher cannot be reached or the ``spawn`` seam says ``exec`` (``workers.seams``:
 macOS, or the portable paths forced on Linux). Each supervisor reports its child's identity on its
-stdout; ``record_reports`` records those identities in one transaction and writes each
-``receipt.json``. An attempt that cannot start is settled without a spawn.
+stdout; ``read_reports`` reads those reports and writes each ``receipt.json``, and the
+identities go into the ledger with the worker's next write transaction (its settle or
+claim: ``write_identities``), or in one of their own once they have waited
+``identity_wait_seconds`` (``record_due``). An attempt that cannot start is settled
+without a spawn.
 
 ``Spawning`` is one part of ``workers.service.WorkerService``: it reads the worker's
 identity, clock, ledger, launcher and stage rules from it, and hands each started
@@ -20,8 +23,9 @@ import select
 import selectors
 import socket
 import subprocess
+import time
 import weakref
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +34,7 @@ from laneway.controller.attempt import artifacts
 from laneway.controller.clock import iso
 from laneway.controller.crashpoints import crash_point
 from laneway.controller.durable import write_json
+from laneway.controller.errors import StaleLease
 from laneway.controller.states import Outcome
 from laneway.workers import launcher as launcher_module
 from laneway.workers import seams
@@ -38,7 +43,16 @@ from laneway.workers.flight import InFlight, LaunchedSupervisor
 from laneway.workers.jobenv import SecretMissing, job_environment, secret_values
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from laneway.workers.service import WorkerService
+
+IDENTITY_WAIT_SECONDS = 0.25
+"""How long an identity read from a supervisor's report may wait for the worker's next
+settle or claim to carry it (``WorkerService.identity_wait_seconds``): a short attempt's
+identity, settle and the claim of its successor then share one commit. Recovery finds a
+supervisor whose identity is not yet recorded by its attempt directory
+(``workers.recovery.find_supervisor``), as after a crash right after the spawn."""
 
 LAUNCHER_ENV = seams.LAUNCHER_ENV
 """Set to 0 to start every supervisor by exec instead of forking it from the launcher."""
@@ -127,16 +141,16 @@ def visible_devices(given: list[dict[str, Any]]) -> dict[str, str]:
 
 class Spawning:
     """Start the supervisors of claimed attempts (``spawn_all``) and record who they are
-    (``record_reports``)."""
+    (``read_reports``, ``write_identities``)."""
 
     def __init__(self, worker: WorkerService) -> None:
         self.worker = worker
 
     def spawn_all(self, claims: list[ledger.Claim]) -> None:
         """Start every claimed attempt's supervisor. Each reports its child's identity
-        on its stdout when the child has started; ``record_reports`` records the
-        identities (one transaction for all that are in) without waiting for slow ones,
-        so a starting supervisor never holds up a slot that is free."""
+        on its stdout when the child has started; ``read_reports`` reads what is in
+        without waiting for slow ones, so a starting supervisor never holds up a slot
+        that is free, and the identities are recorded with the worker's next write."""
         for claim in claims:
             if claim.render_error is not None:
                 self.settle_without_spawn(claim, claim.render_error)
@@ -171,11 +185,13 @@ class Spawning:
                 supervisor.stdout, selectors.EVENT_READ, claim.attempt_id
             )
         crash_point("worker_after_spawn_before_identity")
-        self.record_reports()
+        self.read_reports()
 
-    def record_reports(self) -> int:
-        """Record the identity of every supervisor whose report is in (or that exited
-        without one), then write their receipts. Never blocks on a slow supervisor."""
+    def read_reports(self) -> None:
+        """Read every supervisor report that has arrived (or the end of a supervisor that
+        exited without one) and write its ``receipt.json`` at once; the ledger write waits
+        for the worker's next transaction (``write_identities``). Never blocks on a slow
+        supervisor."""
         waiting = {
             flight.supervisor.stdout: flight
             for flight in self.worker.in_flight.values()
@@ -184,6 +200,9 @@ class Spawning:
             and flight.supervisor.stdout is not None
         }
         ready, _, _ = select.select(list(waiting), [], [], 0) if waiting else ([], [], [])
+        if not ready:
+            return
+        boot = identity.boot_id()
         for stream in ready:
             flight = waiting[stream]
             line = stream.readline()  # one write of one line: never a partial read
@@ -191,38 +210,101 @@ class Spawning:
             stream.close()
             flight.awaiting_report = False
             try:
-                flight.unrecorded_report = json.loads(line) if line else {}
+                reported = json.loads(line) if line else {}
             except json.JSONDecodeError:
-                flight.unrecorded_report = {}
-        # Reports read earlier whose write failed (the ledger was unreachable) go too.
-        identities = [
-            (flight, flight.unrecorded_report)
+                reported = {}
+            flight.unrecorded_report = reported if isinstance(reported, dict) else {}
+            flight.reported_at = time.monotonic()
+            flight.receipt_error = self.write_receipt(
+                flight.claim, flight.supervisor.pid, flight.unrecorded_report, boot
+            )
+        crash_point("worker_after_receipt_before_identity")
+
+    def identities_due(self) -> bool:
+        """Must the reports read so far be recorded now, in a transaction of their own?
+        Yes for one that has waited ``worker.identity_wait_seconds`` for the worker's
+        next write to carry it, and for one whose receipt could not be saved (that
+        attempt is unknown at once)."""
+        oldest = time.monotonic() - self.worker.identity_wait_seconds
+        return any(
+            flight.unrecorded_report is not None
+            and (flight.receipt_error is not None or flight.reported_at <= oldest)
             for flight in self.worker.in_flight.values()
-            if flight.unrecorded_report is not None
-        ]
-        if not identities:
-            return 0
+        )
+
+    def write_identities(self, session: Session, now: datetime) -> list[InFlight]:
+        """Record every identity read and not yet in the ledger, in the caller's
+        transaction and before anything else it writes of those attempts (an attempt is
+        never settled before its identity is recorded): ``intent -> running`` with the
+        time the report was read as ``started_at``. One whose receipt could not be saved
+        is then marked unknown (fail closed: without its claim evidence on disk an
+        operator reconciles it from exit.json). One whose lease was revoked meanwhile
+        is refused before it writes and leaves the rest of the transaction as it is.
+        Returns the flights written; ``identities_recorded`` after the commit."""
+        pending = [f for f in self.worker.in_flight.values() if f.unrecorded_report is not None]
+        if not pending:
+            return []
         boot = identity.boot_id()
-        with db.transaction(self.worker.factory) as session:
-            now = db.ledger_now(session, self.worker.clock)
-            for flight, reported in identities:
-                ledger.record_spawn(
+        at = time.monotonic()
+        for flight in pending:
+            reported = flight.unrecorded_report or {}
+            try:
+                with ledger.refused_before_writing(session):
+                    ledger.record_spawn(
+                        session,
+                        flight.claim.attempt_id,
+                        fence=flight.claim.fence,
+                        actor=self.worker.worker_id,
+                        now=now,
+                        started_at=now - timedelta(seconds=max(0.0, at - flight.reported_at)),
+                        boot_id=boot,
+                        supervisor_pid=flight.supervisor.pid,
+                        supervisor_start_time=getattr(flight.supervisor, "start_time", None)
+                        or identity.process_start_time(flight.supervisor.pid),
+                        child_pid=reported.get("child_pid"),
+                        child_start_time=reported.get("child_start_time"),
+                    )
+            except StaleLease:
+                # Revoked while it started (its lease expired): not ours to record; its
+                # settle will be refused the same way when its supervisor exits.
+                continue
+            if flight.receipt_error is not None:
+                ledger.mark_unknown(
                     session,
                     flight.claim.attempt_id,
-                    fence=flight.claim.fence,
+                    reason=flight.receipt_error,
                     actor=self.worker.worker_id,
                     now=now,
-                    boot_id=boot,
-                    supervisor_pid=flight.supervisor.pid,
-                    supervisor_start_time=getattr(flight.supervisor, "start_time", None)
-                    or identity.process_start_time(flight.supervisor.pid),
-                    child_pid=reported.get("child_pid"),
-                    child_start_time=reported.get("child_start_time"),
+                    fence=flight.claim.fence,
                 )
-        for flight, reported in identities:
+        return pending
+
+    def identities_recorded(self, written: list[InFlight]) -> None:
+        """After the commit that carried ``write_identities``."""
+        for flight in written:
             flight.unrecorded_report = None
-            self.write_receipt(flight.claim, flight.supervisor.pid, reported, boot, now)
-        return len(identities)
+            if flight.receipt_error is not None:
+                flight.marked_unknown = True
+
+    def record_reports(self) -> int:
+        """Read the reports that are in and record every identity read, now, in one
+        transaction of its own. Returns how many were recorded."""
+        self.read_reports()
+        return self._record_read()
+
+    def record_due(self) -> int:
+        """Read the reports that are in; record them now if ``identities_due``. Returns
+        how many were recorded."""
+        self.read_reports()
+        return self._record_read() if self.identities_due() else 0
+
+    def _record_read(self) -> int:
+        if not any(f.unrecorded_report is not None for f in self.worker.in_flight.values()):
+            return 0
+        with db.transaction(self.worker.factory) as session:
+            written = self.write_identities(session, db.ledger_now(session, self.worker.clock))
+        self.identities_recorded(written)
+        return len(written)
 
     def start_supervisor(
         self, claim: ledger.Claim
@@ -305,8 +387,12 @@ class Spawning:
         supervisor_pid: int,
         reported: dict[str, Any],
         boot: str,
-        now: datetime,
-    ) -> None:
+    ) -> str | None:
+        """Write the attempt's ``receipt.json`` (claim evidence: who started what, as the
+        supervisor reported it), before its identity reaches the ledger. Returns None, or
+        why it could not be saved: the attempt is then marked unknown with its identity
+        (fail closed; the supervisor runs on and its exit.json is there to reconcile
+        from)."""
         receipt = {
             "schema": 1,
             "run_id": claim.run_id,
@@ -327,28 +413,16 @@ class Spawning:
             "child_pid": reported.get("child_pid"),
             "child_start_time": reported.get("child_start_time"),
             "spawn_error": reported.get("error"),
-            "recorded_at": iso(now),
+            "recorded_at": iso(self.worker.clock.now()),
         }
         try:
             write_json(Path(claim.attempt_dir) / "receipt.json", receipt)
         except OSError as exc:
-            # Fail closed: without its claim evidence on disk the attempt is unknown and the
-            # run stops dispatching until an operator reconciles it. The supervisor runs on
-            # and its exit.json will be there to reconcile from.
-            reason = (
+            return (
                 f"receipt.json could not be saved ({exc.strerror or exc}); the command runs "
                 "on under its supervisor: reconcile it from exit.json when it ends"
             )
-            with db.transaction(self.worker.factory) as session:
-                ledger.mark_unknown(
-                    session,
-                    claim.attempt_id,
-                    reason=reason,
-                    actor=self.worker.worker_id,
-                    now=now,
-                    fence=claim.fence,
-                )
-            self.worker.in_flight[claim.attempt_id].marked_unknown = True
+        return None
 
     def make_attempt_dir(self, claim: ledger.Claim) -> str | None:
         """Create the attempt's directory, which must not exist yet: the job of another

@@ -8,7 +8,7 @@ and the circuit breakers are applied (invariant 11).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
@@ -48,8 +48,11 @@ def record_spawn(
     supervisor_start_time: int | None,
     child_pid: int | None,
     child_start_time: int | None,
+    started_at: datetime | None = None,
 ) -> None:
-    """Intent -> running: the supervisor (and child) identity is now in the ledger."""
+    """Intent -> running: the supervisor (and child) identity is now in the ledger.
+    ``started_at``: when the worker read the supervisor's report, if that was before
+    ``now`` (the worker records identities with its next write)."""
     move_attempt(
         session,
         attempt_id,
@@ -59,7 +62,7 @@ def record_spawn(
         actor=actor,
         fence=fence,
         values={
-            "started_at": now,
+            "started_at": now if started_at is None else min(started_at, now),
             "boot_id": boot_id,
             "supervisor_pid": supervisor_pid,
             "supervisor_start_time": supervisor_start_time,
@@ -68,6 +71,53 @@ def record_spawn(
         },
         event_detail={"supervisor_pid": supervisor_pid, "child_pid": child_pid},
     )
+
+
+def record_spawn_from_exit(
+    session: Session,
+    attempt_id: int,
+    *,
+    fence: int,
+    actor: str,
+    now: datetime,
+    exit_record: dict[str, Any] | None,
+) -> bool:
+    """Intent -> running from the attempt's exit record, for an attempt settled while
+    its identity was still waiting for its worker's next write (the worker died first):
+    the supervisor wrote who it and the child were, and when the child started. Values
+    of the wrong type are left out; no supervisor pid, no write. True if recorded."""
+    record = exit_record or {}
+
+    def whole(key: str) -> int | None:
+        value = record.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    supervisor_pid = whole("supervisor_pid")
+    boot = record.get("boot_id")
+    if supervisor_pid is None or supervisor_pid <= 0 or not isinstance(boot, str):
+        return False
+    started_at = None
+    if isinstance(record.get("started_at"), str):
+        try:
+            started_at = datetime.fromisoformat(record["started_at"]).astimezone(UTC)
+        except ValueError:
+            started_at = None
+        if started_at is not None and now.tzinfo is None:
+            started_at = started_at.replace(tzinfo=None)  # the ledger's naive UTC
+    record_spawn(
+        session,
+        attempt_id,
+        fence=fence,
+        actor=actor,
+        now=now,
+        boot_id=boot[:64],
+        supervisor_pid=supervisor_pid,
+        supervisor_start_time=whole("supervisor_start_time"),
+        child_pid=whole("child_pid"),
+        child_start_time=whole("child_start_time"),
+        started_at=started_at,
+    )
+    return True
 
 
 def settle_attempt(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -111,6 +111,59 @@ def test_expired_lease_with_exit_record_is_settled_not_unknown(
     Controller(engine, clock=clock, lost_after_seconds=3600).tick(clock.now())
     attempt = attempt_row(factory, claim.attempt_id)
     assert attempt.outcome == "succeeded" and "settled by the controller" in attempt.state_reason
+
+
+def test_an_intent_settled_from_its_exit_record_gets_its_identity_from_it(
+    engine, factory, make_run, register_worker, clock
+):
+    """Its worker died with the identity still waiting for the settle it never wrote:
+    the exit record names the supervisor and the child, and when the child started."""
+    make_run(make_config())
+    worker = register_worker()
+    claim = claim_one(factory, worker, clock, spawn=False)  # intent
+    record = {
+        "exit_code": 0,
+        "supervisor_pid": 4321,
+        "supervisor_start_time": 99,
+        "boot_id": "boot-x",
+        "child_pid": 4322,
+        "child_start_time": 100,
+        "started_at": "2026-01-01T00:00:01.500Z",
+    }
+    (Path(claim.attempt_dir) / "exit.json").write_text(json.dumps(record))
+    clock.advance(120)
+    Controller(engine, clock=clock, lost_after_seconds=3600).tick(clock.now())
+    attempt = attempt_row(factory, claim.attempt_id)
+    assert attempt.outcome == "succeeded" and attempt.boot_id == "boot-x"
+    assert (attempt.supervisor_pid, attempt.supervisor_start_time) == (4321, 99)
+    assert (attempt.child_pid, attempt.child_start_time) == (4322, 100)
+    assert attempt.started_at.replace(tzinfo=None) == datetime(2026, 1, 1, 0, 0, 1, 500000)
+
+
+@pytest.mark.parametrize(
+    ("identity", "recorded_pid"),
+    [
+        ({}, None),
+        ({"supervisor_pid": "4321", "boot_id": "b"}, None),
+        ({"supervisor_pid": True, "boot_id": "b"}, None),
+        ({"supervisor_pid": 4321, "boot_id": 7}, None),
+        ({"supervisor_pid": -1, "boot_id": "b"}, None),
+        ({"supervisor_pid": 4321, "boot_id": "b", "child_pid": "x", "started_at": "soon"}, 4321),
+    ],
+)
+def test_an_exit_records_odd_identity_is_left_out_and_the_settle_stands(
+    engine, factory, make_run, register_worker, clock, identity, recorded_pid
+):
+    make_run(make_config())
+    worker = register_worker()
+    claim = claim_one(factory, worker, clock, spawn=False)  # intent
+    (Path(claim.attempt_dir) / "exit.json").write_text(json.dumps({"exit_code": 0, **identity}))
+    clock.advance(120)
+    Controller(engine, clock=clock, lost_after_seconds=3600).tick(clock.now())
+    attempt = attempt_row(factory, claim.attempt_id)
+    assert attempt.outcome == "succeeded"
+    assert attempt.supervisor_pid == recorded_pid and attempt.child_pid is None
+    assert (attempt.started_at is None) == (recorded_pid is None)
 
 
 @pytest.mark.parametrize("content", ["", '{"exit_code": 0', "[1, 2]", "\x00\x01"])
