@@ -44,6 +44,9 @@ class InFlight:
     reported_at: float = 0.0
     """When the report was read (``time.monotonic``): its ``started_at`` and how long it
     has waited to be recorded."""
+    supervisor_start_time: int | None = None
+    """Its supervisor's start time, read with its report (it may be gone by the write
+    that records the identity)."""
     receipt_error: str | None = None
     """Why its ``receipt.json`` could not be saved: it is marked unknown as its identity
     is recorded."""

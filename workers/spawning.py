@@ -215,9 +215,11 @@ class Spawning:
                 reported = {}
             flight.unrecorded_report = reported if isinstance(reported, dict) else {}
             flight.reported_at = time.monotonic()
-            flight.receipt_error = self.write_receipt(
-                flight.claim, flight.supervisor.pid, flight.unrecorded_report, boot
-            )
+            # Read now, while it lives: by the write that records it, it may have ended.
+            flight.supervisor_start_time = getattr(
+                flight.supervisor, "start_time", None
+            ) or identity.process_start_time(flight.supervisor.pid)
+            flight.receipt_error = self.write_receipt(flight, boot)
         crash_point("worker_after_receipt_before_identity")
 
     def identities_due(self) -> bool:
@@ -259,8 +261,7 @@ class Spawning:
                         started_at=now - timedelta(seconds=max(0.0, at - flight.reported_at)),
                         boot_id=boot,
                         supervisor_pid=flight.supervisor.pid,
-                        supervisor_start_time=getattr(flight.supervisor, "start_time", None)
-                        or identity.process_start_time(flight.supervisor.pid),
+                        supervisor_start_time=flight.supervisor_start_time,
                         child_pid=reported.get("child_pid"),
                         child_start_time=reported.get("child_start_time"),
                     )
@@ -381,18 +382,13 @@ class Spawning:
             )
         return process, secrets
 
-    def write_receipt(
-        self,
-        claim: ledger.Claim,
-        supervisor_pid: int,
-        reported: dict[str, Any],
-        boot: str,
-    ) -> str | None:
+    def write_receipt(self, flight: InFlight, boot: str) -> str | None:
         """Write the attempt's ``receipt.json`` (claim evidence: who started what, as the
         supervisor reported it), before its identity reaches the ledger. Returns None, or
         why it could not be saved: the attempt is then marked unknown with its identity
         (fail closed; the supervisor runs on and its exit.json is there to reconcile
         from)."""
+        claim, reported = flight.claim, flight.unrecorded_report or {}
         receipt = {
             "schema": 1,
             "run_id": claim.run_id,
@@ -408,8 +404,8 @@ class Spawning:
             "fence": claim.fence,
             "idempotency_key": claim.idempotency_key,
             "argv_hash": ledger.argv_hash(claim.argv, claim.cwd),
-            "supervisor_pid": supervisor_pid,
-            "supervisor_start_time": identity.process_start_time(supervisor_pid),
+            "supervisor_pid": flight.supervisor.pid,
+            "supervisor_start_time": flight.supervisor_start_time,
             "child_pid": reported.get("child_pid"),
             "child_start_time": reported.get("child_start_time"),
             "spawn_error": reported.get("error"),

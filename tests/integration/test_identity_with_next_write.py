@@ -101,6 +101,8 @@ def test_short_attempts_share_one_commit_with_their_settle_and_the_next_claim(en
         assert len(writes) == 3, "\n".join(map(str, writes))
     for attempt in (first, second):
         assert attempt.supervisor_pid is not None and attempt.child_pid is not None
+        # Read with the report: the supervisor has ended by the write that records it.
+        assert attempt.supervisor_start_time is not None and attempt.child_start_time
         assert attempt.intent_at <= attempt.started_at <= attempt.settled_at
     service.stop()
 
@@ -160,7 +162,61 @@ def test_a_stopping_worker_records_the_identities_it_read(engine, make_run, tmp_
     (attempt,) = attempts(engine, run_id)
     assert attempt.state == AttemptState.RUNNING and attempt.supervisor_pid is not None
     release.touch()
-    service = worker(engine, identity_wait_seconds=600.0)  # adopts it, then settles it
+    flights = list(service.in_flight.values())
+    wait_until(lambda: all(f.supervisor.poll() is not None for f in flights), timeout=60)
+    service = worker(engine, identity_wait_seconds=600.0)  # settles it from exit.json
     drive(service, engine, run_id, 1)
     assert attempts(engine, run_id)[0].outcome == Outcome.SUCCEEDED
+    service.stop()
+
+
+def test_an_identity_whose_lease_was_revoked_is_refused_and_the_rest_stands(
+    engine, make_run, tmp_path
+):
+    """Two attempts' identities wait; one is made unknown meanwhile (its lease revoked,
+    as the controller does when it expires). The other's exit brings the transaction
+    that carries both identities: the revoked one is refused before it writes, the
+    other's identity and settle commit, and the worker goes on."""
+    from laneway.controller import ledger
+
+    code = (
+        "import os, sys, time\n"
+        f"gate = os.path.join({str(tmp_path)!r}, sys.argv[1])\n"
+        "while not os.path.exists(gate): time.sleep(0.01)"
+    )
+    run_id = make_run(make_config([py_stage("s", code)], items=2, max_jobs=2))
+    service = WorkerService(
+        engine,
+        node="n1",
+        slots=2,
+        memory_probe=lambda: PLENTY,
+        identity_wait_seconds=600.0,
+    )
+    service.start()
+
+    def both_read() -> bool:
+        service.tick()
+        flights = list(service.in_flight.values())
+        return len(flights) == 2 and all(f.unrecorded_report is not None for f in flights)
+
+    wait_until(both_read, timeout=60)
+    revoked, kept = attempts(engine, run_id)
+    with db.transaction(db.session_factory(engine)) as session:
+        ledger.mark_unknown(
+            session, revoked.id, reason="revoked by the test", actor="test", now=revoked.intent_at
+        )
+    items = {attempt_id: f.claim.item for attempt_id, f in service.in_flight.items()}
+    (tmp_path / items[kept.id]).touch()
+
+    def kept_settled() -> bool:
+        service.tick()
+        return attempts(engine, run_id)[1].state == AttemptState.SETTLED
+
+    wait_until(kept_settled, timeout=60)
+    revoked, kept = attempts(engine, run_id)
+    assert kept.outcome == Outcome.SUCCEEDED and kept.supervisor_pid is not None
+    assert revoked.state == AttemptState.UNKNOWN and revoked.supervisor_pid is None
+    (tmp_path / items[revoked.id]).touch()
+    wait_until(lambda: service.tick() is not None and not service.in_flight, timeout=60)
+    assert attempts(engine, run_id)[0].state == AttemptState.UNKNOWN  # its settle refused
     service.stop()
