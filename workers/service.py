@@ -2,9 +2,11 @@
 
 One ``WorkerService`` per node. Each ``tick``:
 
-1. records the identity of every supervisor whose report has come in (its child's pid
-   and start time), all in one transaction, and writes each ``receipt.json``; a
-   supervisor that is still starting holds up nothing;
+1. reads the report of every supervisor whose report has come in (its child's pid and
+   start time) and writes each ``receipt.json``; the identities go into the ledger at
+   the start of step 3's transaction, or in one of their own once they have waited
+   ``identity_wait_seconds`` with nothing else to write; a supervisor that is still
+   starting holds up nothing;
 2. heartbeats (renews its leases, reports the node's live memory) when due;
 3. in ONE write transaction: settles attempts whose supervisor has exited (from
    ``exit.json`` and the optional ``result.json``, read before it; a stale lease is
