@@ -3,18 +3,20 @@ run at once, on SQLite and on PostgreSQL, at several backlog sizes.
 
 Each worker process loops as a worker service does (tests/claim_race.py, the same code
 tests/integration/test_claim_race.py runs): on SQLite one write transaction settles what
-it holds and claims for its free slots; on PostgreSQL the settle commits under the write
-lock and the claim runs in a ``db.claim_transaction`` (the node's lock, the write lock
-only for its writes). ``--nodes each`` puts every worker on a node of its own (a lane per
-node), ``--nodes one`` all of them on one node. Prints claims per second over the whole
-run, the ratio to one worker's rate, the worst time one claim transaction took (waiting
-for locks included), duplicates (attempts beyond one per job) and lost jobs (not
-succeeded), with the load average when the row was measured. "write lock held ms/job": the
-median, over workers, of each worker's median time its transactions held the write lock
-per job claimed (settle included): every other writer waits while it is held, so
-1000 / that is the rate no number of machines can pass ("ceiling jobs/s"); on a 2-core
-machine the CPU is spent long before it. "machine busy": the share of all the machine's
-cores that was busy during the row (``/proc/stat``: the workers, the database server and
+it holds and claims for its free slots; on PostgreSQL the settle commits in a
+``db.worker_transaction`` (the gate shared with the other workers) and the claim runs in
+a ``db.claim_transaction`` (the node's lock and the shared gate; the order lock only at
+its end). ``--nodes each`` puts every worker on a node of its own (a lane per node),
+``--nodes one`` all of them on one node. Prints claims per second over the whole run,
+the ratio to one worker's rate, the worst time one claim transaction took (waiting for
+locks included), duplicates (attempts beyond one per job) and lost jobs (not
+succeeded), with the load average when the row was measured. "lock held ms/job": the
+median, over workers, of each worker's median time its transactions held the lock that
+serialises workers per job claimed (settle included): on SQLite the write lock, on
+PostgreSQL the order lock; every other worker's events wait while it is held, so 1000 /
+that is the rate no number of machines can pass ("ceiling jobs/s"); on a 2-core machine
+the CPU is spent long before it. "machine busy": the share of all the machine's cores
+that was busy during the row (``/proc/stat``: the workers, the database server and
 anything else running), so a rate that stops growing with workers can be told apart:
 the machine full (near 100 %) or a lock (well below).
 
@@ -23,8 +25,8 @@ the machine full (near 100 %) or a lock (well below).
         [--backends sqlite,postgres] [--early-lock]
 
 ``--early-lock`` measures the way claims were made before ``claim_transaction`` (settle
-and claim in one transaction under the write lock from its first statement), with the
-same code otherwise.
+and claim in one transaction holding the ledger alone from its first statement), with
+the same code otherwise.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def main() -> None:
     args.add_argument(
         "--early-lock",
         action="store_true",
-        help="claim as before claim_transaction: under the write lock from the start",
+        help="claim as before claim_transaction: holding the ledger alone from the start",
     )
     args.add_argument(
         "--postgres",
@@ -129,7 +131,7 @@ def main() -> None:
     if options.postgres:
         backends.drop_template()
     header = ["backend", "jobs", "workers", "nodes", "claims/s", "vs 1 worker", "worst claim ms"]
-    header += ["write lock held ms/job", "ceiling jobs/s"]
+    header += ["lock held ms/job", "ceiling jobs/s"]
     print(table([*header, "duplicates", "lost", "errors", "machine busy", "load"], rows))
 
 

@@ -1,12 +1,13 @@
-"""What holds PostgreSQL's write lock: one worker's claims and settles, timed from the lock.
+"""What holds PostgreSQL's order lock: one worker's claims and settles, timed from the lock.
 
     .venv/bin/python bench/bench_write_lock.py [--jobs 1500] [--slots 1,4] [--postgres URL]
 
 One worker (this process, no other) loops as a PostgreSQL worker does: it settles what
-it holds in a write transaction of its own (the write lock from its first statement),
-then claims for its free slots in a ``db.claim_transaction`` (the node's lock, the
-snapshot, the write lock only for the writes). Per size (slots claimed at a time), it
-prints the medians of how long each transaction held the write lock per job, how much
+it holds in a ``db.worker_transaction`` (the shared gate; the order lock at its end),
+then claims for its free slots in a ``db.claim_transaction`` (the node's lock and the
+shared gate, the snapshot and the writes, the order lock only for its end). Per size
+(slots claimed at a time), it prints the medians of how long each transaction held the
+order lock per job (what other workers' events wait for), how much
 of that lay between its last statement and the commit's return (the WAL's fsync; for
 the claim also its deferred event insert), and, for the claim, each statement's time to
 the next one from the lock on (the Python between them included). The ledger is a
@@ -62,7 +63,7 @@ def measure(url: str, jobs: int, slots: int) -> dict[str, Any]:
         while True:
             if held:
                 marks.clear()
-                with db.transaction(factory) as session:
+                with db.worker_transaction(factory) as session:
                     now = db.ledger_now(session, clock)
                     for claim in held:
                         record_spawn(session, claim, worker, now, ("bench", os.getpid(), 1))
@@ -96,7 +97,8 @@ def measure(url: str, jobs: int, slots: int) -> dict[str, Any]:
             claim_commit.append(end - written)
             # From the lock statement on, up to the deferred event insert (timed with
             # the commit, above).
-            first = max(i for i, (_, sql) in enumerate(marks) if "pg_advisory_xact_lock" in sql)
+            lock = f"pg_advisory_xact_lock({db.ORDER_LOCK_KEY})"
+            first = max(i for i, (_, sql) in enumerate(marks) if lock in sql)
             after = [(t, sql) for t, sql in marks[first:] if t <= written]
             for (t, sql), (following, _) in zip(after, [*after[1:], (written, "")], strict=True):
                 gaps.setdefault(sql, []).append(following - t)
@@ -135,7 +137,7 @@ def main() -> None:
             backends.drop_database(name)
             backends.drop_template()
         print(
-            f"\n{options.jobs} jobs, {slots} per claim (load {load:.1f}): write lock held "
+            f"\n{options.jobs} jobs, {slots} per claim (load {load:.1f}): order lock held "
             f"per job {figures['claim']:.2f} ms in the claim "
             f"(last statement to commit: {figures['claim_commit']:.2f} ms per claim), "
             f"{figures['settle']:.2f} ms in the settle "

@@ -619,6 +619,13 @@ def _gpu_refusal(
     }
 
 
+def stopped(snap: Snapshot, job: Candidate) -> str | None:
+    """The reason code when a halt, an unknown outcome, a pause or a stop in ``snap``
+    covers ``job``; None when none does."""
+    refusal = _control_refusal(snap, job)
+    return refusal[0] if refusal is not None else None
+
+
 def _control_refusal(snap: Snapshot, job: Candidate) -> tuple[str, dict[str, Any]] | None:
     """Halt, then unknown outcome, then pause, then stop: what an operator must lift."""
     halt = _control(snap, job, "halt")

@@ -105,7 +105,18 @@ def make_engine(url: str, *, readonly: bool = False) -> Engine:
     return engine
 
 
-WRITE_LOCK_KEY = 0x6C616E65  # "lane": the PostgreSQL advisory lock every write holds
+GATE_KEY = 0x6C616E67
+""""lang": the PostgreSQL advisory lock every write transaction holds, to its commit. The
+controller's and the operator's writes (``transaction``) hold it alone, so what they read
+no other writer changes before they commit; workers' writes (``worker_transaction``,
+``claim_transaction``) share it, so the machines' claims and settles run beside each
+other."""
+ORDER_LOCK_KEY = 0x6C616E65
+""""lane": the lock a worker's transaction holds from its first event, or its first
+read-then-write that must see every other worker's commits (``order_lock``), to its
+commit. Event ids therefore commit in the order they were drawn (the controller's event
+cursor never skips one), and the rows every worker adds to (a stage's peaks, a budget's
+spend, a selection's counts) are written only under it."""
 IDLE_IN_TRANSACTION_MS = 60_000
 
 
@@ -222,12 +233,13 @@ def transaction(factory: sessionmaker[Session], *, fair: bool = True) -> Iterato
     the race again and again and wait for seconds; blocked in flock, waiters are woken
     the moment the lock is free (bench/bench_contention.py measures both).
 
-    On PostgreSQL every write transaction first takes one transaction-scoped advisory
-    lock (``WRITE_LOCK_KEY``) and holds it to its commit, so event ids commit in the
-    order they were drawn and the controller's event cursor never skips one, and every
-    read-then-write (a retry, a reconcile, a run's completion) sees a ledger no other
-    writer changes under it. A worker's claim takes it late instead
-    (``claim_transaction``). Reads take no lock. docs/deploy.md says what this costs.
+    On PostgreSQL it first takes the gate (``GATE_KEY``) alone and holds it to its
+    commit: no worker's transaction is open beside it, so every read-then-write (a
+    retry, a reconcile, a run's completion) sees a ledger no other writer changes under
+    it, and its events commit in order. The controller, the operator's commands and a
+    worker's recovery, registration and exit write this way; a worker's claims, settles,
+    identities, samples and heartbeats share the gate (``worker_transaction``,
+    ``claim_transaction``). Reads take no lock. docs/deploy.md says what this costs.
     """
     engine = factory.kw.get("bind")
     asked = time.monotonic()
@@ -235,11 +247,11 @@ def transaction(factory: sessionmaker[Session], *, fair: bool = True) -> Iterato
         session.begin()
         try:
             if engine is not None and not is_sqlite(engine):
-                # One round trip: the lock, then the server's clock read once it is held.
+                # One round trip: the gate, then the server's clock read once it is held.
                 from sqlalchemy import text
 
-                session.info[LEDGER_NOW] = session.execute(text(_LOCK_THEN_NOW)).scalar_one()
-                session.info[WRITE_LOCKED] = True
+                session.info[LEDGER_NOW] = session.execute(text(_GATE_THEN_NOW)).scalar_one()
+            session.info[WRITE_LOCKED] = True
             session.info[LOCKED_AT] = time.monotonic()
             session.info[LOCK_WAIT] = session.info[LOCKED_AT] - asked
             session.info[DEFERRED] = []
@@ -252,33 +264,56 @@ def transaction(factory: sessionmaker[Session], *, fair: bool = True) -> Iterato
 
 
 @contextmanager
-def claim_transaction(factory: sessionmaker[Session], *, node: str) -> Iterator[Session]:
-    """A worker's claim: on SQLite exactly ``transaction``. On PostgreSQL it begins with
-    the node's own advisory lock (``NODE_LOCK_CLASS``, the node's name hashed), so the
-    claims of one node's workers are serialised (its slots, memory, GPUs and ports are
-    decided from a snapshot no other claim of that node changes), and takes the write
-    lock only when the claim is about to write (``write_lock``): the admission snapshot
-    of a claim on one node is read while another node's claim writes. What must still be
-    decided under the write lock is re-read under it (``ledger.claim``)."""
+def worker_transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A worker's settle, identities, samples or heartbeat: on SQLite exactly
+    ``transaction``. On PostgreSQL it shares the gate (``GATE_KEY``) with the other
+    workers' transactions, so the machines write beside each other, and takes the order
+    lock (``order_lock``) only for what needs it: its events, the rows every worker adds
+    to (``shared_write``), and a read-then-write that must see the others' commits (an
+    item's promotion, the infrastructure breaker's streak, a control)."""
     engine = factory.kw.get("bind")
     if engine is None or is_sqlite(engine):
         with transaction(factory) as session:
             yield session
         return
+    with _shared_gate(factory, _SHARED_GATE_THEN_NOW, {}) as session:
+        yield session
+
+
+@contextmanager
+def claim_transaction(factory: sessionmaker[Session], *, node: str) -> Iterator[Session]:
+    """A worker's claim: on SQLite exactly ``transaction``. On PostgreSQL it begins with
+    the node's own advisory lock (``NODE_LOCK_CLASS``, the node's name hashed), so the
+    claims of one node's workers are serialised (its slots, memory, GPUs and ports are
+    decided from a snapshot no other claim of that node changes), then shares the gate
+    like ``worker_transaction``: claims on different nodes run beside each other. What
+    only the order lock keeps true (caps counted over several nodes, a control or an
+    unknown outcome set by another worker) is decided under it (``ledger.claim``)."""
+    engine = factory.kw.get("bind")
+    if engine is None or is_sqlite(engine):
+        with transaction(factory) as session:
+            yield session
+        return
+    with _shared_gate(factory, _NODE_LOCK_THEN_NOW, {"node": node}) as session:
+        yield session
+
+
+@contextmanager
+def _shared_gate(
+    factory: sessionmaker[Session], locks_then_now: str, params: dict[str, Any]
+) -> Iterator[Session]:
     from sqlalchemy import text
 
     asked = time.monotonic()
     with factory() as session:
         session.begin()
         try:
-            session.info[LEDGER_NOW] = session.execute(
-                text(_NODE_LOCK_THEN_NOW), {"node": node}
-            ).scalar_one()
+            session.info[LEDGER_NOW] = session.execute(text(locks_then_now), params).scalar_one()
             session.info[LOCK_WAIT] = time.monotonic() - asked
             session.info[WRITE_LOCKED] = False
             session.info[DEFERRED] = []
+            session.info[SHARED_WRITES] = []
             yield session
-            write_lock(session)  # a claim that wrote nothing still commits in order
             _run_deferred(session)
         except BaseException:
             session.rollback()
@@ -286,28 +321,53 @@ def claim_transaction(factory: sessionmaker[Session], *, node: str) -> Iterator[
         _commit(session)
 
 
-def write_lock(session: Session) -> bool:
-    """Take the write lock in a ``claim_transaction`` that has not taken it yet; True
-    when it was taken now (what other writers committed since the transaction began is
-    visible to the statements after it). False on SQLite and in ``transaction``, whose
-    writes hold the lock from their first statement."""
+def order_lock(session: Session) -> bool:
+    """Take the order lock (``ORDER_LOCK_KEY``) in a worker's transaction that has not
+    taken it yet; True when it was taken now (what other workers committed since the
+    transaction began is visible to the statements after it, and what they commit from
+    now on commits after this transaction). False on SQLite and in ``transaction``,
+    which hold the gate alone from their first statement.
+
+    Lock order, which keeps workers' transactions free of deadlocks: the node's lock,
+    the gate, the worker's own rows (its jobs, attempts, leases), then this lock, and
+    only then rows other workers write too (``shared_write``)."""
     if session.info.get(WRITE_LOCKED, True):
         return False
     from sqlalchemy import text
 
     asked = time.monotonic()
-    session.execute(text(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"))
+    session.execute(text(f"SELECT pg_advisory_xact_lock({ORDER_LOCK_KEY})"))
     session.info[WRITE_LOCKED] = True
     session.info[LOCKED_AT] = time.monotonic()
     session.info[LOCK_WAIT] = session.info.get(LOCK_WAIT, 0.0) + session.info[LOCKED_AT] - asked
+    for step in session.info.pop(SHARED_WRITES, ()):
+        step(session)
     return True
+
+
+def shared_write(session: Session, step: Callable[[Session], object]) -> None:
+    """Write a row that every worker adds to (a stage's measured peaks, a budget's spend,
+    a selection's counts): now where the transaction holds the ledger alone or the
+    order lock, else at its end under the order lock. A worker's transaction that wrote
+    such a row before waiting for the order lock could hold up one that holds it."""
+    waiting = session.info.get(SHARED_WRITES)
+    if waiting is None or session.info.get(WRITE_LOCKED, True):
+        step(session)
+        return
+    waiting.append(step)
+
+
+def holds_order(session: Session) -> bool:
+    """Does this transaction decide with every other writer's commits in view: it holds
+    the order lock, the gate alone, or SQLite's write lock?"""
+    return bool(session.info.get(WRITE_LOCKED, True))
 
 
 def defer(session: Session, step: Callable[[Session], object]) -> bool:
     """Keep ``step`` to the end of this write transaction (run in order just before its
-    commit, after the write lock: ``ledger.append_events`` writes a transaction's events
-    in one statement that way). False outside ``transaction``/``claim_transaction``,
-    where the caller must write now."""
+    commit, under the order lock: ``ledger.append_events`` writes a transaction's events
+    in one statement that way). False outside a write transaction, where the caller
+    must write now."""
     deferred = session.info.get(DEFERRED)
     if deferred is None:
         return False
@@ -316,6 +376,8 @@ def defer(session: Session, step: Callable[[Session], object]) -> bool:
 
 
 def _run_deferred(session: Session) -> None:
+    if session.info.get(DEFERRED) or session.info.get(SHARED_WRITES):
+        order_lock(session)
     for step in session.info.pop(DEFERRED, ()):
         step(session)
 
@@ -481,9 +543,13 @@ class _RetryState:
 LEDGER_NOW = "laneway_ledger_now"
 LOCK_WAIT = "laneway_lock_wait"
 WRITE_LOCKED = "laneway_write_locked"
+"""False while a worker's transaction on PostgreSQL has not taken the order lock."""
 LOCKED_AT = "laneway_locked_at"
-"""``time.monotonic()`` when the transaction's write lock was taken (the time it holds
-it, to its commit, is what every other writer may wait for: bench_claim_race.py)."""
+"""``time.monotonic()`` when the transaction took the gate alone or the order lock (the
+time it holds it, to its commit, is what other writers may wait for:
+bench_claim_race.py); absent while it holds neither."""
+SHARED_WRITES = "laneway_shared_writes"
+"""The ``shared_write`` steps a worker's transaction keeps for the order lock."""
 DEFERRED = "laneway_deferred"
 """The steps ``defer`` keeps to the end of a write transaction."""
 
@@ -496,16 +562,24 @@ def lock_wait(session: Session) -> float:
     return float(session.info.get(LOCK_WAIT, 0.0))
 
 
-_LOCK_THEN_NOW = (
+_GATE_THEN_NOW = (
     "SELECT timezone('UTC', clock_timestamp()) "
-    f"FROM (SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})) AS locked"
+    f"FROM (SELECT pg_advisory_xact_lock({GATE_KEY})) AS locked"
+)
+_SHARED_GATE_THEN_NOW = (
+    "SELECT timezone('UTC', clock_timestamp()) "
+    f"FROM (SELECT pg_advisory_xact_lock_shared({GATE_KEY})) AS locked"
 )
 
 
 NODE_LOCK_CLASS = 0x6C616E6E  # "lann": the first key of every node's advisory lock
+# The node's lock, then the gate shared, then the clock, in one round trip: CASE
+# evaluates its condition first and each sub-select (an InitPlan) on first use, so the
+# gate is asked for only once the node's lock is held (``order_lock`` says why).
 _NODE_LOCK_THEN_NOW = (
-    "SELECT timezone('UTC', clock_timestamp()) "
-    f"FROM (SELECT pg_advisory_xact_lock({NODE_LOCK_CLASS}, hashtext(:node))) AS locked"
+    "SELECT CASE WHEN (SELECT true FROM (SELECT pg_advisory_xact_lock("
+    f"{NODE_LOCK_CLASS}, hashtext(:node))) AS node) THEN (SELECT timezone('UTC', "
+    f"clock_timestamp()) FROM (SELECT pg_advisory_xact_lock_shared({GATE_KEY})) AS gate) END"
 )
 
 

@@ -42,7 +42,7 @@ _SERVER_FUNCTIONS = re.compile(
 )
 _LOCK_FUNCTIONS = re.compile(r"\b(pg_(try_)?advisory\w*)\b", re.IGNORECASE)
 """Advisory locks are not refused by a read-only transaction or a read-only role, and
-laneway's writers all take one (``db.WRITE_LOCK_KEY``): a query holding it would queue
+laneway's writers all take one (``db.GATE_KEY``): a query holding it would queue
 every write, heartbeats included, behind it. Refused for every role."""
 _QUERY_CANCELED = "57014"
 

@@ -88,8 +88,9 @@ def race(url: str, *, jobs: int, workers: int, slots: int = 4, nodes: int = 1) -
 
 def _child(url: str, index: int, slots: int, node: str) -> dict[str, Any]:
     """Loop as ``WorkerService._settle_and_claim`` does: on SQLite settle and claim in
-    one transaction; on PostgreSQL settle under the write lock, then claim in a
-    ``claim_transaction`` (the node's lock; the write lock only for its writes)."""
+    one transaction; on PostgreSQL settle in a ``worker_transaction``, then claim in a
+    ``claim_transaction`` (the node's lock and the shared gate; the order lock only for
+    its end)."""
     from sqlalchemy import func, select
 
     from laneway.controller import db, ledger
@@ -114,9 +115,9 @@ def _child(url: str, index: int, slots: int, node: str) -> dict[str, Any]:
         )
     held: list[Any] = []
     claims = settles = 0
-    lock_held: list[float] = []  # per claimed job: seconds the write lock was held
+    lock_held: list[float] = []  # per claimed job: seconds the order lock was held
     # LANEWAY_RACE_EARLY_LOCK=1 (bench_claim_race.py --early-lock): the way before
-    # claim_transaction, settle and claim in one transaction under the write lock.
+    # claim_transaction, settle and claim in one transaction holding the ledger alone.
     early = os.environ.get("LANEWAY_RACE_EARLY_LOCK") == "1"
     claim_transaction = db.claim_transaction
     if early:
@@ -145,9 +146,9 @@ def _child(url: str, index: int, slots: int, node: str) -> dict[str, Any]:
         try:
             holding = 0.0
             if held and not db.is_sqlite(engine) and not early:
-                with db.transaction(factory) as session:
+                with db.worker_transaction(factory) as session:
                     settle(session, held)
-                holding += time.monotonic() - session.info[db.LOCKED_AT]
+                holding += time.monotonic() - session.info.get(db.LOCKED_AT, time.monotonic())
                 held = []
             with claim_transaction(factory, node=node) as session:
                 settle(session, held)
@@ -159,7 +160,7 @@ def _child(url: str, index: int, slots: int, node: str) -> dict[str, Any]:
                     mem_available_mib=1e9,
                     now=db.ledger_now(session, clock),
                 )
-            holding += time.monotonic() - session.info[db.LOCKED_AT]
+            holding += time.monotonic() - session.info.get(db.LOCKED_AT, time.monotonic())
             if held:
                 lock_held.append(holding / len(held))
         except Exception as exc:  # reported to the parent, which fails the test on it

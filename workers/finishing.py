@@ -151,7 +151,7 @@ class Finishing:
             error = None
         except OSError as exc:
             info, error = None, f"{exc.strerror or exc}"
-        with db.transaction(self.worker.factory) as session:
+        with db.worker_transaction(self.worker.factory) as session:
             ledger.record_capture(
                 session,
                 flight.claim.attempt_id,

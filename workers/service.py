@@ -161,6 +161,8 @@ class WorkerService:
         self.heartbeat_failures = 0
         self.last_sample_error: str | None = None
         self.last_heartbeat_error: str | None = None
+        self.last_claim_race: str | None = None
+        """Why the latest claim was rolled back (``ledger.ClaimRaced``); None: none was."""
         self.revoked: str | None = None
         """Why the ledger no longer accepts this worker (it was declared lost), if so."""
         self.outage = db.Outage()
@@ -339,7 +341,7 @@ class WorkerService:
         if not changed:
             return
         try:
-            with db.transaction(self.factory) as session:
+            with db.worker_transaction(self.factory) as session:
                 for flight in changed:
                     ledger.record_samples(
                         session,
@@ -396,7 +398,7 @@ class WorkerService:
         gpus, gpu_note = self._gpu_for_heartbeat()
         lowest = self._lowest
         try:
-            with db.transaction(self.factory) as session:
+            with db.worker_transaction(self.factory) as session:
                 now = db.ledger_now(session, self.clock)
                 ledger.heartbeat(
                     session,
@@ -474,9 +476,10 @@ class WorkerService:
         transaction begins.
 
         On SQLite both happen in one transaction. On PostgreSQL the settle commits first
-        under the write lock and the claim follows in a ``db.claim_transaction``, which
-        reads its snapshot under the node's lock only and takes the write lock just for
-        its writes, so claims on different nodes overlap (docs/deploy.md)."""
+        in a ``db.worker_transaction`` and the claim follows in a
+        ``db.claim_transaction`` (the node's lock, the gate shared with other workers,
+        the order lock only at its end), so the machines' claims and settles run beside
+        each other (docs/deploy.md)."""
         settling = len(finished)
         classified = self.finishing.judge_all(finished)
         sources, lacking = self._before_claim() if free > 0 else ({}, {})
@@ -490,7 +493,7 @@ class WorkerService:
         settled_failures: list[InFlight] = []
         identities: list[InFlight] = []
         if late and finished:
-            with db.transaction(self.factory) as session:
+            with db.worker_transaction(self.factory) as session:
                 identities = self.spawning.write_identities(
                     session, db.ledger_now(session, self.clock)
                 )
@@ -499,8 +502,7 @@ class WorkerService:
             self._settled(finished, classified, settled_failures)
             finished = []
         elif late:
-            # A PostgreSQL claim writes nothing before its write lock (docs/deploy.md):
-            # identities go in their own transaction when due, or with the next settle.
+            # Identities go in their own transaction when due, or with the next settle.
             self.spawning.record_due()
         claims: list[ledger.Claim] = []
         writing = (
@@ -508,39 +510,51 @@ class WorkerService:
             if late
             else db.transaction(self.factory)
         )
-        with writing as session:
+        try:
+            with writing as session:
+                if not late:
+                    identities = self.spawning.write_identities(
+                        session, db.ledger_now(session, self.clock)
+                    )
+                if finished:
+                    outcomes, settled_failures = self._settle(session, classified)
+                if free > 0:
+                    now = db.ledger_now(session, self.clock)
+                    seen: dict[str, int] = {}
+                    claims = ledger.claim_jobs(
+                        session,
+                        worker_id=self.worker_id,
+                        node=self.node,
+                        free_slots=free,
+                        mem_available_mib=available,
+                        now=now,
+                        lease_seconds=self.lease_seconds,
+                        source_problems=sources,
+                        pick_ports=free_ports,
+                        seen=seen,
+                        runtime_dir=self.runtime_dir,
+                        missing_secrets=lacking,
+                    )
+                    self._waiting_on_capacity = seen.get("candidates", 0) > len(claims)
+                    for claim in claims:
+                        self.stages.remember(session, claim)
+                    # The newest event this transaction wrote is the ledger's newest on
+                    # SQLite, whose write lock it holds; elsewhere the newest committed
+                    # is read (ids commit in order: db.order_lock).
+                    written = ledger.flush_events(session)
+                    self._seen_event = (
+                        written
+                        if written is not None and not late
+                        else ledger.latest_event_id(session)
+                    )
+        except ledger.ClaimRaced as exc:
+            # PostgreSQL only: another worker stopped a run this claim started a job of
+            # before the claim's order lock (ledger.claim); nothing of it was written
+            # (the settle committed apart), and the next tick claims again.
             if not late:
-                identities = self.spawning.write_identities(
-                    session, db.ledger_now(session, self.clock)
-                )
-            if finished:
-                outcomes, settled_failures = self._settle(session, classified)
-            if free > 0:
-                now = db.ledger_now(session, self.clock)
-                seen: dict[str, int] = {}
-                claims = ledger.claim_jobs(
-                    session,
-                    worker_id=self.worker_id,
-                    node=self.node,
-                    free_slots=free,
-                    mem_available_mib=available,
-                    now=now,
-                    lease_seconds=self.lease_seconds,
-                    source_problems=sources,
-                    pick_ports=free_ports,
-                    seen=seen,
-                    runtime_dir=self.runtime_dir,
-                    missing_secrets=lacking,
-                )
-                self._waiting_on_capacity = seen.get("candidates", 0) > len(claims)
-                for claim in claims:
-                    self.stages.remember(session, claim)
-                # The newest event this transaction wrote is the ledger's newest on
-                # SQLite, whose write lock it holds; elsewhere the newest is read.
-                written = ledger.flush_events(session)
-                self._seen_event = (
-                    written if written is not None and not late else ledger.latest_event_id(session)
-                )
+                raise
+            self.last_claim_race = str(exc)
+            claims = []
         if not late:
             self.spawning.identities_recorded(identities)
         if finished:

@@ -302,7 +302,7 @@ class Spawning:
     def _record_read(self) -> int:
         if not any(f.unrecorded_report is not None for f in self.worker.in_flight.values()):
             return 0
-        with db.transaction(self.worker.factory) as session:
+        with db.worker_transaction(self.worker.factory) as session:
             written = self.write_identities(session, db.ledger_now(session, self.worker.clock))
         self.identities_recorded(written)
         return len(written)
@@ -463,7 +463,7 @@ class Spawning:
         """Nothing was started (e.g. a secret reference is unset): a harness failure.
         ``pause_run``: its inputs could not be given, and the run pauses too
         (``ledger.refuse_start``)."""
-        with db.transaction(self.worker.factory) as session:
+        with db.worker_transaction(self.worker.factory) as session:
             now = db.ledger_now(session, self.worker.clock)
             if pause_run:
                 ledger.refuse_start(

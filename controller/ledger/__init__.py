@@ -35,6 +35,7 @@ from laneway.controller.ledger.artifacts import (
 from laneway.controller.ledger.claim import (
     DEFAULT_LEASE_SECONDS,
     Claim,
+    ClaimRaced,
     claim_jobs,
     record_decisions,
 )
@@ -145,6 +146,7 @@ __all__ = [
     "RECONCILE_AS",
     "Changes",
     "Claim",
+    "ClaimRaced",
     "Delivered",
     "RunInfo",
     "active_run_ids",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,7 +26,7 @@ from laneway.controller.ledger import artifacts as artifact_ledger
 from laneway.controller.ledger import selection, statements
 from laneway.controller.ledger import usage as usage_ledger
 from laneway.controller.ledger.controls import pause_run, set_control
-from laneway.controller.ledger.snapshot import RunInfo, admission_snapshot, stoppers
+from laneway.controller.ledger.snapshot import RunInfo, admission_snapshot, stopping
 from laneway.controller.ledger.transitions import append_events, event_row, start_jobs
 from laneway.controller.states import (
     AttemptState,
@@ -115,7 +115,7 @@ def claim_jobs(
     Invariant 12: a run whose frozen source files changed dispatches nothing; the run is
     halted, naming the file and both hashes. ``source_problems`` (run id -> problems) is
     that check done by the caller before the transaction, so no file is hashed under the
-    write lock; ``check_sources(run)`` does it here instead, for runs about to dispatch.
+    ledger's locks; ``check_sources(run)`` does it here instead, for runs about to dispatch.
 
     ``seen``, when given, receives ``candidates``: how many ready jobs admission looked
     at (none: only a new event can give this node work, not a change of free memory).
@@ -134,10 +134,13 @@ def claim_jobs(
         return snapshot, jobs_by_id, admission.admit(snapshot)
 
     snapshot, jobs_by_id, verdict = look()
-    # In a claim_transaction on PostgreSQL the snapshot was read before the write lock;
-    # what only the lock can keep true is looked at again under it.
-    if db.write_lock(session) and _look_again(session, snapshot, verdict, jobs_by_id):
+    # In a claim_transaction on PostgreSQL the snapshot was read under the node's lock and
+    # the shared gate: a cap that counts other nodes' attempts is decided only from a
+    # snapshot read again under the order lock.
+    spans = any(_spans_nodes(snapshot, jobs_by_id[c.job_id][1]) for c in verdict.starts)
+    if spans and db.order_lock(session):
         snapshot, jobs_by_id, verdict = look()
+    decided_in_order = db.holds_order(session)
     if seen is not None:
         seen["candidates"] = len(snapshot.candidates)
     if verdict.starts and (check_sources is not None or source_problems):
@@ -231,31 +234,43 @@ def claim_jobs(
         now=now,
     )
     _pause_when_nothing_fits(session, snapshot, verdict, now=now, actor=worker_id)
+    if verdict.starts and not decided_in_order:
+        _still_unstopped(session, snapshot, verdict, jobs_by_id)
     return claims
 
 
-def _look_again(
+class ClaimRaced(Exception):
+    """Between a claim's snapshot and its order lock another worker committed a control
+    or an unknown outcome that stops a run the claim started a job of: the claim's
+    transaction rolls back, and the worker's next claim looks again."""
+
+
+def _still_unstopped(
     session: Session,
     snapshot: admission.Snapshot,
     verdict: admission.Admission,
     jobs_by_id: dict[int, tuple[Any, RunInfo]],
-) -> bool:
-    """Must admission read its snapshot again now that the write lock is held? The
-    snapshot was read under the node's lock only (``db.claim_transaction``): its own
-    slots, memory, GPUs and ports, and the ready jobs it locked (SKIP LOCKED), are
-    still as read. Not so what other nodes' claims and the operator change:
-
-    - a job to start belongs to a run whose caps count attempts on several nodes (a
-      budget, a rate limit, a stage cap, or a lane cap in a run whose stages name
-      ``nodes``): those are decided only from a snapshot read under the write lock;
-    - a control (pause, stop, halt) was set or cleared, or an attempt awaits
-      reconciliation: a claim committed after a pause returned must honour it.
-    """
+) -> None:
+    """Raise ClaimRaced unless the controls and unknown outcomes read now, under the
+    order lock, still let every job this claim started go. The snapshot was read under
+    the node's lock and the shared gate only (``db.claim_transaction``): its own slots,
+    memory, GPUs and ports, and the ready jobs it locked (SKIP LOCKED), are still as
+    read, and the operator's controls cannot change beside it (they take the gate
+    alone). Other workers' controls (a breaker, a spent budget) and unknown outcomes
+    can: they are written under the order lock, so one committed before this claim took
+    it is read here, and one committed later comes after this claim."""
+    db.order_lock(session)
+    runs = {info.id: info for _, info in jobs_by_id.values()}
+    controls, unknown_runs, everywhere = stopping(session, runs)
+    now_seen = replace(
+        snapshot, controls=controls, unknown_runs=unknown_runs, unknown_everywhere=everywhere
+    )
     for candidate in verdict.starts:
-        if _spans_nodes(snapshot, jobs_by_id[candidate.job_id][1]):
-            return True
-    controls, unknown = stoppers(session)
-    return bool(unknown) or set(controls) != set(snapshot.controls)
+        code = admission.stopped(now_seen, candidate)
+        if code is not None:
+            raise ClaimRaced(
+                f"job {candidate.job_id} was claimed as its run became {code}: claimed again"
+            )
 
 
 def _spans_nodes(snapshot: admission.Snapshot, run: RunInfo) -> bool:

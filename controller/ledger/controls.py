@@ -7,6 +7,7 @@ from datetime import datetime
 from sqlalchemy import and_, select, update
 from sqlalchemy.orm import Session
 
+from laneway.controller import db
 from laneway.controller.clock import iso
 from laneway.controller.errors import IllegalTransition, NotFound
 from laneway.controller.ledger.tables import controls
@@ -32,7 +33,9 @@ def set_control(
     run_id: int | None = None,
     lane: str | None = None,
 ) -> int:
-    """Set a pause, stop or halt; it stays until cleared (``clear_controls``)."""
+    """Set a pause, stop or halt; it stays until cleared (``clear_controls``). Under the
+    order lock: a worker's claim that commits after it sees it (``ledger.claim``)."""
+    db.order_lock(session)
     control = Control(
         kind=kind,
         scope=scope,
@@ -94,6 +97,7 @@ def run_paused(session: Session, run_id: int) -> bool:
 def pause_run(session: Session, run_id: int, *, reason: str, actor: str, now: datetime) -> bool:
     """Pause a run (``set_control``) unless it carries an active pause already (then no
     second pause is set). True if this call paused it."""
+    db.order_lock(session)  # two workers' settles must not both find it unpaused
     if run_paused(session, run_id):
         return False
     set_control(

@@ -14,6 +14,7 @@ from datetime import datetime
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from laneway.controller import db
 from laneway.controller.ledger import statements
 from laneway.controller.ledger.runs import frozen_config
 from laneway.controller.ledger.tables import jobs, runs
@@ -38,7 +39,11 @@ from laneway.controller.states import (
 
 def promote_item(session: Session, item_id: int, *, now: datetime, actor: str) -> int:
     """Move the item's waiting jobs to ready when every need succeeded, or to skipped
-    (with the reason) when a need ended without success. Returns how many moved."""
+    (with the reason) when a need ended without success. Returns how many moved.
+
+    Under the order lock: two workers settling an item's two needs at once must not
+    both read the other's job as still running (then neither would promote)."""
+    db.order_lock(session)
     rows = session.execute(statements.ITEM_JOBS, {"item_id": item_id}).all()
     if not any(row.state == JobState.WAITING for row in rows):
         return 0

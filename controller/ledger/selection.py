@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Float, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
-from laneway.controller import admission
+from laneway.controller import admission, db
 from laneway.controller.ledger import statements
 from laneway.controller.ledger.tables import group_stats
 from laneway.controller.ledger.transitions import rowcount
@@ -57,6 +57,22 @@ def _add(
     by: float = 0.0,
     per: float = 0.0,
 ) -> None:
+    db.shared_write(
+        session,
+        lambda s: _add_now(s, run_id, group, admitted=admitted, measured=measured, by=by, per=per),
+    )
+
+
+def _add_now(
+    session: Session,
+    run_id: int,
+    group: str,
+    *,
+    admitted: int,
+    measured: int,
+    by: float,
+    per: float,
+) -> None:
     params = {
         "b_run_id": run_id,
         "b_group": group,
@@ -66,8 +82,9 @@ def _add(
         "b_per": per,
     }
     if rowcount(session.execute(ADD_GROUP, params)) == 0:
-        # Writes are serialised (BEGIN IMMEDIATE; PostgreSQL's write lock), so the row
-        # cannot appear between the UPDATE and this INSERT.
+        # Writes to this row are serialised (BEGIN IMMEDIATE on SQLite; on PostgreSQL
+        # the gate alone or the order lock: db.shared_write), so the row cannot appear
+        # between the UPDATE and this INSERT.
         session.execute(
             INSERT_GROUP,
             {

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from laneway.controller import breakers, policy
+from laneway.controller import breakers, db, policy
 from laneway.controller import usage as usage_math
 from laneway.controller.clock import iso
 from laneway.controller.ledger import selection, statements
@@ -238,14 +238,16 @@ def fold_peaks(
     rss, gpu = source.get("peak_rss_mib"), source.get("peak_gpu_mib")
     if rss is None and gpu is None:
         return
-    session.execute(
-        statements.STAGE_MEASURED, {"b_run_id": run_id, "b_stage": stage, "rss": rss, "gpu": gpu}
-    )
+    params = {"b_run_id": run_id, "b_stage": stage, "rss": rss, "gpu": gpu}
+    db.shared_write(session, lambda s: s.execute(statements.STAGE_MEASURED, params))
 
 
 def _trip_infra_breaker(session: Session, run_id: int, *, now: datetime, actor: str) -> None:
     sha = session.execute(statements.RUN_FROZEN, {"run_id": run_id}).one().config_sha256
     limit = frozen_config(session, run_id, sha).infra_breaker
+    # Under the order lock: two workers settling the streak's last two failures at once
+    # must each see the other's (then the second trips the breaker).
+    db.order_lock(session)
     # Newest first, and only back to the last success: the cost follows the streak.
     newest_first: list[tuple[str, Outcome]] = []
     result = session.execute(
@@ -397,6 +399,9 @@ def mark_unknown(
     The reservation stays held: the process may still be running (and its expected
     cost stays held against budgets). Usage in ``result``, when one was read, is
     stored: it was spent whatever the outcome turns out to be."""
+    # Under the order lock: a worker's claim that commits after this sees the unknown
+    # outcome, which stops its run's dispatch (``ledger.claim``).
+    db.order_lock(session)
     reason = usage_math.clean_text(reason)
     attempt = move_attempt(
         session,

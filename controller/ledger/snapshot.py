@@ -264,20 +264,7 @@ def admission_snapshot(
                 holders.setdefault(int(device["index"]), []).append(
                     admission.Holder(bool(device.get("whole")), peak)
                 )
-    controls, unknown = stoppers(session)
-    unknown_runs: dict[int, int] = {}
-    unknown_everywhere = 0
-    for run_id, count in unknown.items():
-        if run_id in run_infos:
-            unknown_runs[run_id] = count
-            scope = run_infos[run_id].config.unknown_scope
-        else:
-            owner = session.get(Run, run_id)
-            sha = owner.config_sha256 if owner is not None else None
-            scope = frozen_config(session, run_id, sha).unknown_scope if sha else "run"
-        # A run configured with unknown_scope = "everything" halts every run's dispatch.
-        if scope == "everything":
-            unknown_everywhere += count
+    controls, unknown_runs, unknown_everywhere = stopping(session, run_infos)
     waiting: set[tuple[int, str]] = set()
     # Only the node's own lanes: "waiting on earlier stages" is their lane-level reason,
     # recorded by the node the lane is bound to; and only those with no ready candidate
@@ -316,6 +303,28 @@ def admission_snapshot(
         ),
     )
     return snapshot, jobs_by_id
+
+
+def stopping(
+    session: Session, run_infos: dict[int, RunInfo]
+) -> tuple[list[admission.ControlView], dict[int, int], int]:
+    """``stoppers`` as admission reads them: the active controls, the unknown attempts
+    of each of ``run_infos``, and those of runs whose ``unknown_scope`` is "everything"
+    (they stop every run's dispatch)."""
+    controls, unknown = stoppers(session)
+    unknown_runs: dict[int, int] = {}
+    unknown_everywhere = 0
+    for run_id, count in unknown.items():
+        if run_id in run_infos:
+            unknown_runs[run_id] = count
+            scope = run_infos[run_id].config.unknown_scope
+        else:
+            owner = session.get(Run, run_id)
+            sha = owner.config_sha256 if owner is not None else None
+            scope = frozen_config(session, run_id, sha).unknown_scope if sha else "run"
+        if scope == "everything":
+            unknown_everywhere += count
+    return controls, unknown_runs, unknown_everywhere
 
 
 def stoppers(session: Session) -> tuple[list[admission.ControlView], dict[int, int]]:

@@ -92,6 +92,7 @@ def flush_events(session: Session) -> int | None:
     pending = session.info.pop(PENDING_EVENTS, None)
     if not pending:
         return None
+    db.order_lock(session)  # event ids commit in the order they are drawn
     return int(max(session.execute(statements.INSERT_EVENTS, pending).scalars()))
 
 

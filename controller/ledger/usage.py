@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import Float, Integer, String, bindparam, exists, insert, select, update
 from sqlalchemy.orm import Session
 
+from laneway.controller import db
 from laneway.controller import usage as usage_math
 from laneway.controller.ledger.tables import (
     attempt_usage,
@@ -92,10 +93,17 @@ ATTEMPT_STAGE = (
 def _add(
     session: Session, statement: Any, run_id: int, stage: str, key: str, amount: float
 ) -> None:
+    db.shared_write(session, lambda s: _add_now(s, statement, run_id, stage, key, amount))
+
+
+def _add_now(
+    session: Session, statement: Any, run_id: int, stage: str, key: str, amount: float
+) -> None:
     params = {"b_run_id": run_id, "b_stage": stage, "b_key": key, "b_amount": amount}
     if rowcount(session.execute(statement, params)) == 0:
-        # Writes are serialised (BEGIN IMMEDIATE; PostgreSQL's write lock), so the row
-        # cannot appear between the UPDATE and this INSERT.
+        # Writes to this row are serialised (BEGIN IMMEDIATE on SQLite; on PostgreSQL
+        # the gate alone or the order lock: db.shared_write), so the row cannot appear
+        # between the UPDATE and this INSERT.
         reported = statement is ADD_SPENT
         session.execute(
             INSERT_TOTAL,

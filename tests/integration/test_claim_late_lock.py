@@ -1,9 +1,10 @@
-"""A PostgreSQL claim reads its admission snapshot before it takes the write lock
-(``db.claim_transaction``); what only that lock keeps true is looked at again under it.
+"""A PostgreSQL claim reads its admission snapshot and writes its rows under its node's
+lock and the gate it shares with other workers (``db.claim_transaction``), and takes the
+order lock only at its end; what only that lock keeps true is decided under it.
 
-Each test commits a change from another transaction at the moment between the claim's
-read and its write lock (the lock call is wrapped), and checks that the claim honours it.
-On SQLite the claim holds the write lock from its first statement: nothing can commit
+Tests commit a change from another transaction at the moment between the claim's read
+and its order lock (the lock call is wrapped), and check that the claim honours it. On
+SQLite the claim holds the write lock from its first statement: nothing can commit
 between its read and its writes, so there the change is made before the claim begins.
 """
 
@@ -11,8 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from laneway.controller import admission, db, ledger
 from laneway.controller.ledger import claim as claim_module
+from laneway.controller.ledger.controls import pause_run
 from laneway.controller.ledger.snapshot import RunInfo
 from laneway.controller.states import ControlKind
 from tests.support import control_run, make_config
@@ -32,47 +36,120 @@ def claim(factory: Any, worker: str, clock: Any, slots: int = 2) -> list[Any]:
 
 def between_read_and_lock(monkeypatch: Any, change: Any) -> list[int]:
     """Run ``change()`` in its own committed transaction just before the claim takes
-    the write lock; returns a list that counts the claim's admission snapshots."""
+    the order lock; returns a list that counts the claim's admission snapshots."""
     looks: list[int] = []
-    real_lock = db.write_lock
+    real_lock = db.order_lock
     real_snapshot = claim_module.admission_snapshot
+    armed = [True]
 
     def lock(session: Any) -> bool:
-        if not session.info.get(db.WRITE_LOCKED, True):
-            change()  # the claim has read; it has not taken the write lock yet
+        if armed[0] and not session.info.get(db.WRITE_LOCKED, True):
+            armed[0] = False  # change() takes the order lock in its own transaction
+            change()  # the claim has read (and written); it has not taken the lock yet
         return real_lock(session)
 
     def snapshot(*args: Any, **kwargs: Any) -> Any:
         looks.append(1)
         return real_snapshot(*args, **kwargs)
 
-    monkeypatch.setattr(db, "write_lock", lock)
+    monkeypatch.setattr(db, "order_lock", lock)
     monkeypatch.setattr(claim_module, "admission_snapshot", snapshot)
     return looks
 
 
-def test_a_pause_committed_while_a_claim_reads_is_honoured(
-    factory, clock, make_run, register_worker, monkeypatch
+def test_a_pause_another_worker_commits_while_a_claim_reads_is_honoured(
+    factory, clock, make_run, register_worker, monkeypatch, engine
 ):
+    """A worker's breaker pauses the run while another worker's claim is between its
+    snapshot and its order lock: the claim rolls back whole (``ClaimRaced``) and the
+    next one is refused ``paused``. On SQLite the claim holds the write lock from its
+    first statement, so there the pause commits before it begins."""
+    from sqlalchemy import func, select
+
+    from laneway.controller.models import Attempt
+
     run_id = make_run(make_config(items=3))
     worker = register_worker()
+
+    def pause() -> None:
+        with db.worker_transaction(factory) as session:
+            pause_run(session, run_id, reason="breaker", actor="w2", now=clock.now())
+
+    if db.is_sqlite(engine):
+        pause()
+    else:
+        between_read_and_lock(monkeypatch, pause)
+        with pytest.raises(ledger.ClaimRaced, match="paused"):
+            claim(factory, worker, clock)
+        with db.session_factory(engine)() as session:
+            assert session.scalar(select(func.count()).select_from(Attempt)) == 0
+    assert claim(factory, worker, clock) == []
+    with db.session_factory(engine)() as session:
+        decision = session.execute(
+            ledger.statements.last_decisions([(run_id, "a", "only")])
+        ).first()
+    assert decision is not None and decision.reason_code == "paused"
+
+
+def test_an_operator_pause_waits_for_an_open_claim(
+    factory, clock, make_run, register_worker, engine, on_postgres
+):
+    """The operator's writes take the gate alone: a pause asked while a claim is open
+    commits after it, and the claim after the pause is refused."""
+    import threading
+
+    if not on_postgres:
+        pytest.skip("SQLite's writers queue on one lock: no claim is open beside a pause")
+
+    run_id = make_run(make_config(items=4))
+    worker = register_worker()
+    done = threading.Event()
 
     def pause() -> None:
         with db.transaction(factory) as session:
             control_run(
                 session, ControlKind.PAUSE, run_id, reason="operator", actor="op", now=clock.now()
             )
+        done.set()
 
-    if db.is_sqlite(factory.kw["bind"]):
-        pause()
-    else:
-        between_read_and_lock(monkeypatch, pause)
+    with db.claim_transaction(factory, node="n1") as session:
+        thread = threading.Thread(target=pause)
+        thread.start()
+        wait_for_lock_waiter(engine, db.GATE_KEY)
+        claimed = ledger.claim_jobs(
+            session,
+            worker_id=worker,
+            node="n1",
+            free_slots=1,
+            mem_available_mib=64_000,
+            now=clock.now(),
+        )
+        assert not done.is_set()
+    thread.join(timeout=60)
+    assert done.is_set() and len(claimed) == 1
     assert claim(factory, worker, clock) == []
-    with db.session_factory(factory.kw["bind"])() as session:
-        decision = session.execute(
-            ledger.statements.last_decisions([(run_id, "a", "only")])
-        ).first()
-    assert decision is not None and decision.reason_code == "paused"
+
+
+def wait_for_lock_waiter(engine: Any, key: int) -> None:
+    """Return once a session waits for the advisory lock ``key`` (pg_locks)."""
+    import time
+
+    from sqlalchemy import text
+
+    with engine.connect() as connection:
+        for _ in range(6000):
+            waiting = connection.execute(
+                text(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                    "AND NOT granted AND objid = :key"
+                ),
+                {"key": key},
+            ).scalar()
+            if waiting:
+                return
+            connection.rollback()
+            time.sleep(0.01)
+    raise AssertionError(f"no session waited for advisory lock {key:#x}")
 
 
 def test_a_run_whose_caps_span_nodes_is_admitted_from_a_look_under_the_lock(
@@ -83,8 +160,8 @@ def test_a_run_whose_caps_span_nodes_is_admitted_from_a_look_under_the_lock(
     looks = between_read_and_lock(monkeypatch, lambda: None)
     claims = claim(factory, worker, clock)
     assert len(claims) == 1  # the stage's cap
-    # PostgreSQL read once without the write lock and once under it; SQLite holds it
-    # from the start, so once is enough.
+    # PostgreSQL read once without the order lock and once under it; SQLite holds its
+    # write lock from the start, so once is enough.
     assert len(looks) == (1 if db.is_sqlite(engine) else 2)
 
 
@@ -116,12 +193,13 @@ def test_which_caps_span_nodes():
     assert not spans({}, lanes=[{"name": "a", "node": "n1", "caps": {"only": 1}}])
 
 
-def test_a_claim_writes_nothing_before_it_holds_the_write_lock(
+def test_a_claim_takes_the_order_lock_after_its_rows_and_before_its_events(
     factory, clock, make_run, register_worker, engine
 ):
-    """Event ids commit in the order they were drawn only if every write happens under
-    the write lock: in a claim_transaction nothing is inserted, updated or deleted
-    before it is taken (the node's lock and the reads come first)."""
+    """A PostgreSQL claim begins with its node's lock and the shared gate in one
+    statement, reads its snapshot and writes its jobs, intents and leases beside other
+    nodes' claims, and takes the order lock only for its events (ids commit in the
+    order they were drawn) and the stopper check."""
     from sqlalchemy import event
 
     make_run(make_config(items=3))
@@ -141,8 +219,44 @@ def test_a_claim_writes_nothing_before_it_holds_the_write_lock(
     assert writes
     if db.is_sqlite(engine):
         return  # the write lock is SQLite's own, from BEGIN IMMEDIATE on
-    lock = f"PG_ADVISORY_XACT_LOCK({db.WRITE_LOCK_KEY})"
-    locked = [i for i, s in enumerate(sent) if lock in s and "HASHTEXT" not in s]
-    assert locked and locked[0] < writes[0], sent[: writes[0] + 1]
-    # The snapshot was read before it: the node's lock, then the reads.
-    assert "HASHTEXT" in sent[0] and locked[0] > 3
+    assert "HASHTEXT" in sent[0] and f"PG_ADVISORY_XACT_LOCK_SHARED({db.GATE_KEY})" in sent[0]
+    order = [i for i, s in enumerate(sent) if f"PG_ADVISORY_XACT_LOCK({db.ORDER_LOCK_KEY})" in s]
+    events = [i for i, s in enumerate(sent) if s.startswith("INSERT INTO EVENTS")]
+    assert len(order) == 1 and events, sent
+    assert writes[0] < order[0] < events[0], sent
+
+
+def test_a_worker_whose_claim_raced_claims_again_on_its_next_tick(
+    engine, make_run, monkeypatch, on_postgres
+):
+    """``ClaimRaced`` rolls the claim back; the worker service records why, starts
+    nothing, and claims on its next tick."""
+    from sqlalchemy import func, select
+
+    from laneway.controller.models import Attempt
+    from laneway.workers.service import WorkerService
+
+    if not on_postgres:
+        pytest.skip("SQLite's claim decides under its write lock: it cannot race")
+    make_run(make_config(items=1))
+    service = WorkerService(engine, node="n1", slots=1, memory_probe=lambda: (64_000.0, 128_000.0))
+    service.start()
+    real_claim = ledger.claim_jobs
+    raced = [False]
+
+    def claim_once_raced(session: Any, **kwargs: Any) -> Any:
+        claims = real_claim(session, **kwargs)
+        if not raced[0]:
+            raced[0] = True
+            raise ledger.ClaimRaced("job 1 was claimed as its run became paused: claimed again")
+        return claims
+
+    monkeypatch.setattr(ledger, "claim_jobs", claim_once_raced)
+    service.tick()
+    assert raced[0] and service.last_claim_race is not None and not service.in_flight
+    with db.session_factory(engine)() as session:
+        assert session.scalar(select(func.count()).select_from(Attempt)) == 0
+    service.tick()
+    assert len(service.in_flight) == 1
+    service.drain()
+    service.stop()

@@ -12,6 +12,7 @@ from pathlib import Path
 from sqlalchemy import event, select
 
 from laneway.controller import db
+from laneway.controller.clock import SystemClock
 from laneway.controller.models import Attempt
 from laneway.controller.states import AttemptState, Outcome
 from laneway.workers.service import WorkerService
@@ -107,16 +108,30 @@ def test_short_attempts_share_one_commit_with_their_settle_and_the_next_claim(en
     service.stop()
 
 
-def test_started_at_is_when_the_report_was_read_not_when_it_was_recorded(engine, make_run):
-    """The identity of an attempt that sleeps half a second after it starts is recorded
-    with its settle; its ``started_at`` is the time its report was read, so its recorded
-    duration is the job's, not zero."""
-    run_id = make_run(make_config([py_stage("s", "import time; time.sleep(0.5)")], items=1))
+def test_started_at_is_when_the_report_was_read_not_when_it_was_recorded(
+    engine, make_run, tmp_path
+):
+    """The job waits for a file the test writes once the worker has read its report (and
+    not recorded it: the identity goes with the settle); its ``started_at`` is the time
+    the report was read, before the release, not the time of the settle's write."""
+    gate = tmp_path / "release"
+    code = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.01)"
+    run_id = make_run(make_config([py_stage("s", code)], items=1))
     service = worker(engine, identity_wait_seconds=600.0)
+
+    def report_read() -> bool:
+        service.tick()
+        return any(f.unrecorded_report is not None for f in service.in_flight.values())
+
+    wait_until(report_read, timeout=60)
+    (waiting,) = attempts(engine, run_id)
+    assert waiting.started_at is None  # read, not recorded
+    released = SystemClock().now()
+    gate.touch()
     drive(service, engine, run_id, 1)
     (attempt,) = attempts(engine, run_id)
     assert attempt.outcome == Outcome.SUCCEEDED
-    assert (attempt.settled_at - attempt.started_at).total_seconds() >= 0.4
+    assert attempt.started_at < released < attempt.settled_at
     service.stop()
 
 

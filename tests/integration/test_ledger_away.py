@@ -104,9 +104,10 @@ def test_a_heartbeat_held_up_behind_the_write_lock_never_makes_a_worker_lost(
     name = engine.url.database
     assert name
 
-    # Another session takes laneway's write lock and keeps it past lost_after.
+    # Another session takes laneway's gate alone (as an operator's write does) and keeps
+    # it past lost_after.
     blocker = psycopg.connect(backends.database_url(name).replace("+psycopg", ""))
-    blocker.execute("SELECT pg_advisory_xact_lock(%s)", (db.WRITE_LOCK_KEY,))
+    blocker.execute("SELECT pg_advisory_xact_lock(%s)", (db.GATE_KEY,))
     held = time.monotonic()
     wait_until(lambda: time.monotonic() - held > 2.5)  # the last heartbeat is stale now
     reports: list[object] = []

@@ -1,0 +1,139 @@
+"""On PostgreSQL workers' transactions share the gate and write beside each other; the
+controller's and the operator's take it alone; the order lock keeps event ids committing
+in the order they were drawn and makes the read-then-writes that must see every other
+worker's commits (an item's promotion) wait for them (``controller/db.py``).
+
+Each test holds one transaction open in this thread, starts another in a thread, and
+reads ``pg_locks`` to see which of them waits for which lock; no test measures time.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text
+
+from laneway.controller import db, ledger
+from laneway.controller.models import Job
+from laneway.controller.states import JobState, Outcome
+from tests.integration.test_claim_late_lock import wait_for_lock_waiter
+from tests.support import claim_on_n1, make_config, py_stage, record_spawn, settle_in
+
+
+@pytest.fixture(autouse=True)
+def _postgres_only(on_postgres: bool) -> None:
+    if not on_postgres:
+        pytest.skip("SQLite has one writer at a time: there is no gate to share")
+
+
+def _holders(engine: Any, key: int) -> list[tuple[str, bool]]:
+    """(mode, granted) of every session's hold on, or wait for, advisory lock ``key``."""
+    with engine.connect() as connection:
+        return [
+            (str(mode), bool(granted))
+            for mode, granted in connection.execute(
+                text(
+                    "SELECT mode, granted FROM pg_locks WHERE locktype = 'advisory' "
+                    "AND objid = :key ORDER BY granted DESC, mode"
+                ),
+                {"key": key},
+            )
+        ]
+
+
+def _beat(session: Any, worker: str, clock: Any) -> None:
+    ledger.heartbeat(
+        session,
+        worker,
+        now=clock.now(),
+        lease_seconds=60,
+        mem_available_mib=1000,
+        mem_total_mib=2000,
+    )
+
+
+def test_workers_write_beside_each_other_and_the_controller_waits_for_both(
+    factory, engine, clock, make_run, register_worker
+):
+    make_run(
+        make_config(
+            lanes=[{"name": "a", "node": "n1"}, {"name": "b", "node": "n2"}],
+            nodes=[{"name": n, "memory_floor_mib": 0, "max_jobs": 1} for n in ("n1", "n2")],
+        )
+    )
+    first, second = register_worker(node="n1"), register_worker(node="n2")
+    done = threading.Event()
+
+    def controller_write() -> None:
+        with db.transaction(factory) as session:
+            ledger.append_event(session, "test_controller_write", actor="c", now=clock.now())
+        done.set()
+
+    with db.worker_transaction(factory) as one:
+        _beat(one, first, clock)
+        with db.worker_transaction(factory) as two:  # would wait forever if not shared
+            _beat(two, second, clock)
+            assert _holders(engine, db.GATE_KEY) == [("ShareLock", True), ("ShareLock", True)]
+            thread = threading.Thread(target=controller_write)
+            thread.start()
+            wait_for_lock_waiter(engine, db.GATE_KEY)
+            assert ("ExclusiveLock", False) in _holders(engine, db.GATE_KEY)
+        assert not done.is_set()  # one worker's transaction is still open
+    thread.join(timeout=60)
+    assert done.is_set()
+
+
+def test_event_ids_commit_in_the_order_they_were_drawn(
+    factory, engine, clock, make_run, register_worker
+):
+    make_run()
+    worker = register_worker()
+    written: list[int] = []
+
+    def second_writer() -> None:
+        with db.worker_transaction(factory) as session:
+            ledger.append_event(session, "second", actor=worker, now=clock.now())
+            newest = ledger.flush_events(session)
+        assert newest is not None
+        written.append(newest)
+
+    with db.worker_transaction(factory) as session:
+        ledger.append_event(session, "first", actor=worker, now=clock.now())
+        first = ledger.flush_events(session)
+        thread = threading.Thread(target=second_writer)
+        thread.start()
+        wait_for_lock_waiter(engine, db.ORDER_LOCK_KEY)  # its events wait for this commit
+        assert not written
+    thread.join(timeout=60)
+    assert first is not None and written and written[0] > first
+
+
+def test_two_needs_settled_at_once_promote_their_item(
+    factory, engine, clock, make_run, register_worker
+):
+    """Without the order lock each settle would read the other need as still running
+    (uncommitted) and neither would promote the item's third stage."""
+    stages = [py_stage("a", "pass"), py_stage("b", "pass"), py_stage("c", "pass", needs=["a", "b"])]
+    make_run(make_config(stages, items=1))
+    worker = register_worker()
+    claimed = {c.stage: c for c in claim_on_n1(factory, worker, clock, slots=2)}
+    assert set(claimed) == {"a", "b"}
+    with db.worker_transaction(factory) as session:
+        for claim in claimed.values():
+            record_spawn(session, claim, worker, clock.now(), ("boot", 1, 1))
+
+    def settle(stage: str) -> None:
+        with db.worker_transaction(factory) as session:
+            settle_in(session, claimed[stage], worker, clock, Outcome.SUCCEEDED)
+
+    with db.worker_transaction(factory) as session:
+        settle_in(session, claimed["a"], worker, clock, Outcome.SUCCEEDED)
+        thread = threading.Thread(target=settle, args=("b",))
+        thread.start()
+        wait_for_lock_waiter(engine, db.ORDER_LOCK_KEY)  # b's promotion waits for a's commit
+    thread.join(timeout=60)
+    with db.session_factory(engine)() as session:
+        states = {job.stage: job.state for job in session.scalars(select(Job))}
+    assert states == {"a": JobState.SUCCEEDED, "b": JobState.SUCCEEDED, "c": JobState.READY}
