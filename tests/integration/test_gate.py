@@ -137,3 +137,57 @@ def test_two_needs_settled_at_once_promote_their_item(
     with db.session_factory(engine)() as session:
         states = {job.stage: job.state for job in session.scalars(select(Job))}
     assert states == {"a": JobState.SUCCEEDED, "b": JobState.SUCCEEDED, "c": JobState.READY}
+
+
+def test_two_infrastructure_failures_settled_at_once_trip_the_breaker(
+    factory, engine, clock, make_run, register_worker
+):
+    """The breaker reads the run's streak under the order lock: the second of two
+    failures settled at once sees the first, and the run pauses."""
+    run_id = make_run(make_config(items=2, infra_breaker=2))
+    worker = register_worker()
+    claimed = claim_on_n1(factory, worker, clock, slots=2)
+    assert len(claimed) == 2
+    with db.worker_transaction(factory) as session:
+        for claim in claimed:
+            record_spawn(session, claim, worker, clock.now(), ("boot", 1, 1))
+
+    def settle() -> None:
+        with db.worker_transaction(factory) as session:
+            settle_in(session, claimed[1], worker, clock, Outcome.INFRA_FAILURE)
+
+    with db.worker_transaction(factory) as session:
+        settle_in(session, claimed[0], worker, clock, Outcome.INFRA_FAILURE)
+        thread = threading.Thread(target=settle)
+        thread.start()
+        wait_for_lock_waiter(engine, db.ORDER_LOCK_KEY)
+    thread.join(timeout=60)
+    with db.session_factory(engine)() as session:
+        assert ledger.run_paused(session, run_id)
+
+
+def test_a_budget_total_first_written_by_two_workers_at_once_counts_both(
+    factory, engine, clock, make_run
+):
+    """A budget's totals row is written at the end of a worker's transaction, under the
+    order lock (``db.shared_write``): the second of two first writes finds the row the
+    first inserted, instead of inserting it again."""
+    from laneway.controller.ledger import usage as usage_ledger
+    from laneway.controller.ledger.tables import usage_totals
+
+    run_id = make_run()
+    done = threading.Event()
+
+    def hold() -> None:
+        with db.worker_transaction(factory) as session:
+            usage_ledger.hold_expected(session, run_id, "only", {"usd": 1.0})
+        done.set()
+
+    with db.worker_transaction(factory) as session:
+        usage_ledger.hold_expected(session, run_id, "only", {"usd": 1.0})
+        thread = threading.Thread(target=hold)
+        thread.start()
+        thread.join(timeout=60)
+        assert done.is_set()  # it committed while this transaction is open
+    with db.session_factory(engine)() as session:
+        assert session.execute(select(usage_totals.c.reserved)).scalars().all() == [2.0]
