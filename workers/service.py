@@ -508,7 +508,7 @@ class WorkerService:
         writing = (
             db.claim_transaction(self.factory, node=self.node)
             if late
-            else db.transaction(self.factory)
+            else db.worker_transaction(self.factory)
         )
         try:
             with writing as session:
