@@ -21,17 +21,21 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_run(url: str, jobs: int, workers: int, slots: int, nodes: int = 1) -> int:
-    """One run of ``jobs`` items over ``nodes`` nodes (lane ``a<k>`` on node ``n<k>``,
-    items dealt round-robin), each node with room for all its workers' slots."""
+def make_run(url: str, jobs: int, workers: int, slots: int, nodes: int = 1, stages: int = 1) -> int:
+    """One run of ``jobs`` jobs over ``nodes`` nodes (lane ``a<k>`` on node ``n<k>``,
+    items dealt round-robin), each node with room for all its workers' slots. With
+    ``stages=2`` each of ``jobs // 2`` items has a second stage that needs the first:
+    a settle promotes it."""
     from laneway.controller import db, ledger
     from laneway.controller.clock import SystemClock
     from tests.support import make_config, py_stage
 
     per_node = -(-workers // nodes) * slots
     config = make_config(
-        [py_stage("only", "pass")],
-        items=[{"key": f"i{n}", "lane": f"a{n % nodes + 1}"} for n in range(jobs)],
+        [py_stage("only", "pass")]
+        if stages == 1
+        else [py_stage("only", "pass"), py_stage("then", "pass", needs=["only"])],
+        items=[{"key": f"i{n}", "lane": f"a{n % nodes + 1}"} for n in range(jobs // stages)],
         lanes=[{"name": f"a{k}", "node": f"n{k}"} for k in range(1, nodes + 1)],
         nodes=[
             {"name": f"n{k}", "memory_floor_mib": 0, "max_jobs": per_node}
@@ -52,10 +56,13 @@ def make_run(url: str, jobs: int, workers: int, slots: int, nodes: int = 1) -> i
     return run_id
 
 
-def race(url: str, *, jobs: int, workers: int, slots: int = 4, nodes: int = 1) -> dict[str, Any]:
+def race(
+    url: str, *, jobs: int, workers: int, slots: int = 4, nodes: int = 1, stages: int = 1
+) -> dict[str, Any]:
     """Run the race (worker ``i`` on node ``n<i % nodes + 1>``); returns the children's
-    reports and the wall time."""
-    make_run(url, jobs, workers, slots, nodes)
+    reports and the wall time. With ``stages=2`` each settle also carries a measured
+    peak (the worker's index), folded into its stage's row, which every worker writes."""
+    make_run(url, jobs, workers, slots, nodes, stages)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     started = time.monotonic()
     children = [
@@ -68,6 +75,7 @@ def race(url: str, *, jobs: int, workers: int, slots: int = 4, nodes: int = 1) -
                 str(index),
                 str(slots),
                 f"n{index % nodes + 1}",
+                str(stages),
             ],
             cwd=ROOT,
             env=env,
@@ -86,7 +94,7 @@ def race(url: str, *, jobs: int, workers: int, slots: int = 4, nodes: int = 1) -
     return {"reports": reports, "stderr": stderr, "seconds": time.monotonic() - started}
 
 
-def _child(url: str, index: int, slots: int, node: str) -> dict[str, Any]:
+def _child(url: str, index: int, slots: int, node: str, stages: int) -> dict[str, Any]:
     """Loop as ``WorkerService._settle_and_claim`` does: on SQLite settle and claim in
     one transaction; on PostgreSQL settle in a ``worker_transaction``, then claim in a
     ``claim_transaction`` (the node's lock and the shared gate; the order lock only for
@@ -123,6 +131,9 @@ def _child(url: str, index: int, slots: int, node: str) -> dict[str, Any]:
     if early:
         claim_transaction = lambda factory, node: db.transaction(factory)  # noqa: E731
 
+    def peak(now: Any) -> dict[str, Any]:
+        return {"sampled_at": now, "peak_rss_mib": float(index), "peak_rss_at": now}
+
     def settle(session: Any, claims: list[Any]) -> None:
         nonlocal settles
         now = db.ledger_now(session, clock)
@@ -135,6 +146,7 @@ def _child(url: str, index: int, slots: int, node: str) -> dict[str, Any]:
                 outcome=Outcome.SUCCEEDED,
                 actor=worker,
                 now=now,
+                measured=peak(now) if stages > 1 else None,
             )
         settles += len(claims)
 
@@ -189,4 +201,5 @@ def _child(url: str, index: int, slots: int, node: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(_child(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])))
+    url, index, slots, node, stages = sys.argv[1:6]
+    print(json.dumps(_child(url, int(index), int(slots), node, int(stages))))

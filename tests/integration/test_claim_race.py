@@ -98,3 +98,46 @@ def test_sixteen_workers_claim_each_job_exactly_once(runtime, engine):
         f"\n{WORKERS} workers, {JOBS} jobs: {claims_per_s:.0f} claims/s, "
         f"worst claim wait {worst:.3f} s"
     )
+
+
+def test_two_stage_items_under_sixteen_workers_promote_and_fold_without_deadlock(runtime, engine):
+    """Every settle promotes its item's second stage (the order lock, mid-transaction on
+    PostgreSQL) and folds a peak into its stage's row (a row every worker writes, under
+    the order lock at the transaction's end): no deadlock, no lost promotion, and the
+    stage's peak is the largest settled."""
+    items = 400
+    found = race(db.ledger_url(runtime), jobs=2 * items, workers=WORKERS, nodes=NODES, stages=2)
+    reports = found["reports"]
+    assert [r["errors"] for r in reports] == [[]] * WORKERS, reports
+    for err in found["stderr"]:
+        for word in ("database is locked", "could not serialize", "deadlock", "Traceback"):
+            assert word not in err, err[-2000:]
+    assert sum(r["settles"] for r in reports) == 2 * items
+    with engine.connect() as connection:
+
+        def one(sql: str) -> object:
+            return connection.execute(text(sql)).scalar()
+
+        assert one("SELECT COUNT(*) FROM jobs WHERE state <> 'succeeded'") == 0
+        assert one("SELECT COUNT(*) FROM attempts") == 2 * items
+        folded = connection.execute(
+            text("SELECT stage, measured, peak_rss_mib FROM stage_stats ORDER BY stage")
+        ).all()
+        # The peak each stage's settling workers reported is their index, which they
+        # registered as their process start time.
+        largest = dict(
+            connection.execute(
+                text(
+                    "SELECT j.stage, MAX(w.process_start_time) FROM attempts a "
+                    "JOIN jobs j ON j.id = a.job_id JOIN workers w ON w.id = a.worker_id "
+                    "GROUP BY j.stage"
+                )
+            ).all()
+        )
+    assert [(stage, measured) for stage, measured, _ in folded] == [
+        ("only", items),
+        ("then", items),
+    ]
+    assert {stage: peak for stage, _, peak in folded} == {
+        stage: float(index) for stage, index in largest.items()
+    }

@@ -191,3 +191,37 @@ def test_a_budget_total_first_written_by_two_workers_at_once_counts_both(
         assert done.is_set()  # it committed while this transaction is open
     with db.session_factory(engine)() as session:
         assert session.execute(select(usage_totals.c.reserved)).scalars().all() == [2.0]
+
+
+def test_a_worker_holds_no_row_every_worker_adds_to_before_its_end(
+    factory, engine, clock, make_run
+):
+    """A stage's peaks are folded at the end of a worker's transaction, under the order
+    lock (``db.shared_write``). Were they folded at once, this transaction would hold
+    stage b's row while the other, holding the order lock (as a promotion takes it,
+    mid-transaction), waits for it; and had this one then waited for the order lock,
+    neither could go on."""
+    from laneway.controller.ledger.tables import stage_stats
+
+    run_id = make_run(make_config([py_stage("a", "pass"), py_stage("b", "pass")]))
+    peak = {"peak_rss_mib": 10.0}
+    done = threading.Event()
+
+    def other() -> None:
+        with db.worker_transaction(factory) as session:
+            ledger.fold_peaks(session, run_id, "a", None, peak)
+            db.order_lock(session)
+            ledger.fold_peaks(session, run_id, "b", None, peak)
+        done.set()
+
+    with db.worker_transaction(factory) as session:
+        ledger.fold_peaks(session, run_id, "b", None, peak)
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(timeout=60)
+        assert done.is_set()  # it committed while this transaction is open
+    with db.session_factory(engine)() as session:
+        rows = session.execute(
+            select(stage_stats.c.stage, stage_stats.c.measured).order_by(stage_stats.c.stage)
+        ).all()
+    assert [tuple(row) for row in rows] == [("a", 1), ("b", 2)]
