@@ -21,6 +21,11 @@ WORKERS = 16
 NODES = 4
 
 
+def _scalar(connection):
+    """``one(sql)``: the first column of the first row ``sql`` returns."""
+    return lambda sql: connection.execute(text(sql)).scalar()
+
+
 def follow_events(engine, seen: set[int], stop: threading.Event) -> None:
     """Walk the event log as a cursor reader does: ids after the last one seen."""
     cursor = 0
@@ -56,9 +61,7 @@ def test_sixteen_workers_claim_each_job_exactly_once(runtime, engine):
     assert sum(r["claims"] for r in reports) == JOBS
     assert sum(r["settles"] for r in reports) == JOBS
     with engine.connect() as connection:
-
-        def one(sql: str) -> object:
-            return connection.execute(text(sql)).scalar()
+        one = _scalar(connection)
 
         assert one("SELECT COUNT(*) FROM attempts") == JOBS
         # Exactly one attempt per (job, fence), and one per job.
@@ -114,9 +117,7 @@ def test_two_stage_items_under_sixteen_workers_promote_and_fold_without_deadlock
             assert word not in err, err[-2000:]
     assert sum(r["settles"] for r in reports) == 2 * items
     with engine.connect() as connection:
-
-        def one(sql: str) -> object:
-            return connection.execute(text(sql)).scalar()
+        one = _scalar(connection)
 
         assert one("SELECT COUNT(*) FROM jobs WHERE state <> 'succeeded'") == 0
         assert one("SELECT COUNT(*) FROM attempts") == 2 * items
