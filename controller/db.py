@@ -14,6 +14,8 @@ import fcntl
 import os
 import sqlite3
 import time
+import weakref
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -124,7 +126,14 @@ def _postgres_engine(url: URL, *, readonly: bool) -> Engine:
     """PostgreSQL through psycopg 3 (``postgresql://`` means psycopg, not psycopg2).
     Sessions run in UTC (ledger timestamps are naive UTC), and a session left idle inside
     a transaction (a worker stopped with SIGSTOP while it held the write lock) is ended
-    by the server after ``IDLE_IN_TRANSACTION_MS``, so it cannot block every writer."""
+    by the server after ``IDLE_IN_TRANSACTION_MS``, so it cannot block every writer.
+
+    Only read-only engines (the dashboard, ``status``) ping a pooled connection before
+    using it. The engine that writes does not: a ping is a round trip per transaction,
+    and the processes that write through it (worker, controller, ``laneway run``) ride
+    out a connection that failed on its first statement like any transient failure
+    (``is_transient``: nothing was written, the tick is tried again, and SQLAlchemy has
+    dropped every connection of the pool it found dead)."""
     from sqlalchemy import create_engine
 
     if url.drivername == "postgresql":
@@ -139,7 +148,7 @@ def _postgres_engine(url: URL, *, readonly: bool) -> Engine:
     options = f"-c timezone=UTC -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"
     return create_engine(
         url,
-        pool_pre_ping=True,
+        pool_pre_ping=readonly,
         connect_args={
             "application_name": "laneway-readonly" if readonly else "laneway",
             "options": options,
@@ -187,9 +196,12 @@ def reader(engine: Engine) -> sessionmaker[Session]:
 
     On SQLite every transaction of ``engine`` begins IMMEDIATE; frequent polls through it
     would queue behind, and block, real writers. This opens the same file read-only.
+    On PostgreSQL it is the engine in autocommit (``_autocommit``): a read there sees a
+    snapshot per statement in any case (READ COMMITTED), and needs no BEGIN and ROLLBACK
+    round trips around it.
     """
     if not is_sqlite(engine):
-        return session_factory(engine)
+        return session_factory(_autocommit(engine))
     url = engine.url.render_as_string(hide_password=False)
     factory = _readers.get(url)
     if factory is None:
@@ -213,7 +225,7 @@ def one_read(engine: Engine) -> Iterator[Session]:
     loop's: on SQLite through a read-only engine of its own, disposed after, so no
     connection stays open (``reader`` keeps one per ledger for the loops that poll)."""
     if not is_sqlite(engine):
-        with session_factory(engine)() as session:
+        with session_factory(_autocommit(engine))() as session:
             yield session
         return
     own = make_engine(engine.url.render_as_string(hide_password=False), readonly=True)
@@ -242,15 +254,19 @@ def transaction(factory: sessionmaker[Session], *, fair: bool = True) -> Iterato
     ``claim_transaction``). Reads take no lock. docs/deploy.md says what this costs.
     """
     engine = factory.kw.get("bind")
+    postgres = engine is not None and not is_sqlite(engine)
     asked = time.monotonic()
-    with _write_lock(engine if fair else None), factory() as session:
+    with (
+        _write_lock(engine if fair else None),
+        factory(
+            **({"bind": _autocommit(engine)} if engine is not None and postgres else {})
+        ) as session,
+    ):
         session.begin()
         try:
-            if engine is not None and not is_sqlite(engine):
-                # One round trip: the gate, then the server's clock read once it is held.
-                from sqlalchemy import text
-
-                session.info[LEDGER_NOW] = session.execute(text(_GATE_THEN_NOW)).scalar_one()
+            if postgres:
+                # One round trip: BEGIN, the gate, then the server's clock once it is held.
+                session.info[LEDGER_NOW] = _begin_with(session, _GATE_THEN_NOW)
             session.info[WRITE_LOCKED] = True
             session.info[LOCKED_AT] = time.monotonic()
             session.info[LOCK_WAIT] = session.info[LOCKED_AT] - asked
@@ -276,7 +292,7 @@ def worker_transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
         with transaction(factory) as session:
             yield session
         return
-    with _shared_gate(factory, _SHARED_GATE_THEN_NOW, {}) as session:
+    with _shared_gate(factory, _SHARED_GATE_THEN_NOW) as session:
         yield session
 
 
@@ -294,21 +310,17 @@ def claim_transaction(factory: sessionmaker[Session], *, node: str) -> Iterator[
         with transaction(factory) as session:
             yield session
         return
-    with _shared_gate(factory, _NODE_LOCK_THEN_NOW, {"node": node}) as session:
+    with _shared_gate(factory, _NODE_LOCK_THEN_NOW.format(node=node_lock_key(node))) as session:
         yield session
 
 
 @contextmanager
-def _shared_gate(
-    factory: sessionmaker[Session], locks_then_now: str, params: dict[str, Any]
-) -> Iterator[Session]:
-    from sqlalchemy import text
-
+def _shared_gate(factory: sessionmaker[Session], locks_then_now: str) -> Iterator[Session]:
     asked = time.monotonic()
-    with factory() as session:
+    with factory(bind=_autocommit(factory.kw["bind"])) as session:
         session.begin()
         try:
-            session.info[LEDGER_NOW] = session.execute(text(locks_then_now), params).scalar_one()
+            session.info[LEDGER_NOW] = _begin_with(session, locks_then_now)
             session.info[LOCK_WAIT] = time.monotonic() - asked
             session.info[WRITE_LOCKED] = False
             session.info[DEFERRED] = []
@@ -319,6 +331,35 @@ def _shared_gate(
             session.rollback()
             raise
         _commit(session)
+
+
+_autocommits: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
+
+
+def _autocommit(engine: Engine) -> Engine:
+    """``engine`` (the same pool) with its PostgreSQL connections in psycopg's autocommit
+    mode while a session holds them (SQLAlchemy puts them back as they were when they
+    return to the pool). psycopg sends no BEGIN of its own then: a read is one round
+    trip, and a write transaction begins with its first statement (``_begin_with``)."""
+    found = _autocommits.get(engine)
+    if found is None:
+        found = _autocommits[engine] = engine.execution_options(isolation_level="AUTOCOMMIT")
+    return found
+
+
+def _begin_with(session: Session, first: str) -> datetime:
+    """Run ``first``, a query for the server's clock without parameters, as the first
+    statement of ``session``'s transaction (on ``_autocommit``'s engine), and begin the
+    transaction, in one round trip. psycopg sends a query without parameters as one
+    simple-protocol message; there a ``BEGIN`` after a statement turns the implicit
+    transaction that statement ran in into the transaction block, so what ``first``
+    locked stays locked to the commit. psycopg, seeing the server inside a transaction,
+    then sends COMMIT or ROLLBACK when SQLAlchemy asks. Returns the clock."""
+    from sqlalchemy import text
+
+    found = session.execute(text(f"{first}; BEGIN")).scalar_one()
+    assert isinstance(found, datetime)
+    return found
 
 
 def order_lock(session: Session) -> bool:
@@ -573,12 +614,20 @@ _SHARED_GATE_THEN_NOW = (
 
 
 NODE_LOCK_CLASS = 0x6C616E6E  # "lann": the first key of every node's advisory lock
+
+
+def node_lock_key(node: str) -> int:
+    """The second key of ``node``'s advisory lock: its name's CRC-32 as a signed 32-bit
+    integer (computed here, so the claim's first statement needs no parameter)."""
+    return zlib.crc32(node.encode()) - 2**31
+
+
 # The node's lock, then the gate shared, then the clock, in one round trip: CASE
 # evaluates its condition first and each sub-select (an InitPlan) on first use, so the
 # gate is asked for only once the node's lock is held (``order_lock`` says why).
 _NODE_LOCK_THEN_NOW = (
     "SELECT CASE WHEN (SELECT true FROM (SELECT pg_advisory_xact_lock("
-    f"{NODE_LOCK_CLASS}, hashtext(:node))) AS node) THEN (SELECT timezone('UTC', "
+    f"{NODE_LOCK_CLASS}, {{node}})) AS node) THEN (SELECT timezone('UTC', "
     f"clock_timestamp()) FROM (SELECT pg_advisory_xact_lock_shared({GATE_KEY})) AS gate) END"
 )
 

@@ -27,7 +27,6 @@ from laneway.controller.errors import NotFound
 from laneway.controller.ledger import selection, statements
 from laneway.controller.ledger import usage as usage_ledger
 from laneway.controller.ledger.runs import frozen_config
-from laneway.controller.ledger.tables import jobs
 from laneway.controller.models import Run
 from laneway.controller.states import AttemptState
 
@@ -484,20 +483,11 @@ def _ready_rows(
             if (row.run_id, row.lane, row.stage, row.group_name) in wanted
         ]
     else:
+        # A claim on PostgreSQL locks the candidates as it reads them, skipping those
+        # racing workers' claims hold (SQLite's BEGIN IMMEDIATE already serialises claims).
+        locked = lock and session.get_bind().dialect.name != "sqlite"
         for chunk in statements.chunks(partitions):
-            rows += session.execute(statements.ready_candidates(chunk, per_partition)).all()
-    if lock and rows and session.get_bind().dialect.name != "sqlite":
-        # PostgreSQL: racing workers skip rows another claim holds (SQLite's BEGIN
-        # IMMEDIATE already serialises claims).
-        locked = set(
-            session.execute(
-                jobs.select()
-                .with_only_columns(jobs.c.id)
-                .where(jobs.c.id.in_([row.id for row in rows]))
-                .with_for_update(skip_locked=True, key_share=True)
-            ).scalars()
-        )
-        rows = [row for row in rows if row.id in locked]
+            rows += session.execute(statements.ready_candidates(chunk, per_partition, locked)).all()
     # Highest priority first (across runs too), then run, later stages, item order.
     rows.sort(key=lambda r: (r.priority_rank, r.run_id, -r.stage_position, r.item_position))
     return rows

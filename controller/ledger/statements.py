@@ -447,7 +447,9 @@ def _built_once(build: Callable[..., Any]) -> Callable[..., Any]:
 
 @_built_once
 def ready_candidates(
-    partitions: Sequence[tuple[int, str, str, str | None]], per_partition: int
+    partitions: Sequence[tuple[int, str, str, str | None]],
+    per_partition: int,
+    locked: bool = False,
 ) -> Any:
     """The first ``per_partition`` ready jobs of each (run, lane, stage, item group):
     highest priority first (``priority_rank``), in item order among equals. The group is
@@ -456,19 +458,27 @@ def ready_candidates(
     More than the free slots of one partition can never start in one claim, so one more
     than that is enough to also record why the next would wait. Each branch is one index
     range (``ix_jobs_dispatch``): the cost follows the slots and lanes, not the backlog.
+
+    ``locked`` (a claim): on PostgreSQL each branch locks the job rows it returns and
+    skips those another claim holds (``FOR NO KEY UPDATE OF jobs SKIP LOCKED``, under
+    its LIMIT, so a branch still returns up to ``per_partition`` jobs nobody holds);
+    SQLite renders no lock (its write lock already serialises claims).
     """
     branches = [
-        _CANDIDATE.where(
-            jobs.c.run_id == run_id,
-            jobs.c.state == JobState.READY.value,
-            jobs.c.lane == lane,
-            jobs.c.stage == stage,
-            jobs.c.group_name.is_(None) if group is None else jobs.c.group_name == group,
-            # Waiting out a retry backoff: not a candidate until the controller clears it.
-            jobs.c.retry_after.is_(None),
+        _held(
+            _CANDIDATE.where(
+                jobs.c.run_id == run_id,
+                jobs.c.state == JobState.READY.value,
+                jobs.c.lane == lane,
+                jobs.c.stage == stage,
+                jobs.c.group_name.is_(None) if group is None else jobs.c.group_name == group,
+                # Waiting out a retry backoff: not a candidate until the controller clears it.
+                jobs.c.retry_after.is_(None),
+            )
+            .order_by(jobs.c.priority_rank, jobs.c.id)
+            .limit(per_partition),
+            locked,
         )
-        .order_by(jobs.c.priority_rank, jobs.c.id)
-        .limit(per_partition)
         .subquery()
         .select()
         for run_id, lane, stage, group in partitions
@@ -476,6 +486,10 @@ def ready_candidates(
     if len(branches) == 1:
         return branches[0]
     return union_all(*branches)
+
+
+def _held(query: Any, locked: bool) -> Any:
+    return query.with_for_update(skip_locked=True, key_share=True, of=jobs) if locked else query
 
 
 @_built_once

@@ -197,7 +197,8 @@ def test_a_claim_takes_the_order_lock_after_its_rows_and_before_its_events(
     factory, clock, make_run, register_worker, engine
 ):
     """A PostgreSQL claim begins with its node's lock and the shared gate in one
-    statement, reads its snapshot and writes its jobs, intents and leases beside other
+    statement (its transaction's BEGIN after them, in the same message), reads its
+    snapshot and writes its jobs, intents and leases beside other
     nodes' claims, and takes the order lock only for its events (ids commit in the
     order they were drawn) and the stopper check."""
     from sqlalchemy import event
@@ -219,11 +220,17 @@ def test_a_claim_takes_the_order_lock_after_its_rows_and_before_its_events(
     assert writes
     if db.is_sqlite(engine):
         return  # the write lock is SQLite's own, from BEGIN IMMEDIATE on
-    assert "HASHTEXT" in sent[0] and f"PG_ADVISORY_XACT_LOCK_SHARED({db.GATE_KEY})" in sent[0]
+    assert f"PG_ADVISORY_XACT_LOCK({db.NODE_LOCK_CLASS}, " in sent[0], sent[0]
+    assert f"PG_ADVISORY_XACT_LOCK_SHARED({db.GATE_KEY})" in sent[0] and sent[0].endswith("; BEGIN")
     order = [i for i, s in enumerate(sent) if f"PG_ADVISORY_XACT_LOCK({db.ORDER_LOCK_KEY})" in s]
     events = [i for i, s in enumerate(sent) if s.startswith("INSERT INTO EVENTS")]
     assert len(order) == 1 and events, sent
     assert writes[0] < order[0] < events[0], sent
+    # The candidates are locked as they are read (SKIP LOCKED under each LIMIT), not by
+    # a statement of their own after the read.
+    reads = [s for s in sent if "FROM JOBS JOIN ITEMS" in s]
+    assert len(reads) == 1 and "FOR NO KEY UPDATE OF JOBS SKIP LOCKED" in reads[0], sent
+    assert not any(s.startswith("SELECT JOBS.ID FROM JOBS") for s in sent), sent
 
 
 def test_a_worker_whose_claim_raced_claims_again_on_its_next_tick(

@@ -225,3 +225,52 @@ def test_a_worker_holds_no_row_every_worker_adds_to_before_its_end(
             select(stage_stats.c.stage, stage_stats.c.measured).order_by(stage_stats.c.stage)
         ).all()
     assert [tuple(row) for row in rows] == [("a", 1), ("b", 2)]
+
+
+class _Undone(Exception):
+    pass
+
+
+@pytest.mark.parametrize("kind", ["transaction", "worker_transaction", "claim_transaction"])
+def test_a_write_transaction_begun_with_its_first_statement_rolls_back_whole(
+    factory, engine, clock, make_run, register_worker, kind
+):
+    """A write transaction's BEGIN goes to the server with its first statement (the
+    locks and the clock, in one message): every statement after it is still inside the
+    transaction, so a failure undoes them all, and the locks are released with it."""
+    make_run(make_config())
+    worker = register_worker(node="n1")
+    opened = {
+        "transaction": lambda: db.transaction(factory),
+        "worker_transaction": lambda: db.worker_transaction(factory),
+        "claim_transaction": lambda: db.claim_transaction(factory, node="n1"),
+    }[kind]
+    with db.one_read(engine) as session:
+        before = session.execute(text("SELECT max(id) FROM events")).scalar()
+    with pytest.raises(_Undone), opened() as session:
+        _beat(session, worker, clock)
+        ledger.append_event(session, "test_undone", actor="t", now=clock.now())
+        db.order_lock(session)
+        assert _holders(engine, db.GATE_KEY)  # held, to the end of the transaction
+        raise _Undone
+    with db.one_read(engine) as session:
+        assert session.execute(text("SELECT max(id) FROM events")).scalar() == before
+        kinds = session.execute(text("SELECT count(*) FROM events WHERE kind = 'test_undone'"))
+        assert kinds.scalar() == 0
+    assert _holders(engine, db.GATE_KEY) == []
+    assert _holders(engine, db.ORDER_LOCK_KEY) == []
+
+
+def test_a_read_holds_no_transaction_open(engine):
+    """``db.reader`` and ``db.one_read`` read in autocommit on PostgreSQL: between
+    statements their connection is idle, not idle in a transaction (no BEGIN and
+    ROLLBACK round trips, and no snapshot held while the caller works)."""
+    for opened in (lambda: db.reader(engine)(), lambda: db.one_read(engine)):
+        with opened() as session:
+            pid = session.execute(text("SELECT pg_backend_pid()")).scalar()
+            session.execute(text("SELECT count(*) FROM events")).scalar()
+            with engine.connect() as other:
+                state = other.execute(
+                    text("SELECT state FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+                ).scalar()
+            assert state == "idle"
