@@ -14,7 +14,6 @@ import fcntl
 import os
 import sqlite3
 import time
-import weakref
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -333,17 +332,16 @@ def _shared_gate(factory: sessionmaker[Session], locks_then_now: str) -> Iterato
         _commit(session)
 
 
-_autocommits: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
-
-
 def _autocommit(engine: Engine) -> Engine:
     """``engine`` (the same pool) with its PostgreSQL connections in psycopg's autocommit
     mode while a session holds them (SQLAlchemy puts them back as they were when they
     return to the pool). psycopg sends no BEGIN of its own then: a read is one round
-    trip, and a write transaction begins with its first statement (``_begin_with``)."""
-    found = _autocommits.get(engine)
+    trip, and a write transaction begins with its first statement (``_begin_with``).
+    Kept on the engine itself, so it goes when the engine goes."""
+    found: Engine | None = getattr(engine, "_laneway_autocommit", None)
     if found is None:
-        found = _autocommits[engine] = engine.execution_options(isolation_level="AUTOCOMMIT")
+        found = engine.execution_options(isolation_level="AUTOCOMMIT")
+        setattr(engine, "_laneway_autocommit", found)  # noqa: B010 (not a declared attribute)
     return found
 
 
