@@ -325,14 +325,15 @@ def launch_supervisor(
 @contextmanager
 def statements(engine: Any) -> Iterator[Counter[str]]:
     """Count the SQL statements run inside the block, by their text (white space folded):
-    on ``engine`` and on its read-only twin (``db.reader``), which the daemons read
-    through."""
+    on ``engine`` and on what ``db.reader`` reads through (the daemons' reads)."""
     from sqlalchemy import event
 
     from laneway.controller import db
 
     counted: Counter[str] = Counter()
-    engines = {engine, db.reader(engine).kw["bind"]}
+    # SQLite's reader is an engine of its own; PostgreSQL's is ``engine`` in autocommit,
+    # whose statements ``engine``'s listeners already see.
+    engines = {engine, db.reader(engine).kw["bind"]} if db.is_sqlite(engine) else {engine}
 
     def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         counted[" ".join(statement.split())] += 1
