@@ -265,7 +265,7 @@ def transaction(factory: sessionmaker[Session], *, fair: bool = True) -> Iterato
         try:
             if postgres:
                 # One round trip: BEGIN, the gate, then the server's clock once it is held.
-                session.info[LEDGER_NOW] = _begin_with(session, _GATE_THEN_NOW)
+                session.info[LEDGER_NOW] = _begin_with(session, _GATE_THEN_NOW)[0]
             session.info[WRITE_LOCKED] = True
             session.info[LOCKED_AT] = time.monotonic()
             session.info[LOCK_WAIT] = session.info[LOCKED_AT] - asked
@@ -319,7 +319,10 @@ def _shared_gate(factory: sessionmaker[Session], locks_then_now: str) -> Iterato
     with factory(bind=_autocommit(factory.kw["bind"])) as session:
         session.begin()
         try:
-            session.info[LEDGER_NOW] = _begin_with(session, locks_then_now)
+            first = _begin_with(session, locks_then_now)
+            session.info[LEDGER_NOW] = first[0]
+            if len(first) > 1:  # a claim's: the newest event when it began
+                session.info[EVENTS_BEFORE] = int(first[1] or 0)
             session.info[LOCK_WAIT] = time.monotonic() - asked
             session.info[WRITE_LOCKED] = False
             session.info[DEFERRED] = []
@@ -345,19 +348,29 @@ def _autocommit(engine: Engine) -> Engine:
     return found
 
 
-def _begin_with(session: Session, first: str) -> datetime:
-    """Run ``first``, a query for the server's clock without parameters, as the first
-    statement of ``session``'s transaction (on ``_autocommit``'s engine), and begin the
-    transaction, in one round trip. psycopg sends a query without parameters as one
-    simple-protocol message; there a ``BEGIN`` after a statement turns the implicit
-    transaction that statement ran in into the transaction block, so what ``first``
-    locked stays locked to the commit. psycopg, seeing the server inside a transaction,
-    then sends COMMIT or ROLLBACK when SQLAlchemy asks. Returns the clock."""
+def _begin_with(session: Session, first: str) -> tuple[Any, ...]:
+    """Run ``first``, a query without parameters whose first column is the server's
+    clock, as the first statement of ``session``'s transaction (on ``_autocommit``'s
+    engine), and begin the transaction, in one round trip. psycopg sends a query without
+    parameters as one simple-protocol message; there a ``BEGIN`` after a statement turns
+    the implicit transaction that statement ran in into the transaction block, so what
+    ``first`` locked stays locked to the commit. psycopg, seeing the server inside a
+    transaction, then sends COMMIT or ROLLBACK when SQLAlchemy asks. Returns the row."""
     from sqlalchemy import text
 
-    found = session.execute(text(f"{first}; BEGIN")).scalar_one()
-    assert isinstance(found, datetime)
+    found = tuple(session.execute(text(f"{first}; BEGIN")).one())
+    assert isinstance(found[0], datetime)
     return found
+
+
+def events_before(session: Session) -> int | None:
+    """In a PostgreSQL ``claim_transaction``: the newest event id committed when its
+    first statement began. Every event up to it is visible to the claim's reads (ids
+    commit in the order they are drawn: ``order_lock``), so a worker that claimed from
+    them has seen them all; an event after it may have been committed after the claim
+    read (``WorkerService._worth_claiming``). None elsewhere."""
+    found = session.info.get(EVENTS_BEFORE)
+    return None if found is None else int(found)
 
 
 def order_lock(session: Session) -> bool:
@@ -580,6 +593,8 @@ class _RetryState:
 
 
 LEDGER_NOW = "laneway_ledger_now"
+EVENTS_BEFORE = "laneway_events_before"
+"""The newest event id when a PostgreSQL claim began (``events_before``)."""
 LOCK_WAIT = "laneway_lock_wait"
 WRITE_LOCKED = "laneway_write_locked"
 """False while a worker's transaction on PostgreSQL has not taken the order lock."""
@@ -622,11 +637,14 @@ def node_lock_key(node: str) -> int:
 
 # The node's lock, then the gate shared, then the clock, in one round trip: CASE
 # evaluates its condition first and each sub-select (an InitPlan) on first use, so the
-# gate is asked for only once the node's lock is held (``order_lock`` says why).
+# gate is asked for only once the node's lock is held (``order_lock`` says why). The
+# second column is the newest event id in the statement's snapshot, taken when it began
+# (``events_before``): the claim's later reads see at least that much.
 _NODE_LOCK_THEN_NOW = (
     "SELECT CASE WHEN (SELECT true FROM (SELECT pg_advisory_xact_lock("
     f"{NODE_LOCK_CLASS}, {{node}})) AS node) THEN (SELECT timezone('UTC', "
-    f"clock_timestamp()) FROM (SELECT pg_advisory_xact_lock_shared({GATE_KEY})) AS gate) END"
+    f"clock_timestamp()) FROM (SELECT pg_advisory_xact_lock_shared({GATE_KEY})) AS gate) END, "
+    "(SELECT max(id) FROM events)"
 )
 
 

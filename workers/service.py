@@ -141,6 +141,9 @@ class WorkerService:
         self._last_heartbeat = float("-inf")
         self._last_claim = float("-inf")
         self._seen_event = -1
+        """The newest event this worker's last claim read from (-1: none yet)."""
+        self._own_events: list[int] = []
+        """The events that claim wrote itself, after ``_seen_event``."""
         self._waiting_on_capacity = True
         """Ready work was refused at the last claim: look again each ``rescan_seconds``."""
         self.watch = ChangeWatch(engine)
@@ -298,9 +301,15 @@ class WorkerService:
             return True
         if not self.watch.changed():
             return False
+        if self._seen_event < 0:
+            return True
         with db.reader(self.engine)() as session:
-            latest = ledger.latest_event_id(session)
-        return latest != self._seen_event
+            latest, news = ledger.events_since(session, self._seen_event, self._own_events)
+        if news is not None:
+            return True
+        if latest is not None:  # only the last claim's own events: nothing to claim from
+            self._seen_event, self._own_events = latest, []
+        return False
 
     def _sample_if_due(self) -> None:
         """Sample every in-flight attempt's tree each ``sample_seconds`` (and at once for
@@ -505,6 +514,7 @@ class WorkerService:
             # Identities go in their own transaction when due, or with the next settle.
             self.spawning.record_due()
         claims: list[ledger.Claim] = []
+        looked: tuple[int, list[int]] | None = None
         writing = (
             db.claim_transaction(self.factory, node=self.node)
             if late
@@ -538,14 +548,19 @@ class WorkerService:
                     self._waiting_on_capacity = seen.get("candidates", 0) > len(claims)
                     for claim in claims:
                         self.stages.remember(session, claim)
-                    # The newest event this transaction wrote is the ledger's newest on
-                    # SQLite, whose write lock it holds; elsewhere the newest committed
-                    # is read (ids commit in order: db.order_lock).
+                    # What this claim has seen: on SQLite, whose write lock it holds, the
+                    # ledger's newest event. On PostgreSQL another worker may commit an
+                    # event after the claim read (a job it made ready), so: the newest
+                    # when the claim began, and the events it wrote itself.
                     written = ledger.flush_events(session)
-                    self._seen_event = (
-                        written
-                        if written is not None and not late
-                        else ledger.latest_event_id(session)
+                    before = db.events_before(session)
+                    looked = (
+                        (before, ledger.written_events(session))
+                        if before is not None
+                        else (
+                            written if written is not None else ledger.latest_event_id(session),
+                            [],
+                        )
                     )
         except ledger.ClaimRaced as exc:
             # PostgreSQL only: another worker stopped a run this claim started a job of
@@ -555,6 +570,8 @@ class WorkerService:
                 raise
             self.last_claim_race = str(exc)
             claims = []
+        if looked is not None:  # committed: what it was claimed from has been seen
+            self._seen_event, self._own_events = looked
         if not late:
             self.spawning.identities_recorded(identities)
         if finished:

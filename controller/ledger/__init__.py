@@ -130,11 +130,13 @@ from laneway.controller.ledger.transitions import (
     append_event,
     append_events,
     event_row,
+    events_since,
     flush_events,
     latest_event_id,
     move_attempt,
     move_job,
     refused_before_writing,
+    written_events,
 )
 from laneway.controller.states import ATTEMPT_TRANSITIONS, JOB_TRANSITIONS
 
@@ -171,6 +173,7 @@ __all__ = [
     "create_run",
     "delivered_inputs",
     "event_row",
+    "events_since",
     "expire_leases",
     "expired_leases",
     "failed_jobs",
@@ -236,4 +239,5 @@ __all__ = [
     "unfinished_runs",
     "unknown_attempts",
     "upsert_node",
+    "written_events",
 ]

@@ -67,6 +67,13 @@ INSERT_EVENTS = insert(events).returning(events.c.id)
 # latest_event_id: the newest event id, a cheap "did anything change?" probe.
 LATEST_EVENT_ID = select(func.max(events.c.id))
 
+# events_since: after event :seen, the newest event and the newest not among :own (the
+# events a worker's last claim wrote itself), an index range over what came since.
+EVENTS_SINCE = select(
+    func.max(events.c.id),
+    func.max(events.c.id).filter(events.c.id.not_in(bindparam("own", expanding=True))),
+).where(events.c.id > bindparam("seen"))
+
 # events_after: the next page of events after a cursor, with the item of each job event.
 EVENTS_AFTER = (
     select(events.c.id, events.c.kind, events.c.run_id, jobs.c.item_id)

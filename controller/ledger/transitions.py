@@ -36,6 +36,8 @@ from laneway.controller.states import (
 
 PENDING_EVENTS = "laneway_pending_events"
 """``session.info`` key: the events appended in this write transaction, not written yet."""
+WRITTEN_EVENTS = "laneway_events_written"
+"""``session.info`` key: the ids of the events this write transaction has written."""
 APPENDED = "laneway_events_appended"
 """``session.info`` key: how many events this session has appended, written or not.
 Every state write appends its event right after its compare-and-set, so a count that
@@ -93,7 +95,14 @@ def flush_events(session: Session) -> int | None:
     if not pending:
         return None
     db.order_lock(session)  # event ids commit in the order they are drawn
-    return int(max(session.execute(statements.INSERT_EVENTS, pending).scalars()))
+    ids = [int(i) for i in session.execute(statements.INSERT_EVENTS, pending).scalars()]
+    session.info.setdefault(WRITTEN_EVENTS, []).extend(ids)
+    return max(ids)
+
+
+def written_events(session: Session) -> list[int]:
+    """The ids of the events this write transaction has written so far."""
+    return list(session.info.get(WRITTEN_EVENTS, []))
 
 
 @contextmanager
@@ -147,6 +156,13 @@ def latest_event_id(session: Session) -> int:
     write transaction, counting the events it appended)."""
     flush_events(session)
     return session.execute(statements.LATEST_EVENT_ID).scalar() or 0
+
+
+def events_since(session: Session, seen: int, own: list[int]) -> tuple[int | None, int | None]:
+    """After event ``seen``: the newest event id, and the newest that is not in
+    ``own`` (events the asker wrote itself, which tell it nothing new); None for none."""
+    row = session.execute(statements.EVENTS_SINCE, {"seen": seen, "own": own}).one()
+    return row[0], row[1]
 
 
 def move_job(

@@ -267,3 +267,61 @@ def test_a_worker_whose_claim_raced_claims_again_on_its_next_tick(
     assert len(service.in_flight) == 1
     service.drain()
     service.stop()
+
+
+def test_an_event_committed_while_a_claim_reads_wakes_the_worker_again(
+    engine, factory, clock, make_run, monkeypatch, on_postgres
+):
+    """Another worker lifts a pause between a claim's read and its order lock: the claim
+    did not see the run's job, so the worker must not count that event as seen. It
+    looks again when the ledger next changes and claims the job (a worker that marked
+    the event seen would leave the job ready until something else happened)."""
+    from laneway.controller.states import ControlKind
+    from laneway.workers.service import WorkerService
+    from tests.support import clear_run_control
+
+    if not on_postgres:
+        pytest.skip("SQLite's claim reads under its write lock: nothing commits meanwhile")
+    first = make_run(make_config(items=1))
+    second = make_run(make_config(items=1))
+    with db.transaction(factory) as session:
+        control_run(session, ControlKind.PAUSE, second, reason="t", actor="op", now=clock.now())
+    service = WorkerService(engine, node="n1", slots=2, memory_probe=lambda: (64_000.0, 128_000.0))
+    service.start()
+
+    def lift() -> None:
+        with db.worker_transaction(factory) as session:
+            clear_run_control(
+                session, ControlKind.PAUSE, second, reason="t", actor="w2", now=clock.now()
+            )
+
+    between_read_and_lock(monkeypatch, lift)
+    service.tick()
+    assert [f.claim.run_id for f in service.in_flight.values()] == [first]
+    monkeypatch.setattr(service.watch, "changed", lambda: True)
+    assert service._worth_claiming()
+    service.tick()
+    assert sorted(f.claim.run_id for f in service.in_flight.values()) == [first, second]
+    service.drain()
+    service.stop()
+
+
+def test_a_claims_own_events_do_not_wake_its_worker(engine, factory, clock, make_run, monkeypatch):
+    """After a claim, the events it wrote itself are no news to its worker; an event
+    another writer commits is."""
+    from laneway.controller.states import ControlKind
+    from laneway.workers.service import WorkerService
+
+    make_run(make_config(items=3))
+    other = make_run(make_config(items=1))
+    service = WorkerService(engine, node="n1", slots=1, memory_probe=lambda: (64_000.0, 128_000.0))
+    service.start()
+    service.tick()
+    assert len(service.in_flight) == 1
+    monkeypatch.setattr(service.watch, "changed", lambda: True)
+    assert not service._worth_claiming()
+    with db.transaction(factory) as session:
+        control_run(session, ControlKind.PAUSE, other, reason="t", actor="op", now=clock.now())
+    assert service._worth_claiming()
+    service.drain()
+    service.stop()
