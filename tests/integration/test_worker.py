@@ -477,20 +477,32 @@ def test_an_attempts_first_sample_is_written_with_its_second(engine, make_run):
     service.drain()
 
 
-def test_a_claim_takes_the_newest_event_from_its_own_insert_on_sqlite(engine, make_run):
-    """A claim remembers the newest event, so the worker claims again only after a
-    change. On SQLite the claim holds the write lock, so that is the last event it
-    wrote: taken from the insert's returned ids, not read again (one statement fewer per
-    claim). On PostgreSQL other nodes write meanwhile, and it is read."""
+def test_a_claim_remembers_the_events_it_was_claimed_from(engine, make_run):
+    """A claim remembers what it has seen, so the worker claims again only after a
+    change, and reads no event id after its writes (one statement fewer per claim). On
+    SQLite the claim holds the write lock: what it saw is the last event it wrote, taken
+    from the insert's returned ids. On PostgreSQL other nodes write meanwhile: it is the
+    newest event when the claim began (read in its first statement) and the events the
+    claim wrote itself (test_claim_late_lock.py has the race this keeps)."""
     run_id = make_run(make_config([py_stage("only", "pass")], items=2))
     service = start_worker(engine, slots=2)
+    with db.session_factory(engine)() as session:
+        before = session.scalar(select(func.max(Event.id)))
     with statements(engine) as counted:
         report = service.tick()
     assert report.claimed == 2
     with db.session_factory(engine)() as session:
-        # The claim's newest: identities recorded after it (attempt_running) may follow.
-        newest = select(func.max(Event.id)).where(Event.kind != "attempt_running")
-        assert service._seen_event == session.scalar(newest)
+        # The claim's own: identities recorded after it (attempt_running) may follow.
+        own = session.scalars(
+            select(Event.id)
+            .where(Event.id > before, Event.kind != "attempt_running")
+            .order_by(Event.id)
+        ).all()
+    assert own, "the claim wrote its intents' events"
+    if db.is_sqlite(engine):
+        assert (service._seen_event, service._own_events) == (own[-1], [])
+    else:
+        assert (service._seen_event, sorted(service._own_events)) == (before, own)
     newest_reads = sum(n for sql, n in counted.items() if "max(events.id)" in sql)
-    assert newest_reads == (0 if db.is_sqlite(engine) else 1), counted
+    assert newest_reads == 0, counted
     drive(engine, [service], run_id)
