@@ -223,6 +223,7 @@ class WorkerService:
             identities = self.spawning.write_identities(session, now)
             ledger.stop_worker(session, self.worker_id, now=now)
         self.spawning.identities_recorded(identities)
+        self.spawning.close_reports()
         self.watch.close()
         if self.launcher is not None:
             self.launcher.close()

@@ -222,6 +222,16 @@ class Spawning:
             flight.receipt_error = self.write_receipt(flight, boot)
         crash_point("worker_after_receipt_before_identity")
 
+    def close_reports(self) -> None:
+        """Close our end of every report pipe still waiting (a stopping worker): those
+        attempts run on, and their supervisor's report fails quietly (``EPIPE``, as
+        when a worker dies); the next worker on this node adopts them (``recover``)."""
+        for flight in self.worker.in_flight.values():
+            stream = getattr(flight.supervisor, "stdout", None)
+            if flight.awaiting_report and stream is not None and not stream.closed:
+                self.worker._selector.unregister(stream)
+                stream.close()
+
     def identities_due(self) -> bool:
         """Must the reports read so far be recorded now, in a transaction of their own?
         Yes for one that has waited ``worker.identity_wait_seconds`` for the worker's

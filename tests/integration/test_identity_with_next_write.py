@@ -185,6 +185,34 @@ def test_a_stopping_worker_records_the_identities_it_read(engine, make_run, tmp_
     service.stop()
 
 
+def test_a_stopping_worker_closes_the_report_pipes_it_never_read(
+    engine, make_run, tmp_path, monkeypatch
+):
+    """A worker that stops before a supervisor's report arrived closes its end of that
+    pipe (a stopped worker holds no descriptor of an attempt it left running; a dropped
+    one would leave it to the garbage collector), and the attempt, whose report then
+    fails quietly or lies unread, still ends once, adopted by the next worker."""
+    release = tmp_path / "release"
+    code = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.01)"
+    run_id = make_run(make_config([py_stage("s", code)], items=1))
+    service = worker(engine, identity_wait_seconds=600.0)
+    monkeypatch.setattr(service.spawning, "read_reports", lambda: None)  # none arrived
+    wait_until(lambda: service.tick().claimed > 0 or bool(service.in_flight), timeout=60)
+    (flight,) = service.in_flight.values()
+    stream = flight.supervisor.stdout
+    assert flight.awaiting_report and stream is not None and not stream.closed
+    service.stop()
+    assert stream.closed
+    monkeypatch.undo()
+    release.touch()
+    wait_until(lambda: flight.supervisor.poll() is not None, timeout=60)
+    service = worker(engine, identity_wait_seconds=600.0)  # adopts it, settles from exit.json
+    drive(service, engine, run_id, 1)
+    (attempt,) = attempts(engine, run_id)
+    assert attempt.outcome == Outcome.SUCCEEDED
+    service.stop()
+
+
 def test_an_identity_whose_lease_was_revoked_is_refused_and_the_rest_stands(
     engine, make_run, tmp_path
 ):
