@@ -196,7 +196,14 @@ def test_a_worker_tells_once_that_the_controller_is_lost(engine, factory, make_r
     with receiver() as hook:
         option = NotifyConfig(webhook=hook.url, on=["controller_lost"])
         workers = [
-            Notifier(engine, actor=f"w{i}", option=option, clock=clock, watch_controller=True)
+            Notifier(
+                engine,
+                actor=f"w{i}",
+                option=option,
+                clock=clock,
+                watch_controller=True,
+                backoff_seconds=0.01,  # the run's unreachable URL fails its retries at once
+            )
             for i in range(2)
         ]
         for notifier in workers:
