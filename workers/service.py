@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import selectors
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -64,7 +65,13 @@ from laneway.workers.jobenv import missing_variables
 from laneway.workers.ports import free_ports
 from laneway.workers.recovery import Recovery
 from laneway.workers.sampler import Sampler
-from laneway.workers.spawning import IDENTITY_WAIT_SECONDS, LAUNCHER_ENV, Launcher, Spawning
+from laneway.workers.spawning import (
+    IDENTITY_WAIT_SECONDS,
+    LAUNCHER_ENV,
+    Launcher,
+    Spawning,
+    close_report_pipes,
+)
 
 MIB = 1024 * 1024
 
@@ -148,6 +155,9 @@ class WorkerService:
         """Ready work was refused at the last claim: look again each ``rescan_seconds``."""
         self.watch = ChangeWatch(engine)
         self._selector = selectors.DefaultSelector()
+        # A worker dropped without ``stop`` (a test, an embedding program) still closes
+        # the report pipes it never read, as ``stop`` does (``Spawning.close_reports``).
+        weakref.finalize(self, close_report_pipes, self.in_flight)
         self._pidfds: dict[int, int] = {}
         self.launcher: Launcher | None = (
             Launcher() if launch and os.environ.get(LAUNCHER_ENV, "1") != "0" else None

@@ -25,6 +25,7 @@ import socket
 import subprocess
 import time
 import weakref
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -127,6 +128,18 @@ def _release_launcher(sock: socket.socket, process: subprocess.Popen[bytes]) -> 
         process.wait()
 
 
+def close_report_pipes(
+    in_flight: dict[int, InFlight], before_close: Callable[[Any], object] = lambda _: None
+) -> None:
+    """Close our end of the report pipe of every flight still waiting for its report
+    (``before_close`` first: the worker's selector lets it go)."""
+    for flight in in_flight.values():
+        stream = getattr(flight.supervisor, "stdout", None)
+        if flight.awaiting_report and stream is not None and not stream.closed:
+            before_close(stream)
+            stream.close()
+
+
 def visible_devices(given: list[dict[str, Any]]) -> dict[str, str]:
     """What a job given ``given`` GPUs sees: exactly those devices, by UUID where the
     worker knows it (CUDA and the NVIDIA container runtime accept ``GPU-…`` and
@@ -226,11 +239,7 @@ class Spawning:
         """Close our end of every report pipe still waiting (a stopping worker): those
         attempts run on, and their supervisor's report fails quietly (``EPIPE``, as
         when a worker dies); the next worker on this node adopts them (``recover``)."""
-        for flight in self.worker.in_flight.values():
-            stream = getattr(flight.supervisor, "stdout", None)
-            if flight.awaiting_report and stream is not None and not stream.closed:
-                self.worker._selector.unregister(stream)
-                stream.close()
+        close_report_pipes(self.worker.in_flight, self.worker._selector.unregister)
 
     def identities_due(self) -> bool:
         """Must the reports read so far be recorded now, in a transaction of their own?

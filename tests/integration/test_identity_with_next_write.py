@@ -6,6 +6,7 @@ tests/crash/test_crash_points.py (``worker_after_receipt_before_identity``)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -56,6 +57,12 @@ def drive(service: WorkerService, engine, run_id: int, n: int) -> None:
         return settled(engine, run_id, n)
 
     wait_until(done, timeout=60)
+
+
+def spawned(service: WorkerService) -> bool:
+    """Tick; True once an attempt is in flight."""
+    service.tick()
+    return bool(service.in_flight)
 
 
 def test_short_attempts_share_one_commit_with_their_settle_and_the_next_claim(engine, make_run):
@@ -197,7 +204,7 @@ def test_a_stopping_worker_closes_the_report_pipes_it_never_read(
     run_id = make_run(make_config([py_stage("s", code)], items=1))
     service = worker(engine, identity_wait_seconds=600.0)
     monkeypatch.setattr(service.spawning, "read_reports", lambda: None)  # none arrived
-    wait_until(lambda: service.tick().claimed > 0 or bool(service.in_flight), timeout=60)
+    wait_until(functools.partial(spawned, service), timeout=60)
     (flight,) = service.in_flight.values()
     stream = flight.supervisor.stdout
     assert flight.awaiting_report and stream is not None and not stream.closed
@@ -211,6 +218,26 @@ def test_a_stopping_worker_closes_the_report_pipes_it_never_read(
     (attempt,) = attempts(engine, run_id)
     assert attempt.outcome == Outcome.SUCCEEDED
     service.stop()
+
+
+def test_a_dropped_worker_closes_the_report_pipes_it_never_read(engine, make_run, tmp_path):
+    """A worker let go without ``stop`` (a test, an embedding program) closes them too,
+    when it is collected, not whenever the garbage collector reaches each pipe."""
+    import gc
+
+    release = tmp_path / "release"
+    code = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.01)"
+    make_run(make_config([py_stage("s", code)], items=1))
+    service = worker(engine, identity_wait_seconds=600.0)
+    service.spawning.read_reports = lambda: None  # none arrived
+    wait_until(functools.partial(spawned, service), timeout=60)
+    (flight,) = service.in_flight.values()
+    stream = flight.supervisor.stdout
+    assert flight.awaiting_report and stream is not None and not stream.closed
+    del service
+    gc.collect()
+    assert stream.closed
+    release.touch()
 
 
 def test_an_identity_whose_lease_was_revoked_is_refused_and_the_rest_stands(
