@@ -2,11 +2,8 @@
 
 Every test that opens a ledger runs on SQLite; when ``LANEWAY_TEST_POSTGRES_URL`` names a
 PostgreSQL server (``.ci/run`` sets it), it runs a second time on PostgreSQL, in a
-database of its own cloned from one migrated template (migrating each would cost more).
-A clone still costs the server about 0.4 s (PostgreSQL 15 copies the template through
-its WAL; 0.43 to 0.55 s with ``STRATEGY FILE_COPY``), and most tests wait on processes
-meanwhile: so the next test's database is cloned in a thread of its own while this test
-runs (``create_database``; ``tests/unit -k postgres`` 52 to 58 s → 30 to 36 s).
+database of its own cloned from one migrated template (a clone costs tens of
+milliseconds; migrating each would cost a second).
 """
 
 from __future__ import annotations
@@ -14,7 +11,6 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -96,46 +92,12 @@ def admin_on(name: str) -> Iterator[Any]:
         yield conn
 
 
-_cloner: ThreadPoolExecutor | None = None
-_next: Future[str] | None = None
-"""The database the next ``create_database`` hands out, being cloned meanwhile."""
-
-
-def _clone() -> str:
+def create_database() -> str:
+    """A fresh ledger database at head; returns its name."""
     name = f"lw_t_{os.getpid()}_{next(_counter)}"
     with admin() as conn:
         conn.execute(f"CREATE DATABASE {name} TEMPLATE {template()}")
     return name
-
-
-def create_database() -> str:
-    """A fresh ledger database at head; returns its name. The one cloned ahead when it
-    was made (a clone that failed, as while a test stopped the server, is made again
-    here, where its error is the test's), and the next one is started."""
-    global _cloner, _next
-    name: str | None = None
-    if _next is not None:
-        ahead, _next = _next, None
-        if ahead.exception() is None:
-            name = ahead.result()
-    if name is None:
-        name = _clone()
-    if _cloner is None:
-        _cloner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clone-ahead")
-    _next = _cloner.submit(_clone)
-    return name
-
-
-def _drop_ahead() -> None:
-    """Drop the database cloned ahead and unused, and stop the cloning thread."""
-    global _cloner, _next
-    if _next is not None:
-        ahead, _next = _next, None
-        if ahead.exception() is None:
-            drop_database(ahead.result())
-    if _cloner is not None:
-        _cloner.shutdown()
-        _cloner = None
 
 
 def create_empty_database() -> str:
@@ -153,7 +115,6 @@ def drop_database(name: str) -> None:
 
 def drop_template() -> None:
     global _template
-    _drop_ahead()
     if _template is not None:
         drop_database(_template)
         _template = None
