@@ -238,6 +238,8 @@ def test_a_dropped_worker_closes_the_report_pipes_it_never_read(engine, make_run
     gc.collect()
     assert stream.closed
     release.touch()
+    # Reaped here: started by exec (LANEWAY_PORTABLE), it is this process's child.
+    wait_until(lambda: flight.supervisor.poll() is not None, timeout=60)
 
 
 def test_an_identity_whose_lease_was_revoked_is_refused_and_the_rest_stands(
