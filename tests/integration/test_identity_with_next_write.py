@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import event, select
 
@@ -192,25 +193,30 @@ def test_a_stopping_worker_records_the_identities_it_read(engine, make_run, tmp_
     service.stop()
 
 
-def test_a_stopping_worker_closes_the_report_pipes_it_never_read(
-    engine, make_run, tmp_path, monkeypatch
-):
-    """A worker that stops before a supervisor's report arrived closes its end of that
-    pipe (a stopped worker holds no descriptor of an attempt it left running; a dropped
-    one would leave it to the garbage collector), and the attempt, whose report then
-    fails quietly or lies unread, still ends once, adopted by the next worker."""
+def unread_flight(engine, make_run, tmp_path) -> tuple[WorkerService, Any, Any, Path, int]:
+    """A worker with one attempt in flight whose supervisor's report it has not read
+    (its reads are switched off), the job waiting for ``release``: (service, flight,
+    our end of the report pipe, release, run id)."""
     release = tmp_path / "release"
     code = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.01)"
     run_id = make_run(make_config([py_stage("s", code)], items=1))
     service = worker(engine, identity_wait_seconds=600.0)
-    monkeypatch.setattr(service.spawning, "read_reports", lambda: None)  # none arrived
+    service.spawning.read_reports = lambda: None  # type: ignore[method-assign]  # none arrived
     wait_until(functools.partial(spawned, service), timeout=60)
     (flight,) = service.in_flight.values()
     stream = flight.supervisor.stdout
     assert flight.awaiting_report and stream is not None and not stream.closed
+    return service, flight, stream, release, run_id
+
+
+def test_a_stopping_worker_closes_the_report_pipes_it_never_read(engine, make_run, tmp_path):
+    """A worker that stops before a supervisor's report arrived closes its end of that
+    pipe (a stopped worker holds no descriptor of an attempt it left running; a dropped
+    one would leave it to the garbage collector), and the attempt, whose report then
+    fails quietly or lies unread, still ends once, adopted by the next worker."""
+    service, flight, stream, release, run_id = unread_flight(engine, make_run, tmp_path)
     service.stop()
     assert stream.closed
-    monkeypatch.undo()
     release.touch()
     wait_until(lambda: flight.supervisor.poll() is not None, timeout=60)
     service = worker(engine, identity_wait_seconds=600.0)  # adopts it, settles from exit.json
@@ -225,15 +231,7 @@ def test_a_dropped_worker_closes_the_report_pipes_it_never_read(engine, make_run
     when it is collected, not whenever the garbage collector reaches each pipe."""
     import gc
 
-    release = tmp_path / "release"
-    code = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.01)"
-    make_run(make_config([py_stage("s", code)], items=1))
-    service = worker(engine, identity_wait_seconds=600.0)
-    service.spawning.read_reports = lambda: None  # none arrived
-    wait_until(functools.partial(spawned, service), timeout=60)
-    (flight,) = service.in_flight.values()
-    stream = flight.supervisor.stdout
-    assert flight.awaiting_report and stream is not None and not stream.closed
+    service, flight, stream, release, _ = unread_flight(engine, make_run, tmp_path)
     del service
     gc.collect()
     assert stream.closed
