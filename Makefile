@@ -23,8 +23,14 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Two passes: the suite waits on processes more than it computes, so two pytest-xdist
+# workers share these two-core machines; then, alone, the few tests that stop or restart
+# the PostgreSQL server (marked `serial`), which would pull it from under the others.
+TEST_WORKERS ?= 2
+
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not serial"
+	$(BIN)/python -m pytest -q -m serial
 
 clean:
 	rm -rf $(VENV) .demo-runtime .pytest_cache .mypy_cache .ruff_cache

@@ -323,7 +323,10 @@ def test_advisory_lock_functions_are_refused_for_every_role(started, readonly_ro
     assert_refused(result)
     assert "advisory" in result.stderr.lower() or "u&" in result.stderr.lower(), result.stderr
     with backends.admin() as admin:
+        # This test's database only: other tests beside it (pytest-xdist) hold theirs.
         held = admin.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+            "WHERE l.locktype = 'advisory' AND d.datname = %s",
+            (ledger_url().database,),
         ).fetchone()[0]
     assert held == 0

@@ -49,7 +49,13 @@ class Tmux:
 
     def tmux(self, *args: str) -> str:
         assert TMUX is not None
-        env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}
+        # COLUMNS and LINES (pytest-xdist's workers set them) would override the
+        # terminal's own size in what runs inside it.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("TMUX", "TMUX_PANE", "COLUMNS", "LINES")
+        }
         done = subprocess.run(
             [TMUX, "-S", str(self.socket), "-f", str(self.conf), *args],
             env=env,

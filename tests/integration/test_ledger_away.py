@@ -163,6 +163,7 @@ def _events(path: Path) -> list[str]:
     return found
 
 
+@pytest.mark.serial  # the server goes away for every test beside it
 def test_a_server_stopped_longer_than_the_lease_is_waited_out_and_recovery_runs(
     tmp_path, runtime, engine, ledger_backend
 ):

@@ -280,6 +280,7 @@ def _server_started() -> datetime | None:
         return None  # still starting
 
 
+@pytest.mark.serial  # the server goes away for every test beside it
 def test_a_postgres_restart_while_a_job_runs_is_ridden_out(rig, ledger_backend):
     postgres_only(ledger_backend, "restarts a PostgreSQL server")
     command = _restart_command()
