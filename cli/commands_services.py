@@ -347,8 +347,10 @@ def controller(
             min=0.001,
             max=3600.0,
             callback=common.finite,
-            help="Seconds between looks at the ledger files; a tick runs only when something "
-            "changed or a periodic step (lease expiry, lost workers) is due.",
+            help="Seconds between looks at the ledger files (on PostgreSQL a notification "
+            "wakes it sooner), and the least time from one tick's start to the next: a tick "
+            "runs only when something changed or a periodic step (lease expiry, lost "
+            "workers) is due.",
         ),
     ] = 0.05,
     lost_after: Annotated[

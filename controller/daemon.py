@@ -498,6 +498,7 @@ class Controller:
         ledger files, or a notification on PostgreSQL)."""
         outage = db.Outage()
         checked = time.monotonic()
+        ticked = float("-inf")
         while not should_stop():
             if keep_lock is not None and time.monotonic() - checked >= LOCK_CHECK_SECONDS:
                 try:
@@ -519,6 +520,15 @@ class Controller:
             try:
                 self.beat()
                 if self.due():
+                    # At most one tick per ``interval``, from start to start: on
+                    # PostgreSQL each commit's notification wakes the watch at once, and
+                    # a stream of short jobs would cost a tick (the ledger's clock, the
+                    # changes, the closing look) per commit. What commits meanwhile is
+                    # read by the next tick. SQLite's watch sleeps ``interval`` anyway.
+                    spacing = interval - (time.monotonic() - ticked)
+                    if spacing > 0:
+                        time.sleep(spacing)
+                    ticked = time.monotonic()
                     self.tick()
             except Exception as exc:
                 # The ledger is unreachable, locked past its timeout or refusing writes:

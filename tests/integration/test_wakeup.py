@@ -6,7 +6,9 @@ measures the latency.)"""
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
@@ -14,6 +16,7 @@ import pytest
 from sqlalchemy import select
 
 from laneway.controller import db, ledger, ledger_open
+from laneway.controller.daemon import Controller
 from laneway.controller.models import Attempt
 from laneway.controller.states import EventKind
 from laneway.controller.watch import CHANNEL, ChangeWatch
@@ -181,3 +184,41 @@ def test_an_idle_worker_is_woken_by_a_new_run(on_postgres, engine, factory, make
     append(factory, FixedClock())  # wakes it to see the stop
     assert joined(serving)
     service.stop()
+
+
+def test_a_stream_of_commits_ticks_the_controller_at_most_once_per_interval(engine, factory, clock):
+    """On PostgreSQL each commit's notification wakes the controller at once; a stream of
+    short jobs must not cost a tick per commit. Ticks start at least ``interval`` apart
+    (a lower bound the serve loop keeps by sleeping, so load can only widen it), and the
+    commits made meanwhile are read by the next tick, none missed."""
+    controller = Controller(engine)
+    starts: list[float] = []
+    tick = controller.tick
+
+    def timed_tick(now=None):
+        starts.append(time.monotonic())
+        return tick(now)
+
+    controller.tick = timed_tick
+    interval = 0.2
+    stop = threading.Event()
+    serving = in_thread(lambda: controller.serve(stop.is_set, interval=interval))
+    try:
+        wait_until(lambda: starts)
+        for _ in range(40):  # one commit, so one notification, every 10 ms or so
+            append(factory, clock)
+            time.sleep(0.01)
+        last_commit = time.monotonic()
+        with factory() as session:
+            newest = ledger.latest_event_id(session)
+        # The commits of the stream were read, by a tick that began after the last one.
+        wait_until(lambda: starts[-1] > last_commit and controller._cursor == newest)
+    finally:
+        stop.set()
+        append(factory, clock)  # wakes it to see the stop
+        assert joined(serving)
+        controller.close()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    assert len(starts) >= 3
+    # The wrapper reads the clock a moment after the loop does: a millisecond of slack.
+    assert min(gaps) >= interval - 0.001, gaps
