@@ -269,6 +269,112 @@ def test_a_worker_whose_claim_raced_claims_again_on_its_next_tick(
     service.stop()
 
 
+def test_a_settle_that_shares_a_raced_claims_transaction_still_commits(
+    engine, make_run, monkeypatch, on_postgres
+):
+    """On PostgreSQL a tick settles what finished in its claim's transaction. When that
+    claim races another worker's stop (``ClaimRaced``), the whole transaction rolls
+    back: the settle must then commit on its own, the attempt settled once, and the next
+    tick claims the job the raced claim did not start."""
+    from sqlalchemy import select
+
+    from laneway.controller.models import Attempt
+    from laneway.workers.service import WorkerService
+    from tests.support import wait_until
+
+    if not on_postgres:
+        pytest.skip("SQLite's claim decides under its write lock: it cannot race")
+    make_run(make_config(items=2))
+    service = WorkerService(engine, node="n1", slots=1, memory_probe=lambda: (64_000.0, 128_000.0))
+    service.start()
+    service.tick()
+    (first,) = [f.claim.attempt_id for f in service.in_flight.values()]
+
+    def exited() -> bool:  # its report read (not recorded) and its supervisor gone
+        service.spawning.read_reports()
+        return service.refill_due()
+
+    wait_until(exited)  # the next tick records its identity and settles it
+    real_claim = ledger.claim_jobs
+    raced = [False]
+
+    def claim_once_raced(session: Any, **kwargs: Any) -> Any:
+        claims = real_claim(session, **kwargs)
+        if not raced[0]:
+            raced[0] = True
+            raise ledger.ClaimRaced("job 2 was claimed as its run became paused: claimed again")
+        return claims
+
+    monkeypatch.setattr(ledger, "claim_jobs", claim_once_raced)
+    report = service.tick()
+    assert raced[0] and service.last_claim_race is not None
+    assert report.settled == 1 and report.outcomes == ["succeeded"] and report.claimed == 0
+    with db.session_factory(engine)() as session:
+        rows = session.execute(select(Attempt.id, Attempt.state, Attempt.outcome)).all()
+    assert [(r.id, str(r.state), str(r.outcome)) for r in rows] == [(first, "settled", "succeeded")]
+    assert not service.in_flight
+    service.tick()
+    assert len(service.in_flight) == 1
+    service.drain()
+    service.stop()
+
+
+def test_a_claim_after_a_settle_in_its_transaction_reads_what_the_settle_folded(
+    engine, make_run, on_postgres
+):
+    """A tick that settles and claims writes both in one PostgreSQL transaction. The
+    settle's fold into the stage's measured peaks (a row every worker adds to) waits for
+    the order lock; the claim after it learns memory from those peaks, so the order lock
+    and the fold come before the claim's snapshot reads, and both commit together."""
+    from sqlalchemy import event
+
+    from laneway.workers.service import WorkerService
+    from tests.support import wait_until
+
+    if not on_postgres:
+        pytest.skip("SQLite writes every row at once, under its write lock")
+    make_run(make_config(items=2))
+    service = WorkerService(engine, node="n1", slots=1, memory_probe=lambda: (64_000.0, 128_000.0))
+    service.start()
+    service.tick()
+
+    def exited() -> bool:
+        service.spawning.read_reports()
+        return service.refill_due()
+
+    wait_until(exited)
+    from datetime import datetime
+
+    for flight in service.in_flight.values():  # as the sampler would have measured it
+        flight.peaks.add(321.0, None, None, datetime(2026, 1, 1))
+    sent: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(" ".join(statement.split()).upper())
+
+    commits: list[int] = []
+    event.listen(engine, "before_cursor_execute", record)
+    event.listen(engine, "commit", lambda _conn: commits.append(len(sent)))
+    try:
+        report = service.tick()
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert report.settled == 1 and report.claimed == 1
+    order = [i for i, s in enumerate(sent) if f"PG_ADVISORY_XACT_LOCK({db.ORDER_LOCK_KEY})" in s]
+    folds = [
+        i for i, s in enumerate(sent) if "STAGE_STATS" in s and s.startswith(("UPDATE", "INSERT"))
+    ]
+    reads = [i for i, s in enumerate(sent) if "FROM JOBS JOIN ITEMS" in s]
+    assert order and folds and reads, sent
+    assert order[0] < folds[0] < reads[0], sent
+    # The tick's first commit comes after both the settle's fold and the claim's intent
+    # (a heartbeat due after the refill may commit later, on its own).
+    intents = [i for i, s in enumerate(sent) if s.startswith("INSERT INTO ATTEMPTS")]
+    assert intents and commits and commits[0] > max(folds[0], intents[-1]), (commits, sent)
+    service.drain()
+    service.stop()
+
+
 def test_an_event_committed_while_a_claim_reads_wakes_the_worker_again(
     engine, factory, clock, make_run, monkeypatch, on_postgres
 ):
