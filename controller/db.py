@@ -409,16 +409,6 @@ def shared_write(session: Session, step: Callable[[Session], object]) -> None:
     waiting.append(step)
 
 
-def write_shared_now(session: Session) -> bool:
-    """In a worker's transaction that holds ``shared_write`` steps back for the order
-    lock: take it now, which writes them, so the transaction's own later reads see them
-    (a claim after a settle in one transaction reads the stage's peaks and the budget's
-    totals that settle folded). True when it took the lock now."""
-    if not session.info.get(SHARED_WRITES):
-        return False
-    return order_lock(session)
-
-
 def holds_order(session: Session) -> bool:
     """Does this transaction decide with every other writer's commits in view: it holds
     the order lock, the gate alone, or SQLite's write lock?"""

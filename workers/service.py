@@ -492,15 +492,14 @@ class WorkerService:
     ) -> tuple[int, list[str], list[ledger.Claim]]:
         """Settle every finished attempt (a stale one is refused before it writes, and the
         others stand: ``ledger.refused_before_writing``), then lease work for ``free``
-        slots and write its intents, in one transaction. Exit records and source files
-        are read before it begins.
+        slots and write its intents. Exit records and source files are read before the
+        transaction begins.
 
-        On PostgreSQL a claim's transaction is a ``db.claim_transaction`` (the node's
-        lock, the gate shared with other workers, the order lock only at its end), so
-        the machines' claims run beside each other (docs/deploy.md); the settle goes
-        first in it, and commits with the claim. A claim that raced another worker's
-        stop (``ledger.ClaimRaced``) rolls back, settle included, and the settle then
-        commits in a transaction of its own."""
+        On SQLite both happen in one transaction. On PostgreSQL the settle commits first
+        in a ``db.worker_transaction`` and the claim follows in a
+        ``db.claim_transaction`` (the node's lock, the gate shared with other workers,
+        the order lock only at its end), so the machines' claims and settles run beside
+        each other (docs/deploy.md)."""
         settling = len(finished)
         classified = self.finishing.judge_all(finished)
         sources, lacking = self._before_claim() if free > 0 else ({}, {})
@@ -510,12 +509,21 @@ class WorkerService:
         if finished:
             crash_point("worker_before_settle")
         late = free > 0 and not db.is_sqlite(self.engine)
-        if late and not finished:
-            # Identities go in their own transaction when due, or with the next settle.
-            self.spawning.record_due()
         outcomes: list[str] = []
         settled_failures: list[InFlight] = []
         identities: list[InFlight] = []
+        if late and finished:
+            with db.worker_transaction(self.factory) as session:
+                identities = self.spawning.write_identities(
+                    session, db.ledger_now(session, self.clock)
+                )
+                outcomes, settled_failures = self._settle(session, classified)
+            self.spawning.identities_recorded(identities)
+            self._settled(finished, classified, settled_failures)
+            finished = []
+        elif late:
+            # Identities go in their own transaction when due, or with the next settle.
+            self.spawning.record_due()
         claims: list[ledger.Claim] = []
         looked: tuple[int, list[int]] | None = None
         writing = (
@@ -525,18 +533,12 @@ class WorkerService:
         )
         try:
             with writing as session:
-                if finished or not late:
+                if not late:
                     identities = self.spawning.write_identities(
                         session, db.ledger_now(session, self.clock)
                     )
                 if finished:
                     outcomes, settled_failures = self._settle(session, classified)
-                    if late:
-                        # What the settle folded into rows every worker adds to (a
-                        # stage's peaks, a budget's totals) waits for the order lock; the
-                        # claim after it must see them (learned memory, spend), so the
-                        # claim then decides under that lock.
-                        db.write_shared_now(session)
                 if free > 0:
                     now = db.ledger_now(session, self.clock)
                     seen: dict[str, int] = {}
@@ -573,22 +575,16 @@ class WorkerService:
                     )
         except ledger.ClaimRaced as exc:
             # PostgreSQL only: another worker stopped a run this claim started a job of
-            # before the claim's order lock (ledger.claim). Nothing of the transaction
-            # was written; the settle commits on its own, and the next tick claims again.
+            # before the claim's order lock (ledger.claim); nothing of it was written
+            # (the settle committed apart), and the next tick claims again.
             if not late:
                 raise
             self.last_claim_race = str(exc)
-            claims, looked, identities = [], None, []
-            outcomes, settled_failures = [], []
-            if finished:
-                with db.worker_transaction(self.factory) as session:
-                    identities = self.spawning.write_identities(
-                        session, db.ledger_now(session, self.clock)
-                    )
-                    outcomes, settled_failures = self._settle(session, classified)
+            claims = []
         if looked is not None:  # committed: what it was claimed from has been seen
             self._seen_event, self._own_events = looked
-        self.spawning.identities_recorded(identities)
+        if not late:
+            self.spawning.identities_recorded(identities)
         if finished:
             self._settled(finished, classified, settled_failures)
         if free > 0:
