@@ -269,6 +269,57 @@ def test_a_worker_whose_claim_raced_claims_again_on_its_next_tick(
     service.stop()
 
 
+def test_a_tick_whose_claim_raced_still_settles_what_finished(
+    engine, make_run, monkeypatch, on_postgres
+):
+    """A tick that settles what finished and claims for the freed slot, whose claim races
+    another worker's stop (``ClaimRaced``): the claim rolls back, but the settle must
+    stand, the attempt settled once, and the next tick claims the job the raced claim
+    did not start. (The settle commits before the claim on PostgreSQL; a change that put
+    them in one transaction would have to commit the settle again on its own.)"""
+    from sqlalchemy import select
+
+    from laneway.controller.models import Attempt
+    from laneway.workers.service import WorkerService
+    from tests.support import wait_until
+
+    if not on_postgres:
+        pytest.skip("SQLite's claim decides under its write lock: it cannot race")
+    make_run(make_config(items=2))
+    service = WorkerService(engine, node="n1", slots=1, memory_probe=lambda: (64_000.0, 128_000.0))
+    service.start()
+    service.tick()
+    (first,) = [f.claim.attempt_id for f in service.in_flight.values()]
+
+    def exited() -> bool:  # its report read (not recorded) and its supervisor gone
+        service.spawning.read_reports()
+        return service.refill_due()
+
+    wait_until(exited)  # the next tick records its identity and settles it
+    real_claim = ledger.claim_jobs
+    raced = [False]
+
+    def claim_once_raced(session: Any, **kwargs: Any) -> Any:
+        claims = real_claim(session, **kwargs)
+        if not raced[0]:
+            raced[0] = True
+            raise ledger.ClaimRaced("job 2 was claimed as its run became paused: claimed again")
+        return claims
+
+    monkeypatch.setattr(ledger, "claim_jobs", claim_once_raced)
+    report = service.tick()
+    assert raced[0] and service.last_claim_race is not None
+    assert report.settled == 1 and report.outcomes == ["succeeded"] and report.claimed == 0
+    with db.session_factory(engine)() as session:
+        rows = session.execute(select(Attempt.id, Attempt.state, Attempt.outcome)).all()
+    assert [(r.id, str(r.state), str(r.outcome)) for r in rows] == [(first, "settled", "succeeded")]
+    assert not service.in_flight
+    service.tick()
+    assert len(service.in_flight) == 1
+    service.drain()
+    service.stop()
+
+
 def test_an_event_committed_while_a_claim_reads_wakes_the_worker_again(
     engine, factory, clock, make_run, monkeypatch, on_postgres
 ):
