@@ -19,7 +19,9 @@ Per case: jobs/s over the ledger's span (first intent to last settle), the ratio
 case measured first in the same rep, CPU ms per job of laneway's process tree (this
 process is a child subreaper: every worker, controller, launcher, supervisor and job is
 reaped into its ``RUSAGE_CHILDREN``; the database server is not a child, so its CPU is
-not in it), the share of the whole machine's CPU that was busy during the case (all
+not in it), of which the controller's and the workers' own (each process's user and
+system time read before it is stopped; its launcher, supervisors and jobs are not in
+it), the share of the whole machine's CPU that was busy during the case (all
 processes, the server's included: ``/proc/stat``) and the 1-minute load average before
 it. Duplicates (attempts beyond one per job) and jobs not succeeded are checked. The
 cases are interleaved per rep. No assertions: numbers to compare.
@@ -94,6 +96,20 @@ def ledger_counts(url: str) -> tuple[int, int, int, float | None]:
     return int(succeeded), int(attempts), int(distinct), span
 
 
+def own_cpu(processes: list[subprocess.Popen[bytes]]) -> float:
+    """The user + system seconds the processes have used themselves (not their children)."""
+    import psutil
+
+    total = 0.0
+    for process in processes:
+        try:
+            times = psutil.Process(process.pid).cpu_times()
+        except psutil.NoSuchProcess:
+            return float("nan")
+        total += times.user + times.system
+    return total
+
+
 def run_case(
     project: Path, root: Path, url: str, *, jobs: int, nodes: int, workers: int, slots: int
 ) -> dict[str, Any]:
@@ -141,11 +157,15 @@ def run_case(
                     stderr=log,
                 )
             )
+    own = {"controller": float("nan"), "workers": float("nan")}
     try:
         while ledger_counts(url)[0] < jobs:
             if any(p.poll() is not None for p in processes):
                 break
             time.sleep(0.5)
+        # Each service's own CPU (its launcher, supervisors and jobs are not in it; the
+        # tree's total is), read before the stop: where a backend's cost per job goes.
+        own = {"controller": own_cpu(processes[:1]), "workers": own_cpu(processes[1:])}
     finally:
         for process in processes:
             if process.poll() is None:
@@ -165,6 +185,8 @@ def run_case(
         "check": f"{succeeded} ok, {attempts - distinct} dup",
         "rate": jobs / span if span else float("nan"),
         "cpu": (children_cpu() - cpu0) / jobs,
+        "controller_cpu": own["controller"] / jobs,
+        "workers_cpu": own["workers"] / jobs,
         "busy": common.machine_busy(ticks, common.machine_ticks()),
         "load": load,
         "wall": wall,
@@ -214,7 +236,9 @@ def main() -> None:
                         backends.drop_database(name)
             samples[label].append(found)
             print(
-                f"  {label}: {found['rate']:.1f} jobs/s, {found['cpu'] * 1000:.2f} CPU ms/job, "
+                f"  {label}: {found['rate']:.1f} jobs/s, {found['cpu'] * 1000:.2f} CPU ms/job "
+                f"(controller {found['controller_cpu'] * 1000:.2f}, "
+                f"workers {found['workers_cpu'] * 1000:.2f}), "
                 f"machine {found['busy'] * 100:.0f} % busy, {found['check']}",
                 flush=True,
             )
@@ -232,6 +256,8 @@ def main() -> None:
                 common.fmt([r / b for r, b in zip(rates, base, strict=True)], 2),
                 common.fmt([r / s for r, s in zip(rates, sqlite, strict=True)], 2),
                 common.fmt([s["cpu"] * 1000 for s in got], 2),
+                common.fmt([s["controller_cpu"] * 1000 for s in got], 2),
+                common.fmt([s["workers_cpu"] * 1000 for s in got], 2),
                 common.fmt([s["busy"] * 100 for s in got], 0),
                 ", ".join(f"{s['load']:.1f}" for s in got),
                 "; ".join(s["check"] for s in got),
@@ -242,6 +268,7 @@ def main() -> None:
         f"{args.reps} reps"
     )
     header = ["case", "jobs/s", "vs postgres 1 worker", "vs sqlite", "CPU ms/job"]
+    header += ["controller ms/job", "workers ms/job"]
     print(common.table([*header, "machine busy %", "load", "check"], rows))
 
 
