@@ -57,6 +57,26 @@ def between_read_and_lock(monkeypatch: Any, change: Any) -> list[int]:
     return looks
 
 
+def race_the_next_claim(monkeypatch: Any, *, job: int) -> list[bool]:
+    """The worker's next claim runs, then raises ``ClaimRaced`` as if another worker
+    had stopped the run of ``job`` before its order lock; later claims run as they are.
+    Returns a flag list that says whether it has raced."""
+    real_claim = ledger.claim_jobs
+    raced = [False]
+
+    def claim_once_raced(session: Any, **kwargs: Any) -> Any:
+        claims = real_claim(session, **kwargs)
+        if not raced[0]:
+            raced[0] = True
+            raise ledger.ClaimRaced(
+                f"job {job} was claimed as its run became paused: claimed again"
+            )
+        return claims
+
+    monkeypatch.setattr(ledger, "claim_jobs", claim_once_raced)
+    return raced
+
+
 def test_a_pause_another_worker_commits_while_a_claim_reads_is_honoured(
     factory, clock, make_run, register_worker, monkeypatch, engine
 ):
@@ -248,17 +268,7 @@ def test_a_worker_whose_claim_raced_claims_again_on_its_next_tick(
     make_run(make_config(items=1))
     service = WorkerService(engine, node="n1", slots=1, memory_probe=lambda: (64_000.0, 128_000.0))
     service.start()
-    real_claim = ledger.claim_jobs
-    raced = [False]
-
-    def claim_once_raced(session: Any, **kwargs: Any) -> Any:
-        claims = real_claim(session, **kwargs)
-        if not raced[0]:
-            raced[0] = True
-            raise ledger.ClaimRaced("job 1 was claimed as its run became paused: claimed again")
-        return claims
-
-    monkeypatch.setattr(ledger, "claim_jobs", claim_once_raced)
+    raced = race_the_next_claim(monkeypatch, job=1)
     service.tick()
     assert raced[0] and service.last_claim_race is not None and not service.in_flight
     with db.session_factory(engine)() as session:
@@ -296,17 +306,7 @@ def test_a_tick_whose_claim_raced_still_settles_what_finished(
         return service.refill_due()
 
     wait_until(exited)  # the next tick records its identity and settles it
-    real_claim = ledger.claim_jobs
-    raced = [False]
-
-    def claim_once_raced(session: Any, **kwargs: Any) -> Any:
-        claims = real_claim(session, **kwargs)
-        if not raced[0]:
-            raced[0] = True
-            raise ledger.ClaimRaced("job 2 was claimed as its run became paused: claimed again")
-        return claims
-
-    monkeypatch.setattr(ledger, "claim_jobs", claim_once_raced)
+    raced = race_the_next_claim(monkeypatch, job=2)
     report = service.tick()
     assert raced[0] and service.last_claim_race is not None
     assert report.settled == 1 and report.outcomes == ["succeeded"] and report.claimed == 0
