@@ -151,7 +151,8 @@ def test_an_operator_pause_waits_for_an_open_claim(
 
 
 def wait_for_lock_waiter(engine: Any, key: int) -> None:
-    """Return once a session waits for the advisory lock ``key`` (pg_locks)."""
+    """Return once a session waits for the advisory lock ``key`` in this test's database
+    (pg_locks; other tests beside it, under pytest-xdist, take their own)."""
     import time
 
     from sqlalchemy import text
@@ -161,7 +162,8 @@ def wait_for_lock_waiter(engine: Any, key: int) -> None:
             waiting = connection.execute(
                 text(
                     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                    "AND NOT granted AND objid = :key"
+                    "AND NOT granted AND objid = :key AND database = (SELECT oid "
+                    "FROM pg_database WHERE datname = current_database())"
                 ),
                 {"key": key},
             ).scalar()

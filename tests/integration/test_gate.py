@@ -29,14 +29,16 @@ def _postgres_only(on_postgres: bool) -> None:
 
 
 def _holders(engine: Any, key: int) -> list[tuple[str, bool]]:
-    """(mode, granted) of every session's hold on, or wait for, advisory lock ``key``."""
+    """(mode, granted) of every session's hold on, or wait for, advisory lock ``key`` in
+    this test's database (other tests beside it, under pytest-xdist, hold their own)."""
     with engine.connect() as connection:
         return [
             (str(mode), bool(granted))
             for mode, granted in connection.execute(
                 text(
                     "SELECT mode, granted FROM pg_locks WHERE locktype = 'advisory' "
-                    "AND objid = :key ORDER BY granted DESC, mode"
+                    "AND objid = :key AND database = (SELECT oid FROM pg_database "
+                    "WHERE datname = current_database()) ORDER BY granted DESC, mode"
                 ),
                 {"key": key},
             )
