@@ -50,7 +50,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from laneway.controller import db, identity, ledger, pipeline
+from laneway.controller import db, identity, ledger
 from laneway.controller.attempt import Judged
 from laneway.controller.clock import Clock, SystemClock
 from laneway.controller.crashpoints import crash_point
@@ -61,9 +61,9 @@ from laneway.workers import seams as platform_seams
 from laneway.workers.finishing import Finishing
 from laneway.workers.flight import InFlight, StageRules, measurements
 from laneway.workers.gpu import GpuProbe, GpuReading, NvmlGpu
-from laneway.workers.jobenv import missing_variables
 from laneway.workers.ports import free_ports
 from laneway.workers.recovery import Recovery
+from laneway.workers.run_checks import RunChecks
 from laneway.workers.sampler import Sampler
 from laneway.workers.spawning import (
     IDENTITY_WAIT_SECONDS,
@@ -167,9 +167,9 @@ class WorkerService:
         """Why the launcher was given up on, if it was (exec from then on)."""
         self.stages = StageRules()
         """Each stage's exit codes, capture, result rule and output cap, read once."""
-        self._lacking: dict[int, dict[str, list[str]]] = {}
-        """Run id -> stage -> the variables this worker's environment lacks to start the
-        stage's jobs (read once per run: its config is frozen, this environment fixed)."""
+        self.run_checks = RunChecks()
+        """Each run's frozen sources and the variables its stages lack here, checked
+        before a claim from the runs the previous claim saw (``workers.run_checks``)."""
         self.recovered: list[str] = []
         self.heartbeat_failures = 0
         self.last_sample_error: str | None = None
@@ -459,34 +459,6 @@ class WorkerService:
 
     # -- claim and spawn -----------------------------------------------------
 
-    def _before_claim(self) -> tuple[dict[int, list[str]], dict[tuple[int, str], list[str]]]:
-        """What is checked before the claim's transaction (hashing files and reading
-        configs is not work for the write lock): run id -> what changed in its frozen
-        sources (invariant 12); (run, stage) -> the variables this worker's environment
-        lacks to start the stage's jobs (refused as ``secret_missing``, not claimed)."""
-        problems: dict[int, list[str]] = {}
-        with db.reader(self.engine)() as session:
-            runs = ledger.node_runs(session, node=self.node)
-            for run_id, _ in runs:
-                if run_id not in self._lacking:
-                    config = ledger.run_config(ledger.get_run(session, run_id))
-                    self._lacking[run_id] = {
-                        stage.name: names
-                        for stage in config.stages
-                        if (names := missing_variables(stage.env, stage.pass_env, os.environ))
-                    }
-        for run_id, hashes in runs:
-            drift = pipeline.source_drift(hashes) if hashes else []
-            if drift:
-                problems[run_id] = drift
-        self._lacking = {run_id: self._lacking[run_id] for run_id, _ in runs}  # ended: gone
-        lacking = {
-            (run_id, stage): names
-            for run_id, by_stage in self._lacking.items()
-            for stage, names in by_stage.items()
-        }
-        return problems, lacking
-
     def _settle_and_claim(
         self, finished: list[tuple[int, InFlight]], free: int
     ) -> tuple[int, list[str], list[ledger.Claim]]:
@@ -502,7 +474,7 @@ class WorkerService:
         each other (docs/deploy.md)."""
         settling = len(finished)
         classified = self.finishing.judge_all(finished)
-        sources, lacking = self._before_claim() if free > 0 else ({}, {})
+        sources = self.run_checks.before_claim() if free > 0 else {}
         available = self.memory_probe()[0] if free > 0 else None
         if available is not None:
             self._probed(available)
@@ -541,7 +513,7 @@ class WorkerService:
                     outcomes, settled_failures = self._settle(session, classified)
                 if free > 0:
                     now = db.ledger_now(session, self.clock)
-                    seen: dict[str, int] = {}
+                    seen: dict[str, Any] = {}
                     claims = ledger.claim_jobs(
                         session,
                         worker_id=self.worker_id,
@@ -551,11 +523,13 @@ class WorkerService:
                         now=now,
                         lease_seconds=self.lease_seconds,
                         source_problems=sources,
+                        check_sources=self.run_checks.check_sources,
                         pick_ports=free_ports,
                         seen=seen,
                         runtime_dir=self.runtime_dir,
-                        missing_secrets=lacking,
+                        lacking_for=self.run_checks.lacking_for,
                     )
+                    self.run_checks.saw(seen.get("runs", {}))
                     self._waiting_on_capacity = seen.get("candidates", 0) > len(claims)
                     for claim in claims:
                         self.stages.remember(session, claim)

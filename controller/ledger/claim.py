@@ -96,15 +96,17 @@ def claim_jobs(
     check_sources: Callable[[RunInfo], list[str]] | None = None,
     source_problems: dict[int, list[str]] | None = None,
     pick_ports: PortPicker | None = None,
-    seen: dict[str, int] | None = None,
+    seen: dict[str, Any] | None = None,
     runtime_dir: str | None = None,
     missing_secrets: dict[tuple[int, str], list[str]] | None = None,
+    lacking_for: Callable[[RunInfo], dict[str, list[str]]] | None = None,
 ) -> list[Claim]:
     """Lease admissible jobs for up to ``free_slots`` and write their intents.
 
     ``missing_secrets`` ((run, stage) -> variables): what this worker's environment lacks
     to start a stage's jobs, found before the transaction; such jobs are refused
-    (``secret_missing``), not claimed.
+    (``secret_missing``), not claimed. ``lacking_for(run)`` (stage -> variables) says
+    the same per run, asked here for each run with candidates.
 
     ``runtime_dir``: where this worker keeps attempt directories (its own machine's
     runtime dir); default: the run's, as recorded when it was created.
@@ -118,7 +120,9 @@ def claim_jobs(
     ledger's locks; ``check_sources(run)`` does it here instead, for runs about to dispatch.
 
     ``seen``, when given, receives ``candidates``: how many ready jobs admission looked
-    at (none: only a new event can give this node work, not a change of free memory).
+    at (none: only a new event can give this node work, not a change of free memory);
+    and ``runs``: run id -> ``RunInfo`` of the runs those jobs belong to (what a worker
+    checks before its next claim, ``workers.run_checks``).
     """
 
     def look() -> tuple[admission.Snapshot, dict[int, tuple[Any, RunInfo]], admission.Admission]:
@@ -130,7 +134,11 @@ def claim_jobs(
             limit=candidate_limit,
             now=now,
         )
-        snapshot.missing_secrets = missing_secrets or {}
+        snapshot.missing_secrets = dict(missing_secrets or {})
+        if lacking_for is not None:
+            for info in {info.id: info for _, info in jobs_by_id.values()}.values():
+                for stage, names in lacking_for(info).items():
+                    snapshot.missing_secrets[(info.id, stage)] = names
         return snapshot, jobs_by_id, admission.admit(snapshot)
 
     snapshot, jobs_by_id, verdict = look()
@@ -143,6 +151,7 @@ def claim_jobs(
     decided_in_order = db.holds_order(session)
     if seen is not None:
         seen["candidates"] = len(snapshot.candidates)
+        seen["runs"] = {info.id: info for _, info in jobs_by_id.values()}
     if verdict.starts and (check_sources is not None or source_problems):
         drifted = _halt_on_source_drift(
             session,

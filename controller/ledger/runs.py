@@ -482,16 +482,3 @@ def active_workers(session: Session, *, node: str) -> list[Worker]:
             select(Worker).where(Worker.node == node, Worker.state == WorkerState.ACTIVE)
         )
     )
-
-
-def node_runs(session: Session, *, node: str) -> list[tuple[int, dict[str, str]]]:
-    """(run id, frozen source hashes) of the active runs ``node`` may run jobs of: a lane
-    on ``node``, or a stage whose ``nodes`` name it."""
-    found = []
-    for row in session.execute(statements.ACTIVE_RUNS):
-        config = frozen_config(session, row.run_id, row.config_sha256)
-        if any(lane.node == node for lane in config.lanes) or any(
-            stage.nodes and node in stage.nodes for stage in config.stages
-        ):
-            found.append((row.run_id, dict(row.source_hashes or {})))
-    return found

@@ -171,7 +171,8 @@ def test_fatal_halts_and_harness_failure_pauses_the_run(engine, make_run, code, 
     run_id = make_run(make_config([py_stage("s", code, **extra)], items=3, max_jobs=1))
     service = start_worker(engine, slots=1)
     if outcome == "harness_failure":
-        service._lacking[run_id] = {}  # its look at the variable passed; the spawn's fails
+        # Its look at the variable passed; the spawn's fails.
+        service.run_checks._lacking[run_id] = {}
     controller = Controller(engine)
 
     def first_settled():
@@ -210,7 +211,7 @@ def test_a_secret_gone_after_the_claim_settles_harness_failure_without_starting(
     stage = py_stage("s", "raise SystemExit(0)", env={"API_KEY": "${LANEWAY_TEST_UNSET_VAR}"})
     run_id = make_run(make_config([stage]))
     worker = start_worker(engine)
-    worker._lacking[run_id] = {}  # as if it had been set when the worker looked
+    worker.run_checks._lacking[run_id] = {}  # as if it had been set when the worker looked
     drive(engine, [worker], run_id)
     (attempt,) = attempts(engine, run_id)
     assert attempt.outcome == "harness_failure"
