@@ -19,10 +19,13 @@ forgets it, so what is kept follows the runs with work here, not every run there
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from laneway.controller import pipeline
-from laneway.controller.ledger.snapshot import RunInfo
 from laneway.workers.jobenv import missing_variables
+
+if TYPE_CHECKING:
+    from laneway.controller.ledger.snapshot import RunInfo
 
 
 class RunChecks:
