@@ -29,7 +29,8 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -90,6 +91,8 @@ class Controller:
         passing, not on a change in the ledger)."""
         self.factory = db.session_factory(engine)
         self.reader = db.reader(engine)
+        self._tick_reads: Session | None = None
+        """On PostgreSQL, the read session of the tick under way (``_reads``)."""
         self.clock = clock or SystemClock()
         self.snapshot_seconds = snapshot_seconds
         self.watch = ChangeWatch(engine)
@@ -151,10 +154,34 @@ class Controller:
             raise
 
     def _tick(self, now: datetime | None) -> ControllerReport:
+        reads: AbstractContextManager[Session | None] = (
+            nullcontext() if db.is_sqlite(self.engine) else self.reader()
+        )
+        with reads as session:
+            self._tick_reads = session
+            try:
+                return self._steps(now)
+            finally:
+                self._tick_reads = None
+
+    @contextmanager
+    def _reads(self) -> Iterator[Session]:
+        """A session for one of a tick's reads. On PostgreSQL the tick's one session: its
+        reads run in autocommit (``db.reader``), each statement seeing what was committed
+        before it, so the steps share a connection instead of each checking one out. On
+        SQLite, and outside a tick, a session of its own: one there reads a single
+        snapshot until it ends, and a step must see what the steps before it wrote."""
+        if self._tick_reads is not None:
+            yield self._tick_reads
+            return
+        with self.reader() as session:
+            yield session
+
+    def _steps(self, now: datetime | None) -> ControllerReport:
         if now is None:
             # The ledger's clock: the server's on PostgreSQL (db.ledger_now), so lease
             # and heartbeat judgements do not depend on this host's clock.
-            with self.reader() as session:
+            with self._reads() as session:
                 now = db.ledger_now(session, self.clock)
         if self._ledger_away:
             self._ledger_away = False
@@ -241,7 +268,7 @@ class Controller:
         if not self._retry_look and (self._next_retry is None or now < self._next_retry):
             return
         self._retry_look = False
-        with self.reader() as session:
+        with self._reads() as session:
             self._next_retry = ledger.next_retry_at(session)
         if self._next_retry is not None and self._next_retry <= now:
             with db.transaction(self.factory) as session:
@@ -267,7 +294,7 @@ class Controller:
         items: set[int] = set()
         more = True
         while more:
-            with self.reader() as session:
+            with self._reads() as session:
                 changes = ledger.changes_after(session, self._cursor)
                 # Only a stage that needs another has jobs that wait: the items of runs
                 # with none (one stage, or none that needs another) are not asked about.
@@ -300,7 +327,7 @@ class Controller:
 
     def _closing_step(self, touched: set[int], now: datetime, report: ControllerReport) -> None:
         """Close runs whose jobs changed and are all terminal now."""
-        with self.reader() as session:
+        with self._reads() as session:
             candidates = [
                 run_id
                 for run_id in sorted(touched)
@@ -431,7 +458,7 @@ class Controller:
 
     def write_snapshots(self, run_id: int, *, now: datetime, final: bool = False) -> None:
         """Write status.json (and SUMMARY.json when ``final``) if the ledger changed."""
-        with self.reader() as session:
+        with self._reads() as session:
             # The newest event this tick's promotion step read: a snapshot built from a
             # later read is at least that new (one the tick wrote itself is seen, and
             # snapshotted, by the next tick). Outside a tick, the ledger's newest.

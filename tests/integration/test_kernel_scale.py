@@ -187,6 +187,43 @@ def test_a_tick_reads_backoffs_and_closeouts_only_after_events_that_change_them(
     assert "retry_after" in read and report.promoted == 1
 
 
+def test_a_tick_reads_through_one_connection_on_postgresql(
+    engine, factory, make_run, register_worker, clock, on_postgres
+):
+    """On PostgreSQL a tick's reads (the events since its cursor, the closing look, the
+    status snapshot) share one session, so the tick checks one connection out of the
+    pool for all of them. On SQLite each step reads in a session of its own: a session
+    there keeps one snapshot, and a step must see what the steps before it wrote."""
+    from sqlalchemy import event
+
+    make_run(make_config([py_stage("only", "pass")], 2))
+    worker = register_worker()
+    controller = Controller(engine, clock=clock, recovery_seconds=3600, snapshot_seconds=0)
+    controller.tick(clock.now())  # the first tick makes its full pass
+    first, _ = claim_on_n1(factory, worker, clock, slots=2)
+    settle_one(factory, first, worker, clock, Outcome.SUCCEEDED)
+    checkouts: list[object] = []
+
+    def checkout(*_: object) -> None:
+        checkouts.append(_)
+
+    # SQLite's reads go through a read-only engine of their own, with its own pool.
+    pools = {engine.pool, db.reader(engine).kw["bind"].pool}
+    for pool in pools:
+        event.listen(pool, "checkout", checkout)
+    try:
+        with statements(engine) as counted:
+            report = controller.tick(clock.now())
+    finally:
+        for pool in pools:
+            event.remove(pool, "checkout", checkout)
+    read = "\n".join(counted)
+    assert "FROM events" in read and "EXISTS" in read  # the changes and the closing look
+    assert "FROM attempts" in read  # the status snapshot
+    assert report.closed == [] and report.promoted == 0  # nothing written: reads only
+    assert len(checkouts) == (1 if on_postgres else 3), counted
+
+
 def test_a_claim_writes_its_grants_in_one_statement_per_table(
     engine, factory, make_run, register_worker, clock
 ):
