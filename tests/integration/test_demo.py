@@ -161,7 +161,13 @@ def test_usage_is_recorded_and_reported_with_each_nodes_low_water(demo):
     assert report["usage"]["stages"]["solve"]["per_succeeded"]["cost_usd"] == 0.25
     local = report["node_memory"]["local"]
     assert local["memory_floor_mib"] == 256 and local["low_free_mib"] > 0
-    assert local["running"]  # what ran when the node had least memory free
+    assert local["low_at"] is not None
+    # What ran when the node had least memory free: the stages of the attempts running
+    # at that moment. The moment is the machine's (other processes move its free
+    # memory), so it may fall between two attempts, where nothing of the run ran;
+    # test_low_water.py checks the attribution with memory it controls.
+    assert set(local["running"]) <= {"prepare", "solve", "judge"}
+    assert all(count >= 1 for count in local["running"].values())
     # Paused at its budget with nothing in flight: the window ends at the run's last
     # settle or control, however long after the report is read.
     assert report["window"]["ends_at"] in ("last_settle", "last_control")

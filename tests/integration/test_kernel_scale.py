@@ -202,10 +202,10 @@ def test_a_tick_reads_through_one_connection_on_postgresql(
     controller.tick(clock.now())  # the first tick makes its full pass
     first, _ = claim_on_n1(factory, worker, clock, slots=2)
     settle_one(factory, first, worker, clock, Outcome.SUCCEEDED)
-    checkouts: list[object] = []
+    checkouts: list[tuple[object, ...]] = []
 
-    def checkout(*_: object) -> None:
-        checkouts.append(_)
+    def checkout(*args: object) -> None:
+        checkouts.append(args)
 
     # SQLite's reads go through a read-only engine of their own, with its own pool.
     pools = {engine.pool, db.reader(engine).kw["bind"].pool}
