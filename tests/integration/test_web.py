@@ -109,9 +109,17 @@ def get_json(url: str) -> Any:
 
 
 def make_unknown(runtime: Path) -> int:
-    """What a lease expiry does to the running attempt (the process may still run)."""
+    """What a lease expiry does to the running attempt (the process may still run).
+    Once the attempt is running: a view may show a claimed attempt before its worker has
+    recorded its identity (``IDENTITY_WAIT_SECONDS`` later at most, or longer under load)."""
     engine = ledger_open.open_ledger(runtime)
     try:
+
+        def running() -> bool:
+            with db.session_factory(engine)() as session:
+                return len(ledger.running_attempts(session, 1)) == 1
+
+        wait_until(running)
         with db.transaction(db.session_factory(engine)) as session:
             (attempt,) = ledger.running_attempts(session, 1)
             ledger.mark_unknown(
