@@ -106,16 +106,17 @@ def make_run(
     factory: sessionmaker[Session], runtime: Path, clock: FixedClock
 ) -> Callable[..., int]:
     """Create a run from a config (default: one stage, one item); returns its id.
-    ``create``: more of ``ledger.create_run``'s arguments (``distrust``)."""
+    ``create``: more of ``ledger.create_run``'s arguments (``distrust``,
+    ``source_hashes``: none by default)."""
 
     def _make(config: PipelineConfig | None = None, **create: Any) -> int:
         config = config or make_config()
+        create.setdefault("source_hashes", {})
         with db.transaction(factory) as session:
             run = ledger.create_run(
                 session,
                 config,
                 runtime_dir=str(runtime),
-                source_hashes={},
                 actor="test",
                 now=clock.now(),
                 **create,

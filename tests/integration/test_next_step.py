@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 
 from laneway.cli import live, render
-from laneway.controller import db, ledger, pipeline, readonly
+from laneway.controller import db, pipeline, readonly
 from laneway.controller.clock import SystemClock
 from laneway.controller.outcome import Outcome
 from laneway.controller.states import ControlKind
@@ -96,15 +96,7 @@ def sources_changed(factory, make_run, register_worker, clock, runtime, tmp_path
     source = tmp_path / "experiment.py"
     source.write_text("VERSION = 1\n")
     config = make_config(items=2, sources=[str(source)])
-    with db.transaction(factory) as session:
-        run_id = ledger.create_run(
-            session,
-            config,
-            runtime_dir=str(runtime),
-            actor="t",
-            source_hashes={str(source): pipeline.hash_file(source)},
-            now=clock.now(),
-        ).id
+    run_id = make_run(config, source_hashes={str(source): pipeline.hash_file(source)})
     worker = register_worker()
 
     def claim() -> list[Any]:

@@ -336,16 +336,7 @@ def test_changed_source_halts_dispatch_naming_file_and_hashes(
     source = tmp_path / "experiment.py"
     source.write_text("VERSION = 1\n")
     config = make_config(items=2, sources=[str(source)])
-    with db.transaction(factory) as session:
-        run = ledger.create_run(
-            session,
-            config,
-            runtime_dir=str(tmp_path),
-            actor="t",
-            source_hashes={str(source): pipeline.hash_file(source)},
-            now=clock.now(),
-        )
-        run_id = run.id
+    run_id = make_run(config, source_hashes={str(source): pipeline.hash_file(source)})
     worker = register_worker()
 
     def claim():

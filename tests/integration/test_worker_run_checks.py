@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from laneway.controller import db, ledger, pipeline
+from laneway.controller import db, pipeline
 from laneway.controller.daemon import Controller
 from laneway.controller.models import Attempt, Control
 from laneway.workers.service import WorkerService
@@ -20,17 +20,9 @@ from tests.support import make_config, py_stage, statements, wait_until
 PLENTY = (64_000.0, 128_000.0)
 
 
-def _run_with_source(factory, runtime: Path, source: Path, clock, *, items: int) -> int:
+def _run_with_source(make_run, source: Path, *, items: int) -> int:
     config = make_config([py_stage("s", "pass")], items=items, max_jobs=1)
-    with db.transaction(factory) as session:
-        return ledger.create_run(
-            session,
-            config,
-            runtime_dir=str(runtime),
-            actor="t",
-            source_hashes={str(source): pipeline.hash_file(source)},
-            now=clock.now(),
-        ).id
+    return make_run(config, source_hashes={str(source): pipeline.hash_file(source)})
 
 
 def _worker(engine) -> WorkerService:
@@ -50,11 +42,11 @@ def _halt(factory, run_id: int) -> Control:
 
 
 def test_a_source_edited_after_the_workers_first_claim_halts_the_run(
-    engine, factory, runtime, clock, tmp_path
+    engine, factory, make_run, tmp_path
 ):
     source = tmp_path / "experiment.py"
     source.write_text("VERSION = 1\n")
-    run_id = _run_with_source(factory, runtime, source, clock, items=3)
+    run_id = _run_with_source(make_run, source, items=3)
     service = _worker(engine)
     controller = Controller(engine)
     assert service.tick().claimed == 1  # unchanged: the first job goes
@@ -76,7 +68,7 @@ def test_a_source_edited_after_the_workers_first_claim_halts_the_run(
 
 
 def test_a_run_the_worker_meets_first_with_edited_sources_starts_nothing(
-    engine, factory, runtime, clock, tmp_path, make_run
+    engine, factory, tmp_path, make_run
 ):
     """The worker's last claim saw another run only, so nothing checked this one before
     the claim's transaction: the claim checks it itself, and halts it."""
@@ -85,7 +77,7 @@ def test_a_run_the_worker_meets_first_with_edited_sources_starts_nothing(
     assert service.tick().claimed == 1  # a claim that saw the other run only
     source = tmp_path / "experiment.py"
     source.write_text("VERSION = 1\n")
-    run_id = _run_with_source(factory, runtime, source, clock, items=2)
+    run_id = _run_with_source(make_run, source, items=2)
     source.write_text("VERSION = 2\n")
     controller = Controller(engine)
 
