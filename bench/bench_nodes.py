@@ -21,7 +21,10 @@ process is a child subreaper: every worker, controller, launcher, supervisor and
 reaped into its ``RUSAGE_CHILDREN``; the database server is not a child, so its CPU is
 not in it), of which the controller's and the workers' own (each process's user and
 system time read before it is stopped; its launcher, supervisors and jobs are not in
-it), the share of the whole machine's CPU that was busy during the case (all
+it), the database server's apart (the growth of every ``postgres`` process's user and
+system time on this machine over the case, read before the workers stop: its backends,
+WAL writer and checkpointer; a backend that ended meanwhile is lost, and the SQLite
+case shows the idle server's noise), the share of the whole machine's CPU that was busy during the case (all
 processes, the server's included: ``/proc/stat``) and the 1-minute load average before
 it. Duplicates (attempts beyond one per job) and jobs not succeeded are checked. The
 cases are interleaved per rep. No assertions: numbers to compare.
@@ -110,6 +113,21 @@ def own_cpu(processes: list[subprocess.Popen[bytes]]) -> float:
     return total
 
 
+def server_cpu() -> float:
+    """The user + system seconds of every PostgreSQL server process on this machine (its
+    backends, WAL writer, checkpointer...): what the ledger's server spends, which no
+    harness of ours can reap. Processes that ended meanwhile are lost: a case's backends
+    are read before its workers stop."""
+    import psutil
+
+    total = 0.0
+    for process in psutil.process_iter(["name", "cpu_times"]):
+        times = process.info["cpu_times"]
+        if process.info["name"] in ("postgres", "postmaster") and times is not None:
+            total += times.user + times.system
+    return total
+
+
 def run_case(
     project: Path, root: Path, url: str, *, jobs: int, nodes: int, workers: int, slots: int
 ) -> dict[str, Any]:
@@ -127,6 +145,7 @@ def run_case(
     load = os.getloadavg()[0]
     ticks = common.machine_ticks()
     cpu0 = children_cpu()
+    server0 = server_cpu()
     started = time.monotonic()
     log = open(root / "processes.log", "ab")  # closed in the finally below
     processes = [
@@ -157,7 +176,7 @@ def run_case(
                     stderr=log,
                 )
             )
-    own = {"controller": float("nan"), "workers": float("nan")}
+    own = {"controller": float("nan"), "workers": float("nan"), "server": float("nan")}
     try:
         while ledger_counts(url)[0] < jobs:
             if any(p.poll() is not None for p in processes):
@@ -165,7 +184,11 @@ def run_case(
             time.sleep(0.5)
         # Each service's own CPU (its launcher, supervisors and jobs are not in it; the
         # tree's total is), read before the stop: where a backend's cost per job goes.
-        own = {"controller": own_cpu(processes[:1]), "workers": own_cpu(processes[1:])}
+        own = {
+            "controller": own_cpu(processes[:1]),
+            "workers": own_cpu(processes[1:]),
+            "server": server_cpu() - server0,
+        }
     finally:
         for process in processes:
             if process.poll() is None:
@@ -187,6 +210,7 @@ def run_case(
         "cpu": (children_cpu() - cpu0) / jobs,
         "controller_cpu": own["controller"] / jobs,
         "workers_cpu": own["workers"] / jobs,
+        "server_cpu": own["server"] / jobs,
         "busy": common.machine_busy(ticks, common.machine_ticks()),
         "load": load,
         "wall": wall,
@@ -238,7 +262,8 @@ def main() -> None:
             print(
                 f"  {label}: {found['rate']:.1f} jobs/s, {found['cpu'] * 1000:.2f} CPU ms/job "
                 f"(controller {found['controller_cpu'] * 1000:.2f}, "
-                f"workers {found['workers_cpu'] * 1000:.2f}), "
+                f"workers {found['workers_cpu'] * 1000:.2f}; "
+                f"database server {found['server_cpu'] * 1000:.2f}), "
                 f"machine {found['busy'] * 100:.0f} % busy, {found['check']}",
                 flush=True,
             )
@@ -258,6 +283,7 @@ def main() -> None:
                 common.fmt([s["cpu"] * 1000 for s in got], 2),
                 common.fmt([s["controller_cpu"] * 1000 for s in got], 2),
                 common.fmt([s["workers_cpu"] * 1000 for s in got], 2),
+                common.fmt([s["server_cpu"] * 1000 for s in got], 2),
                 common.fmt([s["busy"] * 100 for s in got], 0),
                 ", ".join(f"{s['load']:.1f}" for s in got),
                 "; ".join(s["check"] for s in got),
@@ -268,7 +294,7 @@ def main() -> None:
         f"{args.reps} reps"
     )
     header = ["case", "jobs/s", "vs postgres 1 worker", "vs sqlite", "CPU ms/job"]
-    header += ["controller ms/job", "workers ms/job"]
+    header += ["controller ms/job", "workers ms/job", "server ms/job"]
     print(common.table([*header, "machine busy %", "load", "check"], rows))
 
 

@@ -463,8 +463,10 @@ def ready_candidates(
     None in a run that does not select by yield (every job's ``group_name`` is NULL).
 
     More than the free slots of one partition can never start in one claim, so one more
-    than that is enough to also record why the next would wait. Each branch is one index
-    range (``ix_jobs_dispatch``): the cost follows the slots and lanes, not the backlog.
+    than that is enough to also record why the next would wait. Each branch reads the
+    first rows of one index range (``ix_jobs_dispatch``) in the index's own order: the
+    cost follows the slots and lanes, not the backlog
+    (tests/integration/test_claim_plans.py checks the plans on both backends).
 
     ``locked`` (a claim): on PostgreSQL each branch locks the job rows it returns and
     skips those another claim holds (``FOR NO KEY UPDATE OF jobs SKIP LOCKED``, under
@@ -482,7 +484,11 @@ def ready_candidates(
                 # Waiting out a retry backoff: not a candidate until the controller clears it.
                 jobs.c.retry_after.is_(None),
             )
-            .order_by(jobs.c.priority_rank, jobs.c.id)
+            # The group leads the order although it is one value here: PostgreSQL
+            # takes only equalities, not IS NULL, as fixing an index column, so
+            # without it the index's order is not the query's and every ready job
+            # of the partition is read and sorted for the first few.
+            .order_by(jobs.c.group_name, jobs.c.priority_rank, jobs.c.id)
             .limit(per_partition),
             locked,
         )
