@@ -24,10 +24,11 @@ system time read before it is stopped; its launcher, supervisors and jobs are no
 it), the database server's apart (the growth of every ``postgres`` process's user and
 system time on this machine over the case, read before the workers stop: its backends,
 WAL writer and checkpointer; a backend that ended meanwhile is lost, and the SQLite
-case shows the idle server's noise), the share of the whole machine's CPU that was busy during the case (all
-processes, the server's included: ``/proc/stat``) and the 1-minute load average before
-it. Duplicates (attempts beyond one per job) and jobs not succeeded are checked. The
-cases are interleaved per rep. No assertions: numbers to compare.
+case shows the idle server's noise), the share of the whole machine's CPU that was
+busy during the case (all processes, the server's included: ``/proc/stat``) and the
+1-minute load average before it. Duplicates (attempts beyond one per job) and jobs not
+succeeded are checked. The cases are interleaved per rep. No assertions: numbers to
+compare.
 
 The issue's target for the PostgreSQL rows: two nodes of two workers at 1.6 times one
 worker's rate or more, and one worker at 0.8 times SQLite's or more. On a machine whose
