@@ -27,8 +27,9 @@ WAL writer and checkpointer; a backend that ended meanwhile is lost, and the SQL
 case shows the idle server's noise), the share of the whole machine's CPU that was
 busy during the case (all processes, the server's included: ``/proc/stat``) and the
 1-minute load average before it. Duplicates (attempts beyond one per job) and jobs not
-succeeded are checked. The cases are interleaved per rep. No assertions: numbers to
-compare.
+succeeded are checked. The cases are interleaved per rep. The server's autovacuum
+setting is printed first (with it off, statistics go stale during a case). No
+assertions: numbers to compare.
 
 The issue's target for the PostgreSQL rows: two nodes of two workers at 1.6 times one
 worker's rate or more, and one worker at 0.8 times SQLite's or more. On a machine whose
@@ -127,6 +128,17 @@ def server_cpu() -> float:
         if process.info["name"] in ("postgres", "postmaster") and times is not None:
             total += times.user + times.system
     return total
+
+
+def server_setting(url: str, name: str) -> str:
+    """A setting of the PostgreSQL server (``SHOW``). Autovacuum matters here: with it
+    off, no statistics are gathered during a case and the prepared statements keep the
+    plans made while the tables were nearly empty (docs/performance.md)."""
+    import psycopg
+
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as connection:
+        row = connection.execute(f"SHOW {name}").fetchone()
+    return "?" if row is None else str(row[0])
 
 
 def run_case(
@@ -230,6 +242,7 @@ def main() -> None:
     os.environ["LANEWAY_TEST_POSTGRES_URL"] = args.postgres
     from tests import backends
 
+    print(f"PostgreSQL: autovacuum {server_setting(args.postgres, 'autovacuum')}", flush=True)
     cases = [
         ("sqlite, 1 worker", "sqlite", 1, 1),
         ("postgres, 1 worker", "postgres", 1, 1),
