@@ -423,6 +423,10 @@ def retry(
     in one transaction. Jobs of the same item skipped because of them wait again; a
     finished run reopens. When an input a retried job needs has left the store, the job
     that produced it runs again too, after one confirmation (`--yes` for scripts).
+    Refused (exit 1, nothing moved) when the run's frozen sources changed since it
+    started (the next claim would halt it): it names the files and the new run to
+    start instead (`laneway run CONFIG --new`), with how many succeeded jobs that run
+    reuses.
     """
     from laneway.controller import ledger, retry_plan
     from laneway.controller.states import Outcome
@@ -452,6 +456,7 @@ def retry(
                     stage=stage,
                     outcome=None if outcome is None else Outcome(outcome.value),
                 )
+        _refuse_changed_sources(engine, run if job_id is None else None, named, as_json)
         reruns = retry_plan.producers_to_rerun(engine, named)
     if reruns and not yes:
         _confirm_reruns(reruns, as_json)
@@ -514,6 +519,25 @@ def retry(
             + also
         ),
     )
+
+
+def _refuse_changed_sources(engine: Any, run: int | None, named: list[int], as_json: bool) -> None:
+    """Refuse the retry, before anything moves, when its run (``run``, else the run of
+    the jobs ``named``) has frozen sources that changed on disk: the next claim would
+    halt it. One JSON object with --json: the refusal's lines, the files, the command
+    and the reuse count (``retry_sources.StaleSources.as_dict``)."""
+    from laneway.controller import retry_sources
+
+    for run_id in [run] if run is not None else retry_sources.runs_of(engine, named):
+        stale = retry_sources.stale_sources(engine, run_id)
+        if stale is None:
+            continue
+        error = retry_sources.SourcesChanged(stale)
+        if not as_json:
+            common.fail(error)
+        body = {"ok": False, "error": type(error).__name__, "problems": error.reasons}
+        typer.echo(render.as_json({**body, **stale.as_dict()}))
+        raise typer.Exit(error.exit_code)
 
 
 def _confirm_reruns(reruns: list[Any], as_json: bool) -> None:

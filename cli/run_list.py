@@ -21,17 +21,29 @@ def listing(source: Rows, *, limit: int, now: datetime) -> list[dict[str, Any]]:
     """The ``limit`` newest runs, newest first (one read transaction: call it inside
     ``ReadOnlyLedger.snapshot``)."""
     ids = [int(row[0]) for row in source.rows(queries.RECENT_RUNS, {"limit": limit})]
-    return [summary(status_report(source, run_id, now=now)) for run_id in ids]
+    later = superseded(source, min(ids)) if ids else {}
+    return [summary(status_report(source, run_id, now=now), later.get(run_id)) for run_id in ids]
 
 
-def summary(report: StatusReport) -> dict[str, Any]:
-    """One run's line: its row, its jobs per state and what holds it (``holding``)."""
+def superseded(source: Rows, oldest: int) -> dict[int, int]:
+    """Unfinished run id -> the first later run of the same pipeline, for the runs from
+    ``oldest`` on (``queries.SUCCESSORS``): a run left behind by ``laneway run CONFIG
+    --new`` stays ``active`` in the ledger, but nothing will carry it on."""
+    rows = source.rows(queries.SUCCESSORS, {"oldest": oldest})
+    return {int(run_id): int(by) for run_id, by in rows}
+
+
+def summary(report: StatusReport, superseded_by: int | None = None) -> dict[str, Any]:
+    """One run's line: its row, the later run that superseded it (``superseded_by``:
+    None when none did, or it is finished), its jobs per state and what holds it
+    (``holding``)."""
     run = report.run
     code, lane, words = holding(report)
     return {
         "id": run.id,
         "name": run.name,
         "state": run.state,
+        "superseded_by": superseded_by,
         "created_at": run.created_at,
         "finished_at": run.finished_at,
         "jobs": dict(report.totals),
@@ -67,6 +79,12 @@ def _jobs(counts: dict[str, int]) -> str:
     return " · ".join(f"{state} {n}" for state, n in sorted(counts.items()) if n) or "-"
 
 
+def shown_state(run: dict[str, Any]) -> str:
+    """The STATE column: the run's state, or ``superseded (by run N)``."""
+    by = run.get("superseded_by")
+    return str(run["state"]) if by is None else f"superseded (by run {by})"
+
+
 def runs_text(listed: list[dict[str, Any]]) -> str:
     if not listed:
         return "no runs yet; start one with `laneway start-pipeline` or `laneway run`"
@@ -75,7 +93,7 @@ def runs_text(listed: list[dict[str, Any]]) -> str:
         [
             run["id"],
             run["name"],
-            run["state"],
+            shown_state(run),
             run["created_at"] or "-",
             run["finished_at"] or "-",
             _jobs(run["jobs"]),

@@ -8,7 +8,6 @@ nothing at all if preflight refuses.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -36,42 +35,8 @@ from laneway.controller.config import (
 )
 from laneway.controller.durable import make_private_dir
 from laneway.controller.errors import PreflightError, UnfinishedRun, UsageError
-
-
-def hash_file(path: str | Path) -> str:
-    """The sha256 of a regular file. Raises OSError for anything else (a device such
-    as /dev/zero would be read forever, a FIFO without a writer would block the open:
-    it is opened non-blocking and refused)."""
-    digest = hashlib.sha256()
-    with open(limits.open_regular(path), "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-_hash_cache: dict[str, tuple[int, int, str]] = {}
-
-
-def source_drift(recorded: dict[str, str]) -> list[str]:
-    """Each frozen source whose content differs from its recorded sha256 (or is gone),
-    as one line naming the file and both hashes. Files are re-hashed only when their
-    size or mtime changed since the last check in this process."""
-    problems = []
-    for path, expected in sorted(recorded.items()):
-        try:
-            stat = os.stat(path)
-            cached = _hash_cache.get(path)
-            if cached and cached[:2] == (stat.st_size, stat.st_mtime_ns):
-                actual = cached[2]
-            else:
-                actual = hash_file(path)
-                _hash_cache[path] = (stat.st_size, stat.st_mtime_ns, actual)
-        except OSError as exc:
-            problems.append(f"{path}: unreadable ({exc.strerror or exc}); frozen {expected[:12]}")
-            continue
-        if actual != expected:
-            problems.append(f"{path}: sha256 {actual[:12]}… != frozen {expected[:12]}…")
-    return problems
+from laneway.controller.source_check import hash_file as hash_file
+from laneway.controller.source_check import source_drift as source_drift
 
 
 def taken_items(config: PipelineConfig) -> int:

@@ -264,6 +264,14 @@ RECENT_RUNS: Final = (
 )
 """-- name: recent_runs -- The ``:limit`` newest runs (the dashboard's run list)."""
 
+SUCCESSORS: Final = (
+    "SELECT r.id, MIN(n.id) FROM runs r JOIN runs n ON n.name = r.name AND n.id > r.id "
+    f"WHERE r.id >= :oldest AND r.state <> '{RunState.FINISHED.value}' GROUP BY r.id"
+)
+"""-- name: successors -- Each unfinished run from ``:oldest`` on that a later run of the
+same pipeline (same ``name``) superseded, with the first such run's id (``laneway runs``
+shows it as ``superseded (by run N)``)."""
+
 ATTEMPT_TIMES: Final = (
     "SELECT exit_code, exit_signal, state_reason, intent_at, started_at, "
     "settled_at, current_rss_mib FROM attempts WHERE id = :id"

@@ -391,6 +391,7 @@ def test_runs_lists_runs_newest_first_with_what_holds_them(tmp_path):
         "id",
         "name",
         "state",
+        "superseded_by",
         "created_at",
         "finished_at",
         "jobs",
@@ -399,6 +400,7 @@ def test_runs_lists_runs_newest_first_with_what_holds_them(tmp_path):
         "holding_words",
     }
     assert second["name"] == "second" and second["state"] == "active"
+    assert second["superseded_by"] is None is first["superseded_by"]  # other pipelines
     assert second["jobs"] == {"ready": 2} and second["finished_at"] is None
     assert second["holding"] == "paused" and second["holding_lane"] == "a"
     assert "quota low" in second["holding_words"]
