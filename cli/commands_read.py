@@ -182,8 +182,10 @@ def runs(
 
     `holding` is what keeps a run from progressing: its first held lane's reason, as
     `status` gives it (`paused`, `halted`, `unknown_outcome`, `no_worker`, `budget`,
-    ...), else `running`, `done` (every job terminal) or `finished`. Reads the ledger
-    only (SQLite opened read-only).
+    ...), else `running`, `done` (every job terminal) or `finished`. An unfinished run
+    that a later run of the same pipeline followed (`laneway run CONFIG --new`) shows as
+    `superseded (by run N)` (`superseded_by` in --json; its `state` stays the ledger's).
+    Reads the ledger only (SQLite opened read-only).
     """
     from laneway.cli import run_list
 
