@@ -34,6 +34,50 @@ def wait_until(predicate: Callable[[], T], timeout: float = 60.0, interval: floa
         time.sleep(interval)
 
 
+GATE_BOUND = 600
+"""Seconds a gated job waits for its gate at most (pytest-timeout's limit on one test):
+long enough for any loaded machine, short enough that a job whose test failed before
+opening its gate cannot outlive the suite by much. Gated stages' timeouts are this too,
+so no supervisor times a job out while it waits for the test."""
+
+
+def wait_for(condition: str, what: str, *, bound: float = GATE_BOUND) -> str:
+    """Python statements (they import ``os``, ``sys`` and ``time``) that block until
+    ``condition`` (a Python expression over those, evaluated each time round) holds;
+    after ``bound`` s the job exits 1 with ``what`` (an expression too, a ``str``) and
+    "not within BOUND s", so it never hangs forever. A handshake, not a race: the test
+    acts, then makes the condition true, however long acting took on a loaded machine.
+    No braces of their own: in an argv template they need ``escape`` only for what the
+    expressions bring."""
+    return (
+        "import os, sys, time\n"
+        f"_until = time.monotonic() + {bound!r}\n"
+        f"while not ({condition}):\n"
+        "    if time.monotonic() > _until:\n"
+        f"        sys.exit(({what}) + ' not within {bound!r} s')\n"
+        "    time.sleep(0.02)\n"
+    )
+
+
+def wait_for_file(path: str, *, bound: float = GATE_BOUND) -> str:
+    """``wait_for`` the file at ``path`` (a Python expression: ``repr(str(gate))``,
+    ``"sys.argv[2]"``) to exist: the job's side of a gate the test opens
+    (``gate.touch()``)."""
+    return wait_for(f"os.path.exists({path})", f"'gate ' + str({path}) + ' opened'", bound=bound)
+
+
+def gated_argv(gate: Path) -> list[str]:
+    """A job's argv that waits for ``gate`` to exist (``wait_for_file``), then exits 0."""
+    return [PY, "-c", wait_for_file(repr(str(gate)))]
+
+
+def gated_stage(name: str, gate: Path, then: str = "", **extra: Any) -> dict[str, Any]:
+    """``py_stage`` whose job waits for ``gate`` (``wait_for_file``), then runs ``then``;
+    its timeout is ``GATE_BOUND`` unless ``extra`` names one."""
+    code = wait_for_file(repr(str(gate))) + then
+    return py_stage(name, code, **{"timeout_seconds": GATE_BOUND, **extra})
+
+
 class FixedClock:
     """A clock tests move by hand."""
 

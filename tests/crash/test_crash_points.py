@@ -18,7 +18,7 @@ from sqlalchemy import select
 from laneway.controller import db, ledger
 from laneway.controller.models import Attempt, Decision, Job, Run, Worker
 from laneway.controller.states import Outcome
-from tests.support import claim_one_on_n1, make_config, wait_until
+from tests.support import GATE_BOUND, claim_one_on_n1, make_config, wait_for_file, wait_until
 
 SIDE_EFFECT_THEN_WAIT = textwrap.dedent(
     """
@@ -27,10 +27,8 @@ SIDE_EFFECT_THEN_WAIT = textwrap.dedent(
     fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.write(fd, (os.environ["LANEWAY_IDEMPOTENCY_KEY"] + "\\n").encode())
     os.fsync(fd)
-    while not os.path.exists(release):
-        time.sleep(0.01)
     """
-)
+) + wait_for_file("release")
 """A job script's opening: append its idempotency key to the side-effect file (argv[2],
 fsynced), then wait for the release file (argv[3])."""
 WRITE_RESULT = textwrap.dedent(
@@ -58,7 +56,7 @@ class Harness:
         return {
             "name": "paid",
             "argv": [sys.executable, str(self.script), "{item}", str(self.side), str(self.release)],
-            "timeout_seconds": 120,
+            "timeout_seconds": GATE_BOUND,
         }
 
     def spawn(self, command: str, crash: str | None = None, *extra: str):

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from laneway.controller import db, ledger_open
 from tests.integration.test_cli import assert_clean_error, invoke
 from tests.integration.test_cli_services import LANEWAY, ROOT, finish, spawn
-from tests.support import escape, wait_until
+from tests.support import GATE_BOUND, escape, wait_for_file, wait_until
 
 SECRET = "sk-logs-test-5c1f0e"
 PRINTS = (
@@ -35,7 +35,7 @@ def write_config(tmp_path: Path, code: str, *, items: int = 1, secret: bool = Tr
             {
                 "name": "only",
                 "argv": [sys.executable, "-c", escape(code)],
-                "timeout_seconds": 60,
+                "timeout_seconds": GATE_BOUND,
                 "env": {"API_KEY": "${API_KEY}"} if secret else {},
             }
         ],
@@ -148,10 +148,9 @@ def test_follow_streams_until_the_attempt_settles(tmp_path: Path, monkeypatch):
     runtime = tmp_path / "rt"
     gate = tmp_path / "gate"
     code = (
-        "import os, time\n"
         "print('first', flush=True)\n"
-        f"while not os.path.exists({str(gate)!r}): time.sleep(0.02)\n"
-        "print('second', flush=True)\n"
+        + wait_for_file(repr(str(gate)))
+        + "print('second', flush=True)\n"
     )
     # No secret: the redactor holds back up to the longest secret's length less one
     # byte of a stream until more output (or the end) shows it is not one.

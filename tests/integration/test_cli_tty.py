@@ -25,7 +25,7 @@ import pytest
 
 from tests.integration.test_cli_services import LANEWAY, ROOT, config_file, finish, spawn
 from tests.integration.test_web import make_unknown, pipeline
-from tests.support import controller_serving, py_stage, wait_until
+from tests.support import GATE_BOUND, controller_serving, py_stage, wait_for_file, wait_until
 
 TMUX = shutil.which("tmux")
 WIDTH, HEIGHT = 160, 50
@@ -260,13 +260,10 @@ def test_watch_shows_progress_idle_reasons_and_unknown_attempts_first(tmux: Tmux
 def test_run_shows_the_live_display_then_the_finished_state(tmux: Tmux, short_dir: Path):
     gates = short_dir / "gates"
     gates.mkdir()
-    wait = (
-        "import os, sys, time\n"
-        f"while not os.path.exists(os.path.join({str(gates)!r}, sys.argv[1])): time.sleep(0.05)\n"
-    )
+    wait = wait_for_file(f"os.path.join({str(gates)!r}, sys.argv[1])")
     stages = [
         py_stage("prep", "pass"),
-        py_stage("solve", wait, needs=["prep"], timeout_seconds=120),
+        py_stage("solve", wait, needs=["prep"], timeout_seconds=GATE_BOUND),
     ]
     config = config_file(short_dir, items=2, max_jobs=2, stages=stages)
     tmux.start(*LANEWAY, "run", str(config), "--runtime-dir", str(short_dir / "rt"))

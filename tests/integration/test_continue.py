@@ -12,6 +12,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +23,20 @@ from laneway.controller import db, ledger
 from laneway.controller.models import Item, Job
 from tests.integration.test_cli import invoke
 from tests.integration.test_cli_services import BOUND, LANEWAY, ROOT
-from tests.support import claim_on_n1, make_config, wait_until
+from tests.support import GATE_BOUND, claim_on_n1, make_config, wait_for_file, wait_until
 
 JOB = """
-import os, sys, time
+import os, sys
 item, stage, count, gate = sys.argv[1:5]
 with open(count, 'a') as handle:
     handle.write(stage + ' ' + item + chr(10))
 if os.path.exists(gate + '.fail.' + item):
     sys.exit(1)
-deadline = time.monotonic() + 60
-while item == 'x3' and not os.path.exists(gate) and time.monotonic() < deadline:
-    time.sleep(0.01)
-"""
+if item == 'x3':
+""" + textwrap.indent(wait_for_file("gate"), "    ")
+"""Each job appends its stage and item to the count file; item x``n`` fails while the
+file ``gate.fail.x<n>`` exists; x3 holds until the test opens the gate (a handshake:
+however long the test takes on a loaded machine)."""
 
 
 def write_config(
@@ -54,7 +56,7 @@ def write_config(
         "stages": [
             {
                 "argv": [sys.executable, "-c", JOB, "{item}", stage["name"], str(count), str(gate)],
-                "timeout_seconds": 60,
+                "timeout_seconds": GATE_BOUND,
                 **stage,
             }
             for stage in stages
@@ -478,9 +480,12 @@ def test_plan_says_what_a_new_run_would_reuse_run_and_why_before_anything_is_cre
     assert "budget (run) cost_usd: judge 3 x 0.25 = 0.75 of 10 — fits" in text.stdout
     assert len(executions(tmp_path)) == before  # the plan ran nothing
 
-    # `run --new` says the same plan first (off a terminal it does not ask), then runs
-    # exactly that.
-    result = invoke("run", str(config), "--runtime-dir", str(runtime), "--new", "--quiet")
+    # `run --new` says the same plan first; it runs paid judge again, so off a terminal
+    # it refuses, creating nothing (tests/integration/test_paid_rerun.py); with --yes it
+    # runs exactly that.
+    refused = invoke("run", str(config), "--runtime-dir", str(runtime), "--new", "--quiet")
+    assert refused.exit_code == 2 and "judge: 3 ran before" in refused.stderr
+    result = invoke("run", str(config), "--runtime-dir", str(runtime), "--new", "--quiet", "--yes")
     assert result.exit_code == 0, result.output
     dry = invoke("dry-run", str(config), "--runtime-dir", str(runtime), "--json")
     assert json.loads(dry.stdout)["reuse_plan"]["stages"][0]["reuse"] == 3

@@ -27,18 +27,11 @@ from laneway.controller.status_model import StatusReport
 from laneway.workers.service import WorkerService
 from tests.integration.test_worker import PLENTY
 from tests.status_bodies import typed
-from tests.support import control_run, make_config, py_stage
+from tests.support import GATE_BOUND, control_run, make_config, py_stage, wait_for_file
 
 pytestmark = pytest.mark.slow
 
-WAIT_FOR = """
-import pathlib, sys, time
-started, release = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
-started.touch()
-deadline = time.monotonic() + 60
-while not release.exists() and time.monotonic() < deadline:
-    time.sleep(0.01)
-"""
+WAIT_FOR = "import pathlib, sys\npathlib.Path(sys.argv[2]).touch()\n" + wait_for_file("sys.argv[3]")
 
 
 class Recorder:
@@ -131,7 +124,7 @@ def test_a_halted_run_ends_blocked_with_the_reason_and_how_to_go_on(foreground, 
 
 def test_a_signal_interrupts_the_run_after_draining_what_runs(foreground, tmp_path):
     started, release = tmp_path / "started", tmp_path / "release"
-    stage = py_stage("wait", WAIT_FOR)
+    stage = py_stage("wait", WAIT_FOR, timeout_seconds=GATE_BOUND)
     stage["argv"] += [str(started), str(release)]
     run = foreground(make_config([stage], 3), slots=1)
     signalled = threading.Event()

@@ -15,6 +15,8 @@ import json
 import shutil
 import signal
 import sys
+import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import select
@@ -36,37 +38,85 @@ from tests.integration.test_web import (
 )
 from tests.integration.test_web import pipeline as web_pipeline
 from tests.integration.test_worker import drive
-from tests.support import controller_serving, escape, make_config, wait_until
+from tests.support import (
+    GATE_BOUND,
+    controller_serving,
+    escape,
+    make_config,
+    wait_for_file,
+    wait_until,
+)
 
 EXAMPLE = ROOT / "configs" / "gpu-node-4x80g.json"
 PLENTY = (1_000_000.0, 2_000_000.0)
 
-# Each job marks itself running (its file holds its CUDA_VISIBLE_DEVICES), waits until
-# ``want`` jobs are running at once (or ``patience`` s), writes what it saw, and unmarks
-# itself.
-BARRIER = """
+# Each job marks itself running (its file in ``running`` holds its CUDA_VISIBLE_DEVICES)
+# and waits for the test's release (``release_together``): a file naming the devices of
+# every job running when ``want`` of them waited at once. An item not named in
+# ``patient`` gives the others ``patience`` s, then names the devices it sees itself. With
+# a ``usage`` directory it holds its scripted GPU use until the test says the worker
+# sampled it. Then it writes what it saw to ``seen`` and unmarks itself.
+BARRIER = (
+    """
 import json, os, sys, time
-running, seen, want, patience = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-usage = sys.argv[5] if len(sys.argv) > 5 else None
-me = os.path.join(running, os.environ["LANEWAY_ITEM"])
-staged = os.path.join(seen, "." + os.environ["LANEWAY_ITEM"])  # whole, then renamed in
+running, seen, patience = sys.argv[1], sys.argv[2], float(sys.argv[3])
+patient, usage = sys.argv[4].split(","), sys.argv[5] if len(sys.argv) > 5 else None
+item = os.environ["LANEWAY_ITEM"]
+release = os.path.join(seen, "..", "release", item)
+sampled = os.path.join(seen, "..", "sampled", item)
+me = os.path.join(running, item)
+staged = os.path.join(seen, "." + item)  # whole, then renamed in
 open(staged, "w").write(os.environ["CUDA_VISIBLE_DEVICES"])
 os.replace(staged, me)
 if usage:  # the scripted use of the described device: DEVICE MIB
     open(os.path.join(usage, str(os.getpid())), "w").write(
         os.environ["CUDA_VISIBLE_DEVICES"] + " 3000")
-deadline = time.monotonic() + patience
-while len(os.listdir(running)) < want and time.monotonic() < deadline:
+deadline = time.monotonic() + (BOUND if item in patient else patience)
+while not os.path.exists(release) and time.monotonic() < deadline:
     time.sleep(0.02)
-devices = sorted(open(os.path.join(running, n)).read() for n in os.listdir(running))
-time.sleep(1.2)  # long enough to be sampled, and for the others to look too
+if os.path.exists(release):
+    devices = json.load(open(release))
+else:
+    devices = sorted(open(os.path.join(running, n)).read() for n in os.listdir(running))
+if usage:
+"""
+    + textwrap.indent(wait_for_file("sampled"), "    ")
+    + """
 os.unlink(me)
-with open(os.path.join(seen, os.environ["LANEWAY_ITEM"]), "w") as out:
+with open(os.path.join(seen, item), "w") as out:
     json.dump({"devices": devices, "env": {k: os.environ.get(k) for k in
         ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LANEWAY_GPUS")}}, out)
 if usage:
     os.unlink(os.path.join(usage, str(os.getpid())))
 """
+).replace("BOUND", str(GATE_BOUND))
+
+
+def release_together(
+    tmp_path: Path, want: int, worker: WorkerService | None = None
+) -> Callable[[], None]:
+    """``drive``'s ``on_tick`` for BARRIER jobs: once ``want`` of them wait at once (and,
+    with ``worker``, its sampler saw each one's GPU use), release them with the
+    devices of every job running then. A handshake: however slowly they start."""
+    running, release, sampled = (tmp_path / n for n in ("running", "release", "sampled"))
+
+    def tick() -> None:
+        for flight in list(worker.in_flight.values()) if worker else ():
+            if (flight.peaks.peak_gpu_mib or 0) > 0:  # the job's use, not before it
+                (sampled / flight.claim.item).touch()
+        try:
+            devices = {p.name: p.read_text() for p in running.iterdir()}
+        except FileNotFoundError:  # a job unmarked itself meanwhile: look again
+            return
+        waiting = [name for name in devices if not (release / name).exists()]
+        if len(waiting) < want or (worker and not all((sampled / n).exists() for n in waiting)):
+            return
+        for name in waiting:
+            staged = release / ("." + name)
+            staged.write_text(json.dumps(sorted(devices.values())))
+            staged.rename(release / name)
+
+    return tick
 
 
 def described(tmp_path: Path, **change: object) -> DescribedGpu:
@@ -80,12 +130,15 @@ def described(tmp_path: Path, **change: object) -> DescribedGpu:
     return DescribedGpu(path)
 
 
-def stage_argv(tmp_path: Path, want: int, patience: float, usage: bool = False) -> list[str]:
-    running, seen = tmp_path / "running", tmp_path / "seen"
-    running.mkdir()
-    seen.mkdir()
-    argv = [sys.executable, "-c", escape(BARRIER), str(running), str(seen), str(want)]
-    argv.append(str(patience))
+def stage_argv(
+    tmp_path: Path, patience: float, usage: bool = False, patient: str = ""
+) -> list[str]:
+    """The BARRIER job's argv (``patient``: the items, comma-separated, that wait for
+    their release as long as for a gate)."""
+    for name in ("running", "seen", "release", "sampled"):
+        (tmp_path / name).mkdir()
+    argv = [sys.executable, "-c", escape(BARRIER), str(tmp_path / "running")]
+    argv += [str(tmp_path / "seen"), str(patience), patient]
     return argv + ([str(tmp_path / "gpu-usage")] if usage else [])
 
 
@@ -101,11 +154,13 @@ def test_eight_whole_gpu_attempts_run_four_at_a_time_on_distinct_devices(
     engine, runtime, make_run, tmp_path
 ):
     gpu = described(tmp_path)
-    stage = {"name": "train", "argv": stage_argv(tmp_path, 4, 30), "gpus": 1, "timeout_seconds": 60}
+    patient = ",".join(f"item{n}" for n in range(8))  # four run at once, however slowly
+    argv = stage_argv(tmp_path, 0, patient=patient)
+    stage = {"name": "train", "argv": argv, "gpus": 1, "timeout_seconds": GATE_BOUND}
     run_id = make_run(make_config([stage], items=8, max_jobs=8))
     worker = WorkerService(engine, node="n1", slots=8, memory_probe=lambda: PLENTY, gpu=gpu)
     worker.start()
-    drive(engine, [worker], run_id, timeout=90)
+    drive(engine, [worker], run_id, timeout=90, on_tick=release_together(tmp_path, 4))
 
     uuids = [d.uuid for d in gpu.devices]
     found = seen(tmp_path)
@@ -161,9 +216,11 @@ def test_a_gpu_share_runs_alone_until_measured_then_two_share_and_a_third_waits(
     )
     stage = {
         "name": "infer",
-        "argv": stage_argv(tmp_path, 2, 3, usage=True),
+        # item1 and item2 are to run together: each waits for the other however long it
+        # takes; item0 and item3 are to run alone: each gives a second 3 s to show up.
+        "argv": stage_argv(tmp_path, 3, usage=True, patient="item1,item2"),
         "gpu_mib": 100,
-        "timeout_seconds": 60,
+        "timeout_seconds": GATE_BOUND,
     }
     gpu_node = {"name": "n1", "memory_floor_mib": 0, "max_jobs": 4}
     gpu_node["gpu"] = {"total_mib": 10000, "fraction": 0.9}
@@ -172,7 +229,7 @@ def test_a_gpu_share_runs_alone_until_measured_then_two_share_and_a_third_waits(
         engine, node="n1", slots=4, memory_probe=lambda: PLENTY, gpu=gpu, sample_seconds=0.2
     )
     worker.start()
-    drive(engine, [worker], run_id, timeout=120)
+    drive(engine, [worker], run_id, timeout=120, on_tick=release_together(tmp_path, 2, worker))
 
     found = seen(tmp_path)
     # item0 ran alone (no peak measured yet: it waited 3 s for a second, which never

@@ -27,7 +27,7 @@ from laneway.controller.models import Attempt, Event, Lease, Run
 from laneway.workers.service import WorkerService
 from tests import backends
 from tests.integration.test_worker import PLENTY
-from tests.support import PY, escape, make_config, wait_until
+from tests.support import GATE_BOUND, PY, escape, make_config, wait_for_file, wait_until
 from tests.tcp_proxy import Proxy
 
 pytestmark = pytest.mark.slow
@@ -37,10 +37,7 @@ import os, pathlib, sys, time
 side, release = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
 with side.open("a") as f:
     f.write(os.environ["LANEWAY_IDEMPOTENCY_KEY"] + "\\n")
-deadline = time.monotonic() + 120
-while not release.exists() and time.monotonic() < deadline:
-    time.sleep(0.02)
-"""
+""" + wait_for_file("str(release)")
 
 
 def postgres_only(backend: str, why: str) -> None:
@@ -76,7 +73,7 @@ class Rig:
                 {
                     "name": "paid",
                     "argv": [PY, "-c", escape(JOB), "{item}", str(self.side), str(self.release)],
-                    "timeout_seconds": 120,
+                    "timeout_seconds": GATE_BOUND,
                 }
             ],
             items=items,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -44,14 +45,9 @@ from tests.integration.test_web import (
     get_json,
     serving_url,
 )
-from tests.support import wait_until
+from tests.support import GATE_BOUND, wait_for_file, wait_until
 
-NAP = (
-    "import os, sys, time\n"
-    "deadline = time.monotonic() + 300\n"
-    "while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:\n"
-    "    time.sleep(0.05)\n"
-)
+NAP = wait_for_file("sys.argv[1]")
 """A job that naps until its gate file exists (the test opens it at the end)."""
 
 
@@ -133,7 +129,7 @@ def killable_run(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]
             {
                 "name": "nap",
                 "argv": [sys.executable, "-c", NAP, str(gate)],
-                "timeout_seconds": 300,
+                "timeout_seconds": GATE_BOUND,
             }
         ],
     )
@@ -313,22 +309,24 @@ def test_the_page_names_the_gone_controller_and_never_shows_unverified_as_runnin
                 assert page.locator("#lanes .ok").count() == 0  # not the running green
                 assert page.locator("#running .unverified").count() == 2
                 assert page.locator("#workers .unverified").count() == 1
-                banner = page.locator("#controller")
+                # The banner is the run's one next step, the one `status` leads with.
+                step = state["next_step"]
+                assert page.locator("#next").is_visible()
+                shown = page.locator("#next-words").inner_text()
+                assert re.sub(r"\d+", "N", shown) == re.sub(r"\d+", "N", step["words"])
+                assert page.locator("#next-step").inner_text() == step["command"]
+                fact = page.locator("#controller").inner_text()
                 if state["controller"]["state"] == "gone":
-                    assert banner.is_visible()
-                    words = page.locator("#controller-words").inner_text()
-                    assert words.startswith("The controller is gone: "), words
-                    step = state["lanes"][0]["next_step"]
-                    assert page.locator("#controller-step").inner_text() == step["command"]
+                    assert step["code"] == "no_controller", step
                     assert step["command"].startswith("laneway run --continue ")
+                    assert page.locator("#next").get_attribute("class") == "alarm"
+                    assert fact.startswith("controller: no controller runs for "), fact
                 else:  # PostgreSQL: said honestly, and no step claims it gone
-                    assert banner.is_visible()
-                    assert (
-                        page.locator("#controller-words")
-                        .inner_text()
-                        .startswith("Controller: unknown")
-                    )
-                    assert not page.locator("#controller-step").is_visible()
+                    assert fact.startswith("controller: unknown"), fact
+                    assert step["code"] == "no_worker", step
+                    assert step["command"].startswith("laneway worker --node ")
+                # The lane waits for a person: it is in "Needs you", with the same step.
+                assert page.locator("#needs").is_visible()
                 page.screenshot(path=str(tmp_path / "controller-gone.png"), full_page=True)
                 assert errors == []
         finally:

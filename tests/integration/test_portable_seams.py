@@ -21,24 +21,27 @@ from laneway.controller import db, identity, status_model, status_nodes
 from laneway.controller.models import Worker
 from laneway.controller.rows import SessionRows
 from tests.integration.test_two_nodes import Cluster
-from tests.support import escape, wait_until
+from tests.support import GATE_BOUND, escape, wait_for_file, wait_until
 
 pytestmark = pytest.mark.slow
 
 
 # A review-style stage: read the item, leave one line of side effect, hold until
 # released (so workers and supervisors can be killed while it runs), write a result.
-JOB = """
+JOB = (
+    """
 import json, os, pathlib, sys, time
 side, release = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
 with side.open("a") as f:
     f.write(sys.argv[1] + "\\n")
-while not release.exists():
-    time.sleep(0.02)
+"""
+    + wait_for_file("str(release)")
+    + """
 pathlib.Path(os.environ["LANEWAY_RESULT_PATH"]).write_text(
     json.dumps({"job_id": int(os.environ["LANEWAY_JOB_ID"]), "verdict": "approve"})
 )
 """
+)
 
 
 def config(tmp: Path) -> Path:
@@ -59,7 +62,7 @@ items = [{", ".join(items)}]
 [[stages]]
 name = "review"
 argv = {argv}, "{tmp / "side.log"}", "{tmp / "release"}"]
-timeout_seconds = 120
+timeout_seconds = {GATE_BOUND}
 """
     )
     return path

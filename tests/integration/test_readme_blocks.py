@@ -58,7 +58,7 @@ from laneway.workers.gpu import FakeGpu
 from laneway.workers.service import WorkerService
 from tests.integration.test_cli import invoke
 from tests.integration.test_cli_services import LANEWAY
-from tests.support import wait_until
+from tests.support import GATE_BOUND, wait_for_file, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -376,7 +376,8 @@ with open(os.path.join(os.environ["LANEWAY_WORKSPACE"], "answer.json"), "w") as 
     json.dump({"item": item}, answer)
 print("solved", item)
 """
-RUNNING = """\
+RUNNING = (
+    """\
 # Seven attempts that run until the test lets them go (`cancel 7`, `cancel --run 1`).
 name = "running"
 
@@ -393,17 +394,14 @@ node = "box"
 name = "work"
 argv = ["python3", "wait.py", "{release}"]
 cwd = "."
-timeout_seconds = 120
+timeout_seconds = GATE_BOUND
 grace_seconds = 1
-""" + "".join(
-    f'\n[[items]]\nkey = "item{i}"\nlane = "main"\nrelease = "RELEASE"\n' for i in range(1, 8)
+""".replace("GATE_BOUND", str(GATE_BOUND))
+    + "".join(
+        f'\n[[items]]\nkey = "item{i}"\nlane = "main"\nrelease = "RELEASE"\n' for i in range(1, 8)
+    )
 )
-WAIT = """\
-import os, sys, time
-deadline = time.monotonic() + 90
-while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
-    time.sleep(0.05)
-"""
+WAIT = wait_for_file("sys.argv[1]")
 STATES = {
     "demo": "a copy of the demo's runtime dir after its run (`make demo`), as `.demo-runtime`",
     "ops": "a copy of a run of OPS, as `rt`",

@@ -23,15 +23,15 @@ from laneway.controller.status import explain_job
 from laneway.workers.gpu import FakeGpu
 from laneway.workers.service import WorkerService
 from tests.integration.test_two_nodes import Cluster
-from tests.support import escape, make_config, py_stage, wait_until
+from tests.support import GATE_BOUND, escape, make_config, py_stage, wait_for_file, wait_until
 
 runner = CliRunner()
 
-HOLD = "import os, sys, time\nwhile not os.path.exists(sys.argv[2]): time.sleep(0.02)"
+HOLD = wait_for_file("sys.argv[2]")
 
 
 def holding(name: str, release: Path, **extra) -> dict:
-    stage = py_stage(name, HOLD, **extra)
+    stage = py_stage(name, HOLD, timeout_seconds=GATE_BOUND, **extra)
     stage["argv"] = [*stage["argv"], str(release)]
     return stage
 

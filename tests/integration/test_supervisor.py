@@ -14,7 +14,7 @@ import pytest
 
 from laneway.controller import identity
 from laneway.workers.identity import process_start_time
-from tests.support import launch_supervisor, supervisor_argv, wait_until
+from tests.support import launch_supervisor, supervisor_argv, wait_for, wait_until
 
 GRANDCHILD = textwrap.dedent(
     """
@@ -199,9 +199,14 @@ def test_output_that_meets_the_cap_exactly_then_goes_on_is_marked_truncated(tmp_
     (it once dropped the rest silently)."""
     attempt = tmp_path / "attempt"
     attempt.mkdir()
+    # The rest is written once the supervisor has read the first 1000 bytes (written at
+    # once, so read at once): the job's stdout pipe holds nothing unread (FIONREAD). No
+    # clock decides whether the two were read apart.
+    unread = "fcntl.ioctl(1, termios.FIONREAD, bytes(4)) != bytes(4)"
     code = (
-        "import sys, time\nsys.stdout.write('x' * 1000)\nsys.stdout.flush()\n"
-        "time.sleep(0.3)\nprint('y' * 10)"
+        "import fcntl, sys, termios\nsys.stdout.write('x' * 1000)\nsys.stdout.flush()\n"
+        + wait_for(f"not {unread}", "'the first 1000 bytes read'")
+        + "print('y' * 10)"
     )
     proc = subprocess.Popen(
         supervisor_argv(tmp_path, [sys.executable, "-c", code], grace=1, log_cap_bytes=1000),

@@ -18,21 +18,24 @@ from sqlalchemy import select
 
 from laneway.controller import db
 from laneway.controller.models import Attempt, Decision
-from tests.support import escape, wait_until
+from tests.support import GATE_BOUND, escape, wait_for_file, wait_until
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 LANEWAY = [sys.executable, "-m", "laneway"]
 
-JOB = """
+JOB = (
+    """
 import os, pathlib, sys, time
 side, release = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
 with side.open("a") as f:
     f.write(sys.argv[1] + "\\n")
-while not release.exists():
-    time.sleep(0.02)
 """
+    + wait_for_file("str(release)")
+    + """
+"""
+)
 
 
 def config(tmp: Path) -> Path:
@@ -53,7 +56,7 @@ items = [{", ".join(items)}]
 [[stages]]
 name = "work"
 argv = {argv}, "{tmp / "side.log"}", "{tmp / "release"}"]
-timeout_seconds = 120
+timeout_seconds = {GATE_BOUND}
 """
     )
     return path

@@ -24,7 +24,7 @@ from laneway.controller import db, ledger, ledger_open
 from laneway.controller.clock import SystemClock
 from tests.integration.test_cli import assert_clean_error, invoke
 from tests.integration.test_cli_services import LANEWAY, ROOT, finish, spawn
-from tests.support import controller_serving, escape, wait_until
+from tests.support import GATE_BOUND, controller_serving, escape, wait_for_file, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -41,16 +41,17 @@ CHROMIUM_ARGS = [
 def pipeline(tmp_path: Path) -> tuple[Path, Path]:
     """A started run whose first item's job waits for a gate file; a worker runs it."""
     gate = tmp_path / "gate"
-    code = (
-        "import os, time\nprint('working', flush=True)\n"
-        f"while not os.path.exists({str(gate)!r}): time.sleep(0.05)\n"
-    )
+    code = "print('working', flush=True)\n" + wait_for_file(repr(str(gate)))
     body = {
         "name": "web",
         "nodes": [{"name": "n1", "memory_floor_mib": 0, "max_jobs": 1}],
         "lanes": [{"name": "a", "node": "n1"}],
         "stages": [
-            {"name": "only", "argv": [sys.executable, "-c", escape(code)], "timeout_seconds": 120}
+            {
+                "name": "only",
+                "argv": [sys.executable, "-c", escape(code)],
+                "timeout_seconds": GATE_BOUND,
+            }
         ],
         "items": [{"key": "x0", "lane": "a"}, {"key": "x1", "lane": "a"}],
     }

@@ -27,7 +27,7 @@ from tests.integration.test_web import (
     running,  # noqa: F401 - the fixture
 )
 from tests.integration.test_web_host import TOKEN, request, serving
-from tests.support import controller_serving, escape, wait_until
+from tests.support import GATE_BOUND, controller_serving, escape, wait_for_file, wait_until
 
 PAGE_MARK = b'<script src="/app.js">'
 
@@ -115,7 +115,7 @@ def two_lanes(tmp_path: Path) -> tuple[Path, Path]:
     """A started run: lane `a` on node n1 (whose job waits for a gate file) and lane
     `b` on node n2, which no worker serves."""
     gate = tmp_path / "gate"
-    code = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)\n"
+    code = wait_for_file(repr(str(gate)))
     body = {
         "name": "links",
         "nodes": [
@@ -124,7 +124,11 @@ def two_lanes(tmp_path: Path) -> tuple[Path, Path]:
         ],
         "lanes": [{"name": "a", "node": "n1"}, {"name": "b", "node": "n2"}],
         "stages": [
-            {"name": "only", "argv": [sys.executable, "-c", escape(code)], "timeout_seconds": 120}
+            {
+                "name": "only",
+                "argv": [sys.executable, "-c", escape(code)],
+                "timeout_seconds": GATE_BOUND,
+            }
         ],
         "items": [
             {"key": "x0", "lane": "a"},

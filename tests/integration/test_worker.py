@@ -19,7 +19,7 @@ from laneway.controller import db, ledger
 from laneway.controller.daemon import Controller
 from laneway.controller.models import Attempt, Control, Decision, Event, Job, Run
 from laneway.workers.service import WorkerService
-from tests.support import escape, make_config, py_stage, statements, wait_until
+from tests.support import escape, gated_stage, make_config, py_stage, statements, wait_until
 
 PLENTY = (64_000.0, 128_000.0)
 
@@ -220,11 +220,14 @@ def test_a_secret_gone_after_the_claim_settles_harness_failure_without_starting(
     assert not (Path(attempt.attempt_dir) / "exit.json").exists()
 
 
-def test_caps_and_max_jobs_are_never_exceeded(engine, make_run):
+def test_caps_and_max_jobs_are_never_exceeded(engine, make_run, tmp_path):
+    # The first jobs hold until the test has seen two of them run at once (a handshake:
+    # the caps allow it, and no clock decides whether the test looked in time).
+    gate = tmp_path / "gate"
     config = make_config(
         [
-            py_stage("prep", "import time; time.sleep(0.2)"),
-            py_stage("work", "import time; time.sleep(0.2)", needs=["prep"], cap=2),
+            gated_stage("prep", gate),
+            gated_stage("work", gate, needs=["prep"], cap=2),
         ],
         items=[{"key": f"i{n}", "lane": "ab"[n % 2]} for n in range(8)],
         lanes=[
@@ -248,6 +251,8 @@ def test_caps_and_max_jobs_are_never_exceeded(engine, make_run):
         peaks["prep_a"] = max(peaks["prep_a"], counts.get(("a", "prep"), 0))
         peaks["prep_b"] = max(peaks["prep_b"], counts.get(("b", "prep"), 0))
         peaks["work"] = max(peaks["work"], sum(n for (_, s), n in counts.items() if s == "work"))
+        if peaks["node"] >= 2:
+            gate.touch()
 
     drive(engine, [start_worker(engine, slots=8)], run_id, on_tick=observe)
     assert peaks["node"] <= 3 and peaks["prep_a"] <= 1 and peaks["prep_b"] <= 1
@@ -447,12 +452,13 @@ def test_an_attempt_whose_supervisor_has_exited_is_not_sampled(engine, make_run)
     assert service.in_flight == {}
 
 
-def test_an_attempts_first_sample_is_written_with_its_second(engine, make_run):
+def test_an_attempts_first_sample_is_written_with_its_second(engine, make_run, tmp_path):
     """Starting an attempt costs no transaction of samples: its first sample waits for
     the second (or the periodic flush, or its settle), and is written then."""
     from sqlalchemy import event
 
-    run_id = make_run(make_config([py_stage("only", "import time; time.sleep(3)")], items=1))
+    gate = tmp_path / "gate"  # the job runs until both samples are taken
+    run_id = make_run(make_config([gated_stage("only", gate)], items=1))
     service = start_worker(engine, slots=1)
     service._last_flush = float("inf")  # no periodic flush in this test
     Controller(engine).tick()
@@ -475,6 +481,7 @@ def test_an_attempts_first_sample_is_written_with_its_second(engine, make_run):
     assert len(commits) == 1
     (row,) = attempts(engine, run_id)
     assert row.peak_rss_mib is not None
+    gate.touch()
     service.drain()
 
 
