@@ -126,6 +126,12 @@ class Progress:
         said = render.controller_line(status)
         if said is not None:
             self._once("controller", render.clean(f"run {run}: {said}"))
+        lanes = [render.clean(f"run {run}: {_lane_words(lane, status)}") for lane in status.lanes]
+        step = advice.report_step(status)
+        if step is not None and not any((step.command or step.words) in line for line in lanes):
+            # The run's step when no lane's line says it (an unknown outcome on a lane with
+            # nothing left, a controller a run needs).
+            self._once("next step", render.clean(f"run {run}: next step: {step.line()}"))
         for worker in status.workers:
             # A worker's liveness once it is not live, and each change after (the same
             # field ``status`` prints); a worker that stays live says nothing.
@@ -138,8 +144,8 @@ class Progress:
                     f"run {run}: worker {worker.worker_id} (node {worker.node}): {worker.liveness}"
                 ),
             )
-        for lane in status.lanes:
-            self._once(f"lane {lane.lane}", render.clean(f"run {run}: {_lane_words(lane, status)}"))
+        for lane, line in zip(status.lanes, lanes, strict=True):
+            self._once(f"lane {lane.lane}", line)
 
     def _once(self, key: str, line: str) -> None:
         if self._seen.get(key) != line:
@@ -238,8 +244,9 @@ def renderable(status: StatusReport, eta: float | None, rates: dict[str, Any]) -
     elif controller is not None:
         # Gone (or unknown): its own line, right under the run's.
         said = render.controller_line(status) or ""
-        gone = controller.state == "gone"
-        parts.append(Text(render.clean(said), style="bold red" if gone else "yellow"))
+        step = advice.report_step(status)
+        alarm = step is not None and step.code == advice.NO_CONTROLLER
+        parts.append(Text(render.clean(said), style="bold red" if alarm else "yellow"))
     for worker in status.workers:
         if worker.liveness in ("stale", "lost") and worker.state == "active":
             parts.append(
@@ -278,6 +285,9 @@ def renderable(status: StatusReport, eta: float | None, rates: dict[str, Any]) -
                 style="yellow",
             )
         )
+    step = advice.report_step(status)
+    if step is not None:
+        parts.append(Text(render.clean(f"next step: {step.line()}"), style="bold"))
     stages = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("stage", "progress", "done", "running", "ready", "waiting", "failed", "rate"):
         stages.add_column(column, justify="left" if column in ("stage", "progress") else "right")

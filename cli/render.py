@@ -67,6 +67,9 @@ def status_text(status: StatusReport) -> str:
     said = controller_line(status)
     if said:
         out.append(clean(said))
+    step = advice.report_step(status)
+    if step is not None:
+        out.append(clean(f"next step: {step.line()}"))
     if status.unknown:
         out.append("")
         out.append(f"UNKNOWN OUTCOMES — dispatch halted until reconciled ({len(status.unknown)}):")
@@ -199,17 +202,23 @@ def status_text(status: StatusReport) -> str:
 
 def controller_line(status: StatusReport) -> str | None:
     """The controller in one line (``StatusReport.controller``): ``controller: running
-    (pid N)``, ``controller: GONE — ...`` while the run is active, or ``unknown`` and why;
-    None when the report does not say (JSON written before it did)."""
+    (pid N)``; ``controller: GONE — ...`` (or ``STOPPED``) only while the run's next step
+    is ``no_controller`` (it has work it could do); a stopped or gone controller beside a
+    run that needs a person first as a plain fact; or ``unknown`` and why. None when the
+    report does not say (JSON written before it did)."""
     controller = status.controller
     if controller is None:
         return None
     if controller.state == "running":
         return f"controller: running (pid {controller.pid})"
-    if controller.state == "gone":
+    if controller.state in ("gone", "stopped"):
         if status.run.finished:
             return "controller: none running (the run is finished)"
-        return f"controller: GONE — {controller.words}; nothing is dispatched, settled or closed"
+        step = advice.report_step(status)
+        if step is not None and step.code == advice.NO_CONTROLLER:
+            return f"controller: {controller.state.upper()} — {controller.words}"
+        # A fact, not an alarm: the run needs a person first (the next step says what).
+        return f"controller: {controller.words} (none is needed before the next step is taken)"
     return f"controller: {controller.words}"
 
 
@@ -279,8 +288,16 @@ def workers_text(status: StatusReport) -> list[str]:
         )
         for n in status.nodes:
             out += [clean(line) for line in gpu_lines(n.node, n.gpus)]
+    held = advice.run_concern(status) is not None
     for entry in status.no_worker:
-        out.append(clean(f"  node {entry.node}: no live worker — start one: {entry.start}"))
+        out.append(
+            clean(
+                f"  node {entry.node}: no live worker (none is needed before the run's next "
+                "step is taken)"
+                if held
+                else f"  node {entry.node}: no live worker — start one: {entry.start}"
+            )
+        )
     return out if len(out) > 2 else []
 
 
@@ -347,8 +364,16 @@ def explain_text(report: dict[str, Any]) -> str:
         f"run {report['run_id']}): {report['state']}"
         + (f" — {clean(report['state_reason'])}" if report["state_reason"] else "")
     ]
+    step = report.get("next_step")
+    if step and step.get("command"):
+        out.append(clean(f"next step: {step['words']}: {step['command']}"))
     worker = report.get("worker") or {}
-    unserved = not worker.get("live", True) and report["state"] in ("waiting", "ready", "running")
+    held = report.get("run_concern") is not None  # the run needs a person first
+    unserved = (
+        not held
+        and not worker.get("live", True)
+        and report["state"] in ("waiting", "ready", "running")
+    )
     if unserved:
         out.append(
             clean(

@@ -118,37 +118,137 @@ def continue_command(run_id: int, runtime_dir: str) -> str:
     return f"laneway run --continue {run_id}{_where(runtime_dir)}"
 
 
-def next_step(lane: Lane, status: StatusReport) -> NextStep:
-    """The operator's next step for ``lane`` (one of ``status.lanes``)."""
-    step = _held_step(lane, status)
-    controller = status.controller
-    gone = controller is not None and controller.state == "gone"
-    if gone and not status.run.finished and step.code not in OPERATOR_FIRST:
-        run = status.run
+HALTING = frozenset({"unknown_outcome", "halted", "sources_changed"})
+"""Run concerns that hold even a lane with nothing left to start: its run dispatches
+nothing and cannot finish until they are lifted."""
+
+
+def run_concern(status: StatusReport) -> NextStep | None:
+    """What the run itself needs before anything else, or None: the ONE order every view
+    weighs first (``docs/operations.md``, "One next step"): an unknown outcome (the first
+    unknown attempt's reconcile command), a halt over changed sources (a new run), a
+    halt, the budget (raise it, then a new run), the infrastructure breaker's pause, a
+    pause, a stop. Only the run-wide controls count (``scope`` run or global); a lane's
+    own control holds only that lane (``next_step``). A finished run needs nothing."""
+    if status.run.finished:
+        return None
+    if status.unknown:
+        # The first unknown attempt's command names it; ``status`` lists them all.
         return NextStep(
-            NO_CONTROLLER,
-            "the controller is gone, so nothing is dispatched, settled or closed; continue "
-            "the run in the foreground (or start `laneway controller"
-            f"{_where(run.runtime_dir)}`)",
-            continue_command(run.id, run.runtime_dir),
+            "unknown_outcome", "reconcile the unknown attempt", status.unknown[0].reconcile
         )
+    wide = [c for c in status.controls if c.lane is None]
+    for kind in ("halt", "pause", "stop"):
+        held = [c for c in wide if c.kind == kind]
+        if held:
+            # Of several pauses, the budget's, then the breaker's: they say how to go on.
+            held.sort(key=lambda c: _control_rank(c.reason or ""))
+            code = {"halt": "halted", "pause": "paused", "stop": "stopped"}[kind]
+            scopes = {c.scope for c in held}
+            return _control_step(code, held[0].reason or "", scopes, status)
+    return None
+
+
+def _control_rank(why: str) -> int:
+    if why.startswith(SOURCES_CHANGED) or why.startswith(BUDGET_SPENT):
+        return 0
+    return 1 if why.startswith(BREAKER) else 2
+
+
+def next_step(lane: Lane, status: StatusReport) -> NextStep:
+    """The operator's next step for ``lane`` (one of ``status.lanes``): what its run
+    needs first (``run_concern``), then what blocks work the lane could do (no live
+    controller, no live worker), then why it waits (a capacity refusal)."""
+    concern = run_concern(status)
+    step = _held_step(lane, status, concern)
+    if concern is None and step.code not in OPERATOR_FIRST | {DONE} and controller_needed(status):
+        return no_controller_step(status)
     return step
 
 
-def _held_step(lane: Lane, status: StatusReport) -> NextStep:
+def controller_needed(status: StatusReport) -> bool:
+    """No controller serves a run that is not finished (gone, or stopped cleanly: either
+    way nothing closes the run or expires a lost worker's lease)."""
+    controller = status.controller
+    return (
+        controller is not None
+        and controller.state in ("gone", "stopped")
+        and not status.run.finished
+    )
+
+
+def no_controller_step(status: StatusReport) -> NextStep:
+    """The run has work it could do and no controller serves it: continue it."""
+    run = status.run
+    live = any(w.live for w in status.workers)
+    what = (
+        "workers go on dispatching, but no lost worker's lease expires, no breaker trips "
+        "and the run is not closed"
+        if live
+        else "nothing is dispatched, settled or closed"
+    )
+    return NextStep(
+        NO_CONTROLLER,
+        f"no controller serves the run, so {what}; continue the run in the foreground "
+        f"(or start `laneway controller{_where(run.runtime_dir)}`)",
+        continue_command(run.id, run.runtime_dir),
+    )
+
+
+def _control_step(code: str, why: str, scopes: set[str], status: StatusReport) -> NextStep:
+    """The step of a control that holds the run or a lane: ``code`` ``halted``,
+    ``paused`` or ``stopped``, ``why`` its reason."""
+    run = status.run
+    if code == "paused" and why.startswith(BUDGET_SPENT):
+        return _budget_step(status)
+    if code == "halted" and why.startswith(SOURCES_CHANGED):
+        # Each problem names its file first (``pipeline.source_drift``); an unreadable
+        # one's own "; frozen HASH" is no file.
+        parts = why[len(SOURCES_CHANGED) :].split("; ")
+        files = [part.split(": ", 1)[0] for part in parts if not part.startswith("frozen ")]
+        return NextStep(
+            "sources_changed",
+            f"the run's frozen sources changed ({', '.join(files)}); `clear-halt` cannot "
+            "lift this halt: start a new run, which freezes them again and reuses what "
+            "succeeded",
+            new_run_command(run.runtime_dir),
+        )
+    target = "--all" if scopes == {"global"} else str(run.id)
+    verb = "clear-halt" if code == "halted" else "resume"
+    command = f"laneway {verb} {target} --reason '...'{_where(run.runtime_dir)}"
+    if code == "paused" and why.startswith(BREAKER):
+        return NextStep(
+            "breaker",
+            "the infrastructure breaker paused the run; once the infrastructure is fixed",
+            command,
+        )
+    return NextStep(code, "once the cause is fixed", command)
+
+
+def _budget_step(status: StatusReport) -> NextStep:
+    succeeded = status.totals.get("succeeded", 0)
+    return NextStep(
+        "budget",
+        f"the run stopped at its budget; raise `budget` in the config and start a new "
+        f"run ({succeeded} succeeded job(s) are reused, not run or paid for again; "
+        "`resume` would pause it again)",
+        new_run_command(status.run.runtime_dir),
+    )
+
+
+def _held_step(lane: Lane, status: StatusReport, concern: NextStep | None) -> NextStep:
     """The lane's step from what holds it (``next_step`` before the controller's)."""
     if lane.running:
         return _unverified_step(lane, status) or NextStep(
             RUNNING, f"nothing to do: {lane.running} running", None
         )
     if not lane.pending:
+        if concern is not None and concern.code in HALTING:
+            return concern
         return NextStep(DONE, "done: the lane has no job left to start", None)
-    run = status.run
+    if concern is not None:
+        return concern
     reason = lane.reason
-    if status.unknown:
-        # An unknown attempt halts the run's dispatch whatever was recorded last.
-        first = status.unknown[0]
-        return NextStep("unknown_outcome", "reconcile the unknown attempt", first.reconcile)
     if reason is None:
         return NextStep(
             "unrecorded",
@@ -165,40 +265,12 @@ def _held_step(lane: Lane, status: StatusReport) -> NextStep:
         )
     if code == "no_worker":
         return NextStep("no_worker", "start a worker", str(reason.detail.get("start")))
-    if code == "budget" or (code == "paused" and why.startswith(BUDGET_SPENT)):
-        succeeded = status.totals.get("succeeded", 0)
-        return NextStep(
-            "budget",
-            f"the run stopped at its budget; raise `budget` in the config and start a new "
-            f"run ({succeeded} succeeded job(s) are reused, not run or paid for again; "
-            "`resume` would pause it again)",
-            new_run_command(run.runtime_dir),
-        )
-    if code == "halted" and why.startswith(SOURCES_CHANGED):
-        # Each problem names its file first (``pipeline.source_drift``); an unreadable
-        # one's own "; frozen HASH" is no file.
-        parts = why[len(SOURCES_CHANGED) :].split("; ")
-        files = [part.split(": ", 1)[0] for part in parts if not part.startswith("frozen ")]
-        return NextStep(
-            "sources_changed",
-            f"the run's frozen sources changed ({', '.join(files)}); `clear-halt` cannot "
-            "lift this halt: start a new run, which freezes them again and reuses what "
-            "succeeded",
-            new_run_command(run.runtime_dir),
-        )
+    if code == "budget":
+        return _budget_step(status)
     if code in ("paused", "stopped", "halted"):
         kinds = {"paused": "pause", "stopped": "stop", "halted": "halt"}
         scopes = {c.scope for c in status.controls if c.kind == kinds[code]}
-        target = "--all" if scopes == {"global"} else str(run.id)
-        verb = "clear-halt" if code == "halted" else "resume"
-        command = f"laneway {verb} {target} --reason '...'{_where(run.runtime_dir)}"
-        if code == "paused" and why.startswith(BREAKER):
-            return NextStep(
-                "breaker",
-                "the infrastructure breaker paused the run; once the infrastructure is fixed",
-                command,
-            )
-        return NextStep(code, "once the cause is fixed", command)
+        return _control_step(code, why, scopes, status)
     if code == "secret_missing":
         names = " ".join(str(v) for v in reason.detail.get("variables", []))
         node = reason.detail.get("node") or reason.node or lane.node
@@ -254,11 +326,31 @@ def action_words(step: NextStep | None) -> str | None:
 
 
 def run_next_step(status: StatusReport) -> NextStep | None:
-    """The run's one next step: of its lanes' steps that need a person (a command), the
-    one that must come first (``RUN_ORDER``); None when none needs one."""
+    """The run's one next step, the answer every view gives (``status`` text and
+    ``--json``, ``status --watch``, the live display, ``explain``, the web banner and
+    "Needs you", the report, the metrics, ``laneway run``'s exit message, every
+    notification): what the run itself needs (``run_concern``); else, while the run has
+    work it could do, a missing controller (``no_controller``) or what a lane needs from
+    a person (a command: a worker to start, a secret to set), the one that must come
+    first (``RUN_ORDER``); None when nothing needs a person (it runs, waits for capacity,
+    or is finished)."""
+    concern = run_concern(status)
+    if concern is not None:
+        return concern
     steps = [lane_step(lane, status) for lane in status.lanes]
     needed = [s for s in steps if s.command is not None]
+    rank = {code: i for i, code in enumerate(RUN_ORDER)}
+    first = [s for s in needed if s.code in OPERATOR_FIRST]
+    if first:  # a lane's own hold (its pause, an admission budget refusal, a secret)
+        return min(first, key=lambda s: rank.get(s.code, len(rank)))
+    if controller_needed(status):
+        return no_controller_step(status)
     if not needed:
         return None
-    rank = {code: i for i, code in enumerate(RUN_ORDER)}
     return min(needed, key=lambda s: rank.get(s.code, len(rank)))
+
+
+def report_step(status: StatusReport) -> NextStep | None:
+    """``StatusReport.next_step`` as ``status_report`` set it; a report read back from
+    JSON written without it gets it from ``run_next_step``."""
+    return status.next_step if status.next_step is not None else run_next_step(status)

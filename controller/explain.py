@@ -22,6 +22,8 @@ from laneway.controller.states import AttemptState, JobState
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
+    from laneway.controller.status_model import NextStep
+
 
 def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, Any]:
     """Everything that blocks one job now, with the capacity arithmetic (read-only)."""
@@ -142,11 +144,29 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
                 "reason": attempt.state_reason,
                 "peak_rss_mib": attempt.peak_rss_mib,
             }
-    if not live and pending:
+    step, concern = _next_step(session, run, job.lane, now=now)
+    report["next_step"] = None if step is None else step.as_dict()
+    report["run_concern"] = None if concern is None else concern.code
+    if concern is None and not live and pending:
         # Said first: until a worker runs on a node that runs it, nothing else matters.
         detail = _no_worker_detail(where[0], job, stage)
         report["blocked_by"].insert(0, _blocker("no_worker", detail))
     return report
+
+
+def _next_step(
+    session: Session, run: Any, lane: str, *, now: datetime
+) -> tuple[NextStep | None, NextStep | None]:
+    """The job's next step (its lane's, ``advice.next_step``, the one ``status`` gives
+    that lane) and what the run itself needs first (``advice.run_concern``), if anything."""
+    from laneway.controller import advice
+    from laneway.controller.status import build_status
+
+    status = build_status(session, run, now=now)
+    concern = advice.run_concern(status)
+    found = next((entry for entry in status.lanes if entry.lane == lane), None)
+    step = advice.lane_step(found, status) if found is not None else status.next_step
+    return step, concern
 
 
 def _blocker(code: str, detail: dict[str, Any]) -> dict[str, Any]:

@@ -21,8 +21,10 @@ a notice about no one run (a lost worker or controller) goes to every active run
 section. Each channel (the webhook: a JSON POST, 2xx; the command: argv without a shell,
 the JSON on stdin, exit 0) is tried ``1 + retries`` times with exponential backoff
 (tenacity); each try is a ``notification_deliveries`` row, with the resolved secrets
-redacted. The payload: ``kind``, ``run``, ``reason``, ``next_step`` (``advice``, the
-step every view shows), ``link`` (the dashboard, when ``LANEWAY_WEB_URL`` is set).
+redacted. The payload: ``kind``, ``run``, ``reason``, ``next_step`` (always with its
+command: ``notice_steps.place``, the step every view shows for the run, or the lost
+worker's or controller's), ``link`` (the page of the run, attempt or workers section, when
+the dashboard's address is known: ``LANEWAY_WEB_URL``).
 
 The ``Notifier`` runs in a thread of its own; dispatch never waits for it, and a process
 that stops gives it a bounded time to finish what it holds (``stop``).
@@ -44,13 +46,12 @@ from urllib.parse import urlsplit
 import tenacity
 from sqlalchemy import Engine
 
-from laneway.controller import advice, db, ledger, web_links
+from laneway.controller import db, ledger, notice_steps, web_links
 from laneway.controller.clock import Clock, SystemClock, iso
 from laneway.controller.config_models import ENV_REF, NotifyConfig
 from laneway.controller.errors import UsageError
 from laneway.controller.models import Notification, Run
 from laneway.controller.states import Attention, EventKind, NotificationState, WorkerState
-from laneway.controller.status import build_status
 from laneway.controller.status_nodes import LOST, worker_liveness
 from laneway.controller.usage import BUDGET_SPENT
 
@@ -82,6 +83,8 @@ class Notice:
     run_id: int | None
     reason: str
     attempt_id: int | None = None
+    worker_id: str | None = None
+    """The lost worker (``worker_lost``)."""
 
 
 def is_operator(actor: str) -> bool:
@@ -117,6 +120,7 @@ def notices_from(rows: Iterable[Any]) -> list[Notice]:
                     Attention.WORKER_LOST,
                     None,
                     f"worker {worker} lost: {reason or 'its heartbeat stopped'}",
+                    worker_id=None if worker == "?" else str(worker),
                 )
             )
         elif row.kind == EventKind.RUN_FINISHED:
@@ -472,34 +476,23 @@ class Notifier:
         return notification_id
 
     def _payload(self, notice: Notice) -> dict[str, Any]:
-        step = None
-        link = None
-        if notice.run_id is not None:
-            with self.reader() as session:
-                run = session.get(Run, notice.run_id)
-                if run is not None:
-                    status = build_status(session, run, now=db.ledger_now(session, self.clock))
-                    found = advice.run_next_step(status)
-                    step = None if found is None else found.as_dict()
-            if self.dashboard is not None:
-                path = (
-                    web_links.attempt_path(notice.attempt_id)
-                    if notice.attempt_id is not None
-                    else web_links.run_path(notice.run_id)
-                )
-                link = self.dashboard + path
-        elif self.dashboard is not None:
-            link = self.dashboard + "/"
-        if step is None and notice.kind == Attention.RUN_FINISHED:
-            step = {"code": advice.DONE, "words": "done: every job is terminal", "command": None}
+        """The JSON told: the notice, with its next step and link (``notice_steps``)."""
+        with self.reader() as session:
+            placed = notice_steps.place(
+                session,
+                kind=notice.kind,
+                run_id=notice.run_id,
+                attempt_id=notice.attempt_id,
+                worker_id=notice.worker_id,
+                now=db.ledger_now(session, self.clock),
+            )
         return {
             "laneway": "notification",
             "key": notice.key,
             "kind": notice.kind.value,
             "run": notice.run_id,
-            "reason": notice.reason,
-            "next_step": step,
-            "link": link,
+            "reason": placed.reason or notice.reason,
+            **notice_steps.as_payload(placed, self.dashboard),
             "at": iso(self.clock.now()),
         }
 

@@ -270,6 +270,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
     )
     for lane in report.lanes:  # one next step per lane, whoever reads the report
         lane.next_step = advice.next_step(lane, report)
+    report.next_step = advice.run_next_step(report)  # and the run's, which views lead with
     return report
 
 
@@ -306,12 +307,18 @@ def controller_state(source: Rows, runtime_dir: str, *, now: datetime) -> Contro
     found = source.rows(queries.LATEST_CONTROLLER)
     if _on_sqlite(source) is True:
         last = ""
+        if found and found[0][4] is not None:
+            controller_id, _host, row_pid, _beat, stopped = found[0]
+            return ControllerState(
+                "stopped",
+                None,
+                f"controller {controller_id} (pid {row_pid}) stopped at "
+                f"{iso(_moment(stopped))}; none runs for {runtime_dir} now",
+            )
         if found:
-            controller_id, host, row_pid, beat, stopped = found[0]
+            controller_id, _host, row_pid, beat, _stopped = found[0]
             last = (
-                f"; controller {controller_id} (pid {row_pid}) stopped at {iso(_moment(stopped))}"
-                if stopped is not None
-                else f"; controller {controller_id} (pid {row_pid}) last heartbeat at "
+                f"; controller {controller_id} (pid {row_pid}) last heartbeat at "
                 f"{iso(_moment(beat))}"
             )
         return ControllerState(
@@ -336,7 +343,7 @@ def controller_state(source: Rows, runtime_dir: str, *, now: datetime) -> Contro
     if liveness == LIVE:
         return ControllerState("running", row_pid, f"the {who} runs (heartbeat {age:.0f} s ago)")
     if liveness == STOPPED:
-        return ControllerState("gone", None, f"the {who} stopped at {iso(_moment(stopped))}")
+        return ControllerState("stopped", None, f"the {who} stopped at {iso(_moment(stopped))}")
     if liveness == LOST:
         return ControllerState(
             "gone", None, f"the {who} is lost: no heartbeat since {iso(heartbeat)}"

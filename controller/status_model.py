@@ -195,9 +195,11 @@ class Worker(_Flat):
 @dataclass
 class ControllerState(_Flat):
     """Whether a controller serves the run's runtime dir (``status._controller_state``):
-    ``running`` (``pid``), ``gone`` (on SQLite, where only a process of this machine can
-    be it: no live process holds its pidfile) or ``unknown`` (a shared ledger, whose
-    controller may run on another machine); ``words`` says which and how it is known."""
+    ``running`` (``pid``), ``stopped`` (the newest controller stopped cleanly: its row's
+    ``stopped_at`` is set, and nothing runs in its place), ``gone`` (it died: on SQLite no
+    live process holds its pidfile, on a shared ledger its heartbeat is lost) or
+    ``unknown`` (a shared ledger, whose controller may run on another machine); ``words``
+    says which and how it is known."""
 
     state: str
     pid: int | None
@@ -447,6 +449,10 @@ class StatusReport:
     recent_events: list[Event] = field(default_factory=list)
     controller: ControllerState | None = None
     """In ``as_dict`` (as ``controller``) only when set (``status_report`` sets it)."""
+    next_step: NextStep | None = None
+    """The run's one next step (``advice.run_next_step``), set by ``status_report``: what
+    every view leads with; None when nothing needs a person. In ``as_dict`` (as
+    ``next_step``, null when none) always."""
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form, as ``laneway status --json`` prints it."""
@@ -472,6 +478,7 @@ class StatusReport:
         }
         if self.controller is not None:
             body["controller"] = self.controller.as_dict()
+        body["next_step"] = None if self.next_step is None else self.next_step.as_dict()
         return body
 
     @classmethod
@@ -518,6 +525,7 @@ class StatusReport:
             closeout=Closeout(**closeout),
             recent_events=[Event(**e) for e in body["recent_events"]],
             controller=ControllerState(**body["controller"]) if "controller" in body else None,
+            next_step=NextStep(**body["next_step"]) if body.get("next_step") else None,
         )
 
     def summary(self) -> dict[str, Any]:

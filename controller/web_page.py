@@ -11,9 +11,13 @@ Every run, job and attempt it shows is a link (``<a href>``) to its address, the
 of ``controller/web_links.py`` (``/runs/3``, ``/runs/3/jobs/i07.solve``,
 ``/attempts/42``, ``/runs/3/explain/i07.solve``); a click shows it in place and pushes
 the address (``history.pushState``), Back goes back, and a pasted address opens the page
-on it (the script reads ``location.pathname``). Lanes that need a person (halted, paused,
-stopped, an unknown outcome, no worker) come first, with their action, in "Needs you" at
-the top and at the head of the lanes table, above the running ones.
+on it (the script reads ``location.pathname``). The top banner is the run's one next step
+(``next_step``, ``advice.run_next_step``: the same words and command ``laneway status``
+leads with); a controller that is not running is a plain line under it, and an alarm
+only when that is the next step. Lanes whose next step has a command (a person must act:
+reconcile, raise the budget, resume, start a worker, ...) come first, with their action,
+in "Needs you" at the top and at the head of the lanes table, above the running ones; a
+done lane or one that waits for capacity is not among them.
 
 An unknown attempt shows its manual ``laneway reconcile ATTEMPT --as ...`` command; once
 its evidence is conclusive (``conclusive`` in the state), what it settles as and the
@@ -75,8 +79,9 @@ input { width: 90px; }
 <span id="summary"></span><span class="muted" id="updated"></span><span id="error"></span>
 </header>
 <main>
-<section id="controller" class="alarm" hidden><h2 id="controller-words"></h2>
-<p>the way on: <code id="controller-step"></code></p></section>
+<section id="next" class="alarm" hidden><h2 id="next-words"></h2>
+<p>the way on: <code id="next-step"></code></p></section>
+<p id="controller" class="muted" hidden></p>
 <section id="needs" class="alarm" hidden><h2>Needs you: lanes that wait for a person</h2>
 <table id="needs-list"></table></section>
 <section id="unknown" class="alarm" hidden><h2>Unknown outcomes: dispatch halted until
@@ -177,11 +182,10 @@ const attemptLink = (id) => link(attemptPath(id), id);
 const jobLink = (r, item, stage) => link(jobPath(r, item, stage), `${item}.${stage}`);
 const jobIdLink = (r, id) => link(jobIdPath(r, id), id);
 const runLink = (r) => link(runPath(r), `run ${r}`);
-const NEEDS = new Set(['halted', 'paused', 'stopped', 'unknown_outcome', 'no_worker']);
-function needsYou(l, state) {
-  if (l.next_step && l.next_step.code === 'no_controller') return true;
-  if (l.running || !(l.ready || l.waiting)) return false;
-  return NEEDS.has(l.reason && l.reason.code) || state.unknown.length > 0;
+// A lane needs a person when its next step (advice.next_step) has a command to type.
+function needsYou(l) {
+  const step = l.next_step;
+  return !!step && !!step.command && step.code !== 'done' && step.code !== 'running';
 }
 function unverified(l, state) {
   return state.running.filter((r) => r.lane === l.lane && r.verified === false)
@@ -191,18 +195,21 @@ function render(state) {
   run = state.run.id;
   $('summary').replaceChildren(runLink(state.run.id), ` (${state.run.name}): ${state.run.state}`);
   $('updated').textContent = ` · updated ${new Date().toLocaleTimeString()}`;
+  // The run's one next step (advice.run_next_step), as `laneway status` leads with it.
+  const step = state.next_step;
+  $('next').hidden = !step;
+  $('next').className = step && step.code === 'no_controller' ? 'alarm' : 'warn';
+  $('next-words').textContent = step ? step.words : '';
+  $('next-step').textContent = step && step.command ? step.command : '';
+  $('next-step').parentNode.hidden = !(step && step.command);
   const c = state.controller;
-  const gone = !!c && c.state !== 'running' && state.run.state !== 'finished';
-  $('controller').hidden = !gone;
-  $('controller').className = c && c.state === 'gone' ? 'alarm' : 'warn';
-  $('controller-words').textContent = gone
-    ? (c.state === 'gone' ? `The controller is gone: ${c.words}` : `Controller: ${c.words}`) : '';
-  const stepped = state.lanes.map((l) => l.next_step).find((s) => s && s.code === 'no_controller');
-  $('controller-step').textContent = stepped ? stepped.command : '';
-  $('controller-step').parentNode.hidden = !stepped;
-  const lanes = state.lanes.map((l) => ({l, rank: needsYou(l, state) ? 0 : l.running ? 1 : 2}))
+  // A controller that is not running, said as a fact (the banner says when it matters).
+  const quiet = !!c && c.state !== 'running' && state.run.state !== 'finished';
+  $('controller').hidden = !quiet;
+  $('controller').textContent = quiet ? `controller: ${c.words}` : '';
+  const lanes = state.lanes.map((l) => ({l, rank: needsYou(l) ? 0 : l.running ? 1 : 2}))
     .sort((a, b) => a.rank - b.rank).map((x) => x.l);
-  const needs = lanes.filter((l) => needsYou(l, state));
+  const needs = lanes.filter((l) => needsYou(l));
   $('needs').hidden = needs.length === 0;
   table('needs-list', ['lane', 'node', 'waiting jobs', 'why', 'what to do'], needs.map((l) => [
     l.lane, l.node, l.ready + l.waiting, l.reason ? l.reason.words : '',

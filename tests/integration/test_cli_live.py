@@ -65,9 +65,9 @@ def test_watch_off_a_terminal_prints_plain_lines_until_interrupted(tmp_path):
         assert first == [
             "run 1: 0/2 jobs terminal · ready 2",
             f"run 1: controller: GONE — no controller runs for {where} (no live process "
-            "holds its pidfile); nothing is dispatched, settled or closed",
-            f"{idle}; next: the controller is gone, so nothing is dispatched, settled or "
-            "closed; continue the run in the foreground (or start `laneway controller "
+            "holds its pidfile)",
+            f"{idle}; next: no controller serves the run, so nothing is dispatched, settled "
+            "or closed; continue the run in the foreground (or start `laneway controller "
             f"--runtime-dir {where}`): laneway run --continue 1 --runtime-dir {where}",
         ]
     code, rest, err = finish(process)
