@@ -26,6 +26,27 @@ RerunOpt = Annotated[
         show_default=False,
     ),
 ]
+ReuseDespiteOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--reuse-despite",
+        help="Keep this stage's earlier succeeded results although the files it depends on "
+        "changed (a deliberate edit that changes nothing it computes, e.g. a comment in a "
+        "paid script); recorded in the run (repeatable). Its definition, the item and what "
+        "it needs must be unchanged; the stages downstream of it are kept with it.",
+        metavar="STAGE",
+        show_default=False,
+    ),
+]
+YesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--yes",
+        help="With --new: start without asking, even when the plan runs (and pays for) "
+        "paid stages' work again; without it, that is asked on a terminal and refused "
+        "(exit 2) off one or with --json.",
+    ),
+]
 NewOpt = Annotated[
     bool,
     typer.Option(
@@ -84,15 +105,18 @@ def plan_run(
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
     database_url: DatabaseUrl = None,
     rerun: RerunOpt = None,
+    reuse_despite: ReuseDespiteOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """What a new run of CONFIG would do, before anything is created: per stage, how
-    many jobs would be reused (from which run) and how many would run, and why (which
-    file, field, definition or input changed; what it needs runs again; new), then the
+    many jobs would be reused (from which run; with --reuse-despite, how many of them
+    although a file changed) and how many would run, and why (which file, field,
+    definition or input changed; what it needs runs again; new), what a paid stage's
+    jobs cost (measured from earlier attempts' usage, else expected_usage), then the
     expected spend against each budget. Reads the ledger only. Exit 1 if preflight
     refuses, 2 if the config is invalid.
     """
-    reasons, found = _reuse_plan(config, runtime_dir, rerun)
+    reasons, found = _reuse_plan(config, runtime_dir, rerun, reuse_despite)
     if as_json:
         typer.echo(
             render.as_json(
@@ -100,9 +124,9 @@ def plan_run(
             )
         )
     else:
-        from laneway.controller.run_plan import plan_lines
+        from laneway.cli.plan_text import reuse_plan_lines
 
-        for line in plan_lines(found):
+        for line in reuse_plan_lines(found):
             typer.echo(line)
         for reason in reasons:
             typer.echo(f"preflight: {reason}")
@@ -110,24 +134,32 @@ def plan_run(
         raise typer.Exit(1)
 
 
-def _reuse_plan(config: Path, runtime_dir: Path, rerun: list[str] | None) -> tuple[list[str], Any]:
+def _reuse_plan(
+    config: Path,
+    runtime_dir: Path,
+    rerun: list[str] | None,
+    reuse_despite: list[str] | None = None,
+    as_json: bool = False,
+) -> tuple[list[str], Any]:
     """Preflight's reasons and the ``RunPlan`` of a new run of ``config`` on the ledger
     of ``runtime_dir`` (every job new when it has none yet)."""
     from laneway.controller import config as config_module
     from laneway.controller import pipeline
+    from laneway.controller import reuse_despite as despite
     from laneway.controller.errors import NoLedgerYet
     from laneway.controller.run_plan import build_plan
 
-    with common.refusals():
+    with common.refusals(as_json):
         parsed = config_module.load_config(config)
-        reasons, hashes = pipeline.preflight(parsed)
         pipeline.check_rerun(parsed, rerun or [])
+        despite.check(parsed, reuse_despite or [], rerun or [])
+        reasons, hashes = pipeline.preflight(parsed)
         try:
             engine = ledger_open.open_existing_ledger(runtime_dir)
         except NoLedgerYet:
             engine = None
         try:
-            return reasons, build_plan(engine, parsed, hashes, rerun or [])
+            return reasons, build_plan(engine, parsed, hashes, rerun or [], reuse_despite)
         finally:
             if engine is not None:
                 engine.dispose()
@@ -205,10 +237,8 @@ def dry_run(
         ):
             typer.echo(line)
         if against is not None:
-            from laneway.controller.run_plan import plan_lines
-
             typer.echo("")
-            for line in plan_lines(against):
+            for line in plan_text.reuse_plan_lines(against):
                 typer.echo(line)
         if plan["argv_preview"]:
             typer.echo("")
@@ -237,6 +267,8 @@ def start_pipeline(
     ] = True,
     new: NewOpt = False,
     rerun: RerunOpt = None,
+    reuse_despite: ReuseDespiteOpt = None,
+    yes: YesOpt = False,
     secrets_on_workers: SecretsOnWorkers = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -245,11 +277,17 @@ def start_pipeline(
     Checks the config, paths, executables, source files and secret references; on any
     refusal exits 1 with the reasons and creates nothing. Otherwise creates the run's
     items and jobs (respecting batch_cap) and makes sure a controller runs. Never clears
-    a pause or halt.
+    a pause or halt. With `--new` it first prints the plan (`laneway plan`) on stderr;
+    a plan that runs paid stages' work again is asked about on a terminal and refused
+    off one or with --json (exit 2, nothing created) unless `--yes`.
     """
     from laneway.controller import config as config_module
     from laneway.controller import controller_lock, pipeline
 
+    if new:
+        _confirm_plan(
+            config, runtime_dir, rerun, reuse_despite, yes=yes, as_json=as_json, quiet=False
+        )
     with common.refusals(as_json):
         parsed = config_module.load_config(config)
         run_id, engine = pipeline.start_run(
@@ -259,6 +297,7 @@ def start_pipeline(
             new=new,
             rerun=rerun,
             secrets_on_workers=secrets_on_workers,
+            reuse_despite=reuse_despite,
         )
         backend = engine.dialect.name
         ledger_shown = db.shown_url(engine.url.render_as_string(hide_password=False))
@@ -327,18 +366,22 @@ def _confirm_plan(
     config: Path,
     runtime_dir: Path,
     rerun: list[str] | None,
+    reuse_despite: list[str] | None,
     *,
     yes: bool,
     as_json: bool,
     quiet: bool,
 ) -> None:
-    """``run --new``: the plan on stderr (one JSON line with --json; none with
-    ``quiet``); on a terminal,
-    unless ``yes``, ask before running paid stages' jobs again (no: exit 1, nothing
-    created). Preflight's refusals are left to the start, which says them."""
+    """``--new``: the plan on stderr (one JSON line with --json; none with ``quiet``);
+    unless ``yes``, a plan that runs paid stages' work again (``RunPlan.paid_reruns``)
+    is asked about on a terminal and refused off one or with --json, as ``retry``
+    refuses (exit 2, nothing created; the words name the stages, counts, changed files
+    and expected spend). Preflight's refusals are left to the start, which says them."""
     import sys
 
-    reasons, found = _reuse_plan(config, runtime_dir, rerun)
+    from laneway.cli import plan_text
+
+    reasons, found = _reuse_plan(config, runtime_dir, rerun, reuse_despite, as_json)
     if reasons:
         return
     if quiet:
@@ -346,14 +389,22 @@ def _confirm_plan(
     elif as_json:
         common.Log(True)("plan", "plan", **found.as_dict())
     else:
-        from laneway.controller.run_plan import plan_lines
-
-        for line in plan_lines(found):
+        for line in plan_text.reuse_plan_lines(found):
             typer.echo(line, err=True)
-    if yes or not found.reruns_paid_work or not (sys.stdin.isatty() and sys.stderr.isatty()):
+    if yes or not found.reruns_paid_work:
         return
-    paid = ", ".join(s.stage for s in found.stages if s.paid and s.run)
-    if not typer.confirm(f"this runs paid work again ({paid}); start it?", err=True):
+    words = plan_text.paid_rerun_words(found)
+    if as_json or not (sys.stdin.isatty() and sys.stderr.isatty()):
+        common.fail(
+            UsageError(
+                f"not started, nothing was created: {words}; pass --yes to pay for it, or "
+                "--reuse-despite STAGE to keep a stage's earlier results (an edit that "
+                "changes nothing it computes)"
+            ),
+            as_json,
+        )
+    typer.echo(render.clean(words), err=True)
+    if not typer.confirm("start it?", err=True):
         common.fail(UsageError("not started: nothing was created (--yes starts without asking)"))
 
 
@@ -378,13 +429,8 @@ def run_pipeline(
     ] = False,
     new: NewOpt = False,
     rerun: RerunOpt = None,
-    yes: Annotated[
-        bool,
-        typer.Option(
-            "--yes",
-            help="With --new: start without asking, even when the plan re-runs paid work.",
-        ),
-    ] = False,
+    reuse_despite: ReuseDespiteOpt = None,
+    yes: YesOpt = False,
     as_json: JsonFlag = False,
     quiet: Annotated[
         bool,
@@ -407,8 +453,10 @@ def run_pipeline(
 
     When the ledger holds an unfinished run of the same pipeline it refuses (exit 1):
     `--continue` carries that run on, `--new` starts another deliberately. With `--new`
-    it first prints the plan (`laneway plan`) and, on a terminal, asks before a run
-    that would run paid stages' jobs again (`--yes` does not ask).
+    it first prints the plan (`laneway plan`); a plan that would run paid stages' work
+    again is asked about on a terminal and refused off one (cron, CI, nohup, systemd)
+    or with --json (exit 2, nothing created) unless `--yes`. `--reuse-despite STAGE`
+    keeps a stage's earlier results although its files changed.
     """
     from laneway.cli import live
     from laneway.controller import config as config_module
@@ -417,15 +465,23 @@ def run_pipeline(
 
     with common.refusals(as_json):
         if resume:
-            if new or rerun:
-                raise UsageError("--continue takes neither --new nor --rerun: choose one")
+            if new or rerun or reuse_despite:
+                raise UsageError(
+                    "--continue takes neither --new, --rerun nor --reuse-despite: choose one"
+                )
             foreground = ForegroundRun.resume(runtime_dir, config, make_worker=WorkerService)
         else:
             if config is None:
                 raise UsageError("name a pipeline CONFIG (or pass --continue)")
             if new:
                 _confirm_plan(
-                    Path(config), runtime_dir, rerun, yes=yes, as_json=as_json, quiet=quiet
+                    Path(config),
+                    runtime_dir,
+                    rerun,
+                    reuse_despite,
+                    yes=yes,
+                    as_json=as_json,
+                    quiet=quiet,
                 )
             parsed = config_module.load_config(Path(config))
             foreground = ForegroundRun.start(
@@ -435,6 +491,7 @@ def run_pipeline(
                 actor=common.actor(),
                 new=new,
                 rerun=rerun,
+                reuse_despite=reuse_despite,
             )
     stopper = common.Stopper()
     ended = foreground.run(

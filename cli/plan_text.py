@@ -122,3 +122,59 @@ def plan_text(plan: dict[str, Any]) -> str:
         else:
             out.append(f"  lane {d['lane']} {d['stage'] or ''}: refused — {d['words']}")
     return "\n".join(out)
+
+
+def reuse_plan_lines(plan: Any) -> list[str]:
+    """``laneway plan`` (a ``run_plan.RunPlan``) in words: one line per stage, what
+    each paid stage's jobs cost, then the spend."""
+    from laneway.controller import usage
+
+    lines = [f"plan of a new run of {plan.pipeline}:"]
+    width = max(len(stage.stage) for stage in plan.stages)
+    for stage in plan.stages:
+        parts = []
+        if stage.reuse:
+            sources = ", ".join(f"run {run}" for run in sorted(stage.reuse_from))
+            despite = "; ".join(
+                f"{n} despite {words}: --reuse-despite" for words, n in stage.despite.items()
+            )
+            parts.append(f"reuse {stage.reuse} (from {sources}{'; ' + despite if despite else ''})")
+        if stage.run:
+            why = "; ".join(f"{n} {reason}" for reason, n in stage.as_dict()["why"].items())
+            parts.append(f"run {stage.run}{' paid' if stage.paid else ''} ({why})")
+        lines.append(f"  {stage.stage:<{width}}  {', '.join(parts) or 'no jobs'}")
+    for stage in plan.stages:
+        if stage.paid and stage.run:
+            lines.append(f"  {stage.stage}: {cost_words(stage)}")
+    if plan.expected:
+        spend = ", ".join(f"{key} {amount:g}" for key, amount in plan.expected.items())
+        lines.append(f"expected spend of what runs (expected_usage): {spend}")
+    lines += usage.budget_plan_lines(plan.budgets)
+    lines += usage.limit_plan_lines(plan.limits)
+    return lines
+
+
+def cost_words(stage: Any) -> str:
+    """What a paid stage's jobs to run would cost (a ``run_plan.StagePlan``), or that no
+    cost is known."""
+    if not stage.cost:
+        return (
+            f"{stage.run} job(s), no cost known (no expected_usage, and no earlier attempt "
+            "reported usage)"
+        )
+    spend = stage.spend()
+    return f"{stage.run} job(s), expected spend " + ", ".join(
+        f"{key} {spend[key]:g} ({known['per_job']:g} per job: {known['from']})"
+        for key, known in stage.cost.items()
+    )
+
+
+def paid_rerun_words(plan: Any) -> str:
+    """Why ``run --new`` / ``start-pipeline --new`` asks (or refuses without a
+    terminal): each paid stage that would run again, how many jobs, why (which files
+    changed) and what it would spend."""
+    parts = []
+    for stage in plan.paid_reruns:
+        why = "; ".join(f"{n} {reason}" for reason, n in stage.as_dict()["why"].items())
+        parts.append(f"{stage.stage}: {stage.reruns} ran before ({why}); {cost_words(stage)}")
+    return "this new run would pay again for work that ran before: " + " | ".join(parts)

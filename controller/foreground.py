@@ -260,12 +260,18 @@ class ForegroundRun:
         actor: str,
         new: bool = False,
         rerun: list[str] | None = None,
+        reuse_despite: list[str] | None = None,
     ) -> ForegroundRun:
         """Preflight ``config`` and freeze it into a new run (a refusal creates nothing),
         then start one local worker per node. Raises ``LanewayError``."""
         # The engine start_run opens after preflight is this process's one engine.
         run_id, engine = pipeline.start_run(
-            config, runtime_dir=runtime_dir, actor=actor, new=new, rerun=rerun
+            config,
+            runtime_dir=runtime_dir,
+            actor=actor,
+            new=new,
+            rerun=rerun,
+            reuse_despite=reuse_despite,
         )
         return cls._with_workers(engine, run_id, runtime_dir, config, make_worker)
 

@@ -22,6 +22,7 @@ from urllib.parse import unquote, urlsplit
 from sqlalchemy import Engine
 
 from laneway.controller import admission, db, ledger, ledger_open, limits, refusal_words, reuse
+from laneway.controller import reuse_despite as reuse_despite_module
 from laneway.controller.attempt.artifacts import GONE, still_stored
 from laneway.controller.clock import Clock, SystemClock
 from laneway.controller.config import (
@@ -513,6 +514,7 @@ def start_run(
     new: bool = False,
     rerun: list[str] | None = None,
     secrets_on_workers: bool = False,
+    reuse_despite: list[str] | None = None,
 ) -> tuple[int, Engine]:
     """Preflight, then freeze ``config`` into a new run. Raises PreflightError (having
     created nothing) when preflight refuses. Returns the new run's id and the engine it
@@ -522,7 +524,9 @@ def start_run(
 
     ``rerun``: stage names (or ``all``) whose jobs must run even where an earlier run's
     result could be reused (``ledger.create_run``). ``secrets_on_workers``: as in
-    ``preflight``.
+    ``preflight``. ``reuse_despite``: stage names whose earlier succeeded results are
+    kept although their files changed (``controller.reuse_despite``; recorded in the
+    run's events).
 
     Raises UnfinishedRun (creating nothing) when the ledger holds an unfinished run of
     the same pipeline, unless ``new``: running the same command again after an
@@ -531,13 +535,15 @@ def start_run(
     Never clears a pause or halt: controls are separate rows that only operators lift.
     """
     check_rerun(config, rerun or [])
+    reuse_despite_module.check(config, reuse_despite or [], rerun or [])
     reasons, hashes = preflight(config, secrets_on_workers=secrets_on_workers)
     if reasons:
         raise PreflightError(reasons)
     runtime = Path(runtime_dir).resolve()
     engine = engine or ledger_open.open_ledger(runtime)
     clock = clock or SystemClock()
-    distrust = gone_outputs(engine, config, hashes, rerun or ())
+    despite = reuse_despite_module.read(engine, config, hashes, reuse_despite or [])
+    distrust = gone_outputs(engine, config, hashes, rerun or (), despite)
     with db.transaction(db.session_factory(engine)) as session:
         unfinished = [] if new else ledger.unfinished_runs(session, config.name)
         if unfinished:
@@ -551,6 +557,7 @@ def start_run(
             now=clock.now(),
             rerun=rerun or (),
             distrust=distrust,
+            despite=despite,
         )
         run_id = run.id
     make_private_dir(runtime / "runs" / str(run_id))
@@ -569,7 +576,11 @@ def check_rerun(config: PipelineConfig, rerun: Sequence[str]) -> None:
 
 
 def gone_outputs(
-    engine: Engine, config: PipelineConfig, hashes: dict[str, str], rerun: Sequence[str]
+    engine: Engine,
+    config: PipelineConfig,
+    hashes: dict[str, str],
+    rerun: Sequence[str],
+    despite: reuse.Despite = reuse.NO_DESPITE,
 ) -> dict[int, str]:
     """Reuse trusts only the store: the earlier attempts a new run of ``config`` would
     take over whose stored outputs are gone or hold other bytes (attempt id -> why; their
@@ -577,7 +588,7 @@ def gone_outputs(
     so nothing of it waits under the write lock; a store this machine cannot look at is
     trusted (``attempt.artifacts.still_stored``)."""
     with db.one_read(engine) as session:
-        _keys, found = ledger.reuse_candidates(session, config, hashes, rerun)
+        _keys, found = ledger.reuse_candidates(session, config, hashes, rerun, despite)
         outputs = ledger.stored_outputs(session, [f.attempt_id for f in found.values()])
     distrust: dict[int, str] = {}
     for attempt_id, stored in sorted(outputs.items()):

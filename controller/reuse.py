@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from laneway.controller.config import ItemConfig, PipelineConfig, StageConfig
@@ -149,3 +150,61 @@ def reuse_allowed(stage: StageConfig, rerun: frozenset[str]) -> bool:
     opts out (``reuse = false``) or the run was started with ``--rerun`` naming it (or
     ``all``)."""
     return stage.reuse and "all" not in rerun and stage.name not in rerun
+
+
+@dataclass(frozen=True)
+class Despite:
+    """``--reuse-despite``: the stages named, and per item taken on (the config's order)
+    the *alternate* reuse keys (stage -> key) a job may also be matched by: its key with
+    the named stages' own files as the newest earlier succeeded job of that stage and
+    item had them (``despite_keys``), only where that differs from its key; ``changed``:
+    per item, stage -> what the alternate key forgives, in words."""
+
+    stages: tuple[str, ...] = ()
+    keys: tuple[dict[str, str], ...] = ()
+    changed: tuple[dict[str, str], ...] = ()
+
+    def key(self, position: int, stage: str) -> str | None:
+        return self.keys[position].get(stage) if self.keys else None
+
+    def all_keys(self) -> set[str]:
+        return {key for per_item in self.keys for key in per_item.values()}
+
+
+NO_DESPITE = Despite()
+
+
+def despite_keys(
+    config: PipelineConfig,
+    item: ItemConfig,
+    source_hashes: dict[str, str],
+    earlier: dict[str, dict[str, str]],
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The alternate keys of ``item``'s jobs (stage -> key, where it differs from the
+    real one) and what each forgives (stage -> words). ``earlier``: each stage named by
+    ``--reuse-despite`` that has an earlier succeeded job of this item -> the source
+    hashes of that job's run. A named stage's key is computed with its own files
+    (``stage_sources``) as they were then; every other part (definition, item, needs)
+    as now, so only an edit of those files is forgiven; a stage downstream takes the
+    alternate keys of what it needs."""
+    real = item_reuse_keys(config, item, source_hashes)
+    keys: dict[str, str] = {}
+    changed: dict[str, str] = {}
+    for stage in config.stages:
+        sources = stage_sources(stage, config, source_hashes)
+        hashes: dict[str, Any] = source_hashes
+        old = earlier.get(stage.name)
+        if old is not None:
+            hashes = {**source_hashes, **{path: old.get(path) for path in sources}}
+        needed = {need: keys.get(need, real[need]) for need in stage.needs}
+        key = job_reuse_key(key_body(stage, item, hashes, needed, sources))
+        if key == real[stage.name]:
+            continue
+        keys[stage.name] = key
+        if old is not None:
+            files = [os.path.basename(p) for p in sources if old.get(p) != source_hashes.get(p)]
+            changed[stage.name] = f"{', '.join(files)} changed"
+        else:
+            upstream = sorted(need for need in stage.needs if need in keys)
+            changed[stage.name] = f"{', '.join(upstream)} reused despite its changes"
+    return keys, changed

@@ -21,10 +21,13 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from laneway.controller import db, ledger, reuse, usage
+from laneway.controller import reuse_despite as reuse_despite_module
 from laneway.controller.config import ItemConfig, PipelineConfig, config_from_frozen
 from laneway.controller.pipeline import gone_outputs
 
 CHUNK = 500
+NEVER_RUN = "new: never run"
+"""The reason of a job no earlier run of the pipeline had: running it is not a re-run."""
 
 
 @dataclass
@@ -39,15 +42,33 @@ class StagePlan:
     why: dict[str, int] = field(default_factory=dict)
     paid: bool = False
     """Its attempts report usage (``expected_usage`` set, or earlier attempts did)."""
+    despite: dict[str, int] = field(default_factory=dict)
+    """Of ``reuse``: taken over by ``--reuse-despite`` although this changed -> count."""
+    cost: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Usage key -> {"per_job", "from"}: what one job costs, measured (the p90 of the
+    newest values earlier attempts of the pipeline reported) or its ``expected_usage``."""
+
+    @property
+    def reruns(self) -> int:
+        """Jobs to run that ran (or were created) before: all but the never-run ones."""
+        return self.run - self.why.get(NEVER_RUN, 0)
+
+    def spend(self) -> dict[str, float]:
+        """Usage key -> the expected spend of the jobs to run (``run`` x ``cost``)."""
+        return {key: self.run * known["per_job"] for key, known in sorted(self.cost.items())}
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "stage": self.stage,
             "reuse": self.reuse,
             "reuse_from": {str(run): n for run, n in sorted(self.reuse_from.items())},
+            "reuse_despite": dict(sorted(self.despite.items())),
             "run": self.run,
+            "reruns": self.reruns,
             "why": dict(sorted(self.why.items(), key=lambda kv: (-kv[1], kv[0]))),
             "paid": self.paid,
+            "cost_per_job": self.cost,
+            "expected_spend": self.spend(),
         }
 
 
@@ -60,10 +81,17 @@ class RunPlan:
     """Usage key -> the run's expected spend (jobs to run x expected_usage)."""
     limits: list[dict[str, Any]] = field(default_factory=list)
     """``usage.limit_plan`` of the jobs to run: the least time its rate limits allow."""
+    reuse_despite: list[str] = field(default_factory=list)
+    """The stages ``--reuse-despite`` names."""
+
+    @property
+    def paid_reruns(self) -> list[StagePlan]:
+        """The paid stages with jobs that ran before and would run (and pay) again."""
+        return [stage for stage in self.stages if stage.paid and stage.reruns]
 
     @property
     def reruns_paid_work(self) -> bool:
-        return any(stage.paid and stage.run for stage in self.stages)
+        return bool(self.paid_reruns)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -72,26 +100,35 @@ class RunPlan:
             "expected": self.expected,
             "budgets": self.budgets,
             "limits": self.limits,
+            "reuse_despite": self.reuse_despite,
             "reruns_paid_work": self.reruns_paid_work,
         }
 
 
 def build_plan(
-    engine: Engine | None, config: PipelineConfig, hashes: dict[str, str], rerun: list[str]
+    engine: Engine | None,
+    config: PipelineConfig,
+    hashes: dict[str, str],
+    rerun: list[str],
+    reuse_despite: list[str] | None = None,
 ) -> RunPlan:
     """The plan of a new run of ``config`` (``hashes``: its preflight's) on ``engine``'s
-    ledger (None: no ledger yet, so every job is new); reads only."""
+    ledger (None: no ledger yet, so every job is new); reads only. ``reuse_despite``:
+    as ``pipeline.start_run``'s."""
     if engine is None:
-        return _all_new(config)
+        found_plan = _all_new(config)
+        found_plan.reuse_despite = sorted(set(reuse_despite or []))
+        return found_plan
     chosen = frozenset(rerun)
-    distrust = gone_outputs(engine, config, hashes, rerun)
+    despite = reuse_despite_module.read(engine, config, hashes, reuse_despite or [])
+    distrust = gone_outputs(engine, config, hashes, rerun, despite)
     items = config.items[: config.batch_cap] if config.batch_cap else config.items
     plans = {stage.name: StagePlan(stage.name) for stage in config.stages}
     with db.one_read(engine) as session:
-        keys, found = ledger.reuse_candidates(session, config, hashes, rerun)
+        keys, found = ledger.reuse_candidates(session, config, hashes, rerun, despite)
         earlier = {k: f for k, f in found.items() if f.attempt_id not in distrust}
         handed = ledger.hand_offs(session, [f.attempt_id for f in earlier.values()])
-        decided = ledger.takeovers(config, keys, earlier, handed, rerun)
+        decided = ledger.takeovers(config, keys, earlier, handed, rerun, despite)
         unmatched = [
             (item.key, stage.name)
             for position, item in enumerate(items)
@@ -99,7 +136,7 @@ def build_plan(
             if stage.name not in decided[position] and keys[position][stage.name] not in found
         ]
         previous = _previous_bodies(session, config, unmatched)
-        paid_earlier = _stages_with_usage(session, config)
+        measured = _measured_costs(session, config)
     bodies = {item.key: reuse.item_key_bodies(config, item, hashes) for item in items}
     for position, item in enumerate(items):
         taken = decided[position]
@@ -109,6 +146,9 @@ def build_plan(
                 plan.reuse += 1
                 run_id = taken[stage.name].run_id
                 plan.reuse_from[run_id] = plan.reuse_from.get(run_id, 0) + 1
+                if keys[position][stage.name] not in earlier:
+                    words = despite.changed[position][stage.name]
+                    plan.despite[words] = plan.despite.get(words, 0) + 1
                 continue
             plan.run += 1
             why = _why(
@@ -123,7 +163,8 @@ def build_plan(
             )
             plan.why[why] = plan.why.get(why, 0) + 1
     for stage in config.stages:
-        plans[stage.name].paid = bool(stage.expected_usage) or stage.name in paid_earlier
+        plans[stage.name].paid = bool(stage.expected_usage) or stage.name in measured
+        plans[stage.name].cost = _cost(stage.expected_usage, measured.get(stage.name, {}))
     to_run = {name: plan.run for name, plan in plans.items()}
     expected: dict[str, float] = {}
     for stage in config.stages:
@@ -135,6 +176,7 @@ def build_plan(
         budgets=usage.budget_plan(config, to_run),
         expected=dict(sorted(expected.items())),
         limits=usage.limit_plan(config, to_run),
+        reuse_despite=list(despite.stages),
     )
 
 
@@ -144,8 +186,9 @@ def _all_new(config: PipelineConfig) -> RunPlan:
         StagePlan(
             s.name,
             run=count,
-            why={"new: never run": count} if count else {},
+            why={NEVER_RUN: count} if count else {},
             paid=bool(s.expected_usage),
+            cost=_cost(s.expected_usage, {}),
         )
         for s in config.stages
     ]
@@ -181,7 +224,7 @@ def _why(
     if found is not None and found.attempt_id in distrust:
         return "an output of its earlier attempt is gone from the store"
     if found is None and before is None:
-        return "new: never run"
+        return NEVER_RUN
     if needs_running:
         return f"{', '.join(needs_running)} runs again"
     if found is not None or before is None:
@@ -263,16 +306,51 @@ def _previous_bodies(
     return bodies
 
 
-def _stages_with_usage(session: Session, config: PipelineConfig) -> set[str]:
-    """The stages of ``config`` whose earlier attempts (same pipeline) reported usage."""
-    rows = session.execute(
+def _measured_costs(
+    session: Session, config: PipelineConfig
+) -> dict[str, dict[str, tuple[float, int]]]:
+    """Stage -> usage key -> (the p90 of the newest ``usage.P90_WINDOW`` values the
+    pipeline's earlier attempts of the stage reported, how many), for the stages of
+    ``config`` whose earlier attempts (same pipeline) reported usage."""
+    pairs = session.execute(
         text(
-            "SELECT DISTINCT j.stage FROM attempt_usage u JOIN attempts a ON a.id = u.attempt_id "
-            "JOIN jobs j ON j.id = a.job_id JOIN runs r ON r.id = a.run_id WHERE r.name = :name"
+            "SELECT DISTINCT u.stage, u.key FROM attempt_usage u "
+            "JOIN runs r ON r.id = u.run_id WHERE r.name = :name"
         ),
         {"name": config.name},
     ).all()
-    return {stage for (stage,) in rows}
+    names = {stage.name for stage in config.stages}
+    found: dict[str, dict[str, tuple[float, int]]] = {}
+    for stage, key in pairs:
+        if stage not in names:
+            continue
+        values = session.execute(
+            text(
+                "SELECT u.value FROM attempt_usage u JOIN runs r ON r.id = u.run_id "
+                "WHERE r.name = :name AND u.stage = :stage AND u.key = :key "
+                "ORDER BY u.attempt_id DESC LIMIT :window"
+            ),
+            {"name": config.name, "stage": stage, "key": key, "window": usage.P90_WINDOW},
+        ).scalars()
+        listed = [float(value) for value in values]
+        measured = usage.p90(listed)
+        if measured is not None:
+            found.setdefault(stage, {})[key] = (measured, len(listed))
+    return found
+
+
+def _cost(
+    expected_usage: dict[str, float], measured: dict[str, tuple[float, int]]
+) -> dict[str, dict[str, Any]]:
+    """Usage key -> what one job of a stage costs: measured where earlier attempts
+    reported the key, else its ``expected_usage``."""
+    cost: dict[str, dict[str, Any]] = {
+        key: {"per_job": float(amount), "from": "expected_usage"}
+        for key, amount in expected_usage.items()
+    }
+    for key, (value, count) in measured.items():
+        cost[key] = {"per_job": value, "from": f"p90 of {count} earlier attempt(s)"}
+    return dict(sorted(cost.items()))
 
 
 def _json(value: Any) -> dict[str, Any]:
@@ -282,24 +360,3 @@ def _json(value: Any) -> dict[str, Any]:
 
     loaded = json.loads(value) if value else {}
     return loaded if isinstance(loaded, dict) else {}
-
-
-def plan_lines(plan: RunPlan) -> list[str]:
-    """The plan in words, one line per stage, then the spend."""
-    lines = [f"plan of a new run of {plan.pipeline}:"]
-    width = max(len(stage.stage) for stage in plan.stages)
-    for stage in plan.stages:
-        parts = []
-        if stage.reuse:
-            sources = ", ".join(f"run {run}" for run in sorted(stage.reuse_from))
-            parts.append(f"reuse {stage.reuse} (from {sources})")
-        if stage.run:
-            why = "; ".join(f"{n} {reason}" for reason, n in stage.as_dict()["why"].items())
-            parts.append(f"run {stage.run}{' paid' if stage.paid else ''} ({why})")
-        lines.append(f"  {stage.stage:<{width}}  {', '.join(parts) or 'no jobs'}")
-    if plan.expected:
-        spend = ", ".join(f"{key} {amount:g}" for key, amount in plan.expected.items())
-        lines.append(f"expected spend of what runs (expected_usage): {spend}")
-    lines += usage.budget_plan_lines(plan.budgets)
-    lines += usage.limit_plan_lines(plan.limits)
-    return lines

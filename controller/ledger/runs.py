@@ -73,9 +73,11 @@ def reuse_candidates(
     config: PipelineConfig,
     source_hashes: dict[str, str],
     rerun: Collection[str] = (),
+    despite: reuse.Despite = reuse.NO_DESPITE,
 ) -> tuple[list[dict[str, str]], dict[str, Reusable]]:
     """The reuse keys of a new run of ``config`` (per item taken on: stage -> key) and
-    the earlier succeeded attempts they match, for the stages that allow reuse."""
+    the earlier succeeded attempts they match, or their ``despite`` alternate keys
+    match (``controller.reuse_despite``), for the stages that allow reuse."""
     chosen = frozenset(rerun)
     items = config.items[: config.batch_cap] if config.batch_cap else config.items
     keys = [reuse.item_reuse_keys(config, item, source_hashes) for item in items]
@@ -84,7 +86,7 @@ def reuse_candidates(
         for item_keys in keys
         for stage in config.stages
         if reuse.reuse_allowed(stage, chosen)
-    }
+    } | despite.all_keys()
     return keys, reusable_attempts(session, wanted) if wanted else {}
 
 
@@ -94,18 +96,22 @@ def takeovers(
     earlier: Mapping[str, Reusable],
     handed: HandOffs,
     rerun: Collection[str],
+    despite: reuse.Despite = reuse.NO_DESPITE,
 ) -> list[dict[str, Reusable]]:
     """Per item taken on (``keys``' order): stage -> the earlier attempt its job takes
     over; a stage absent runs. Taken over when its key matched, its stage allows reuse,
     every job it needs was taken over too, from attempts that wrote exactly what the
     earlier attempt read (``HandOffs.same_inputs``). ``create_run`` and ``laneway
-    plan`` decide with this one function."""
+    plan`` decide with this one function. A key without a match may match by its
+    ``despite`` alternate key (``--reuse-despite``)."""
     chosen = frozenset(rerun)
     decided: list[dict[str, Reusable]] = []
-    for item_keys in keys:
+    for position, item_keys in enumerate(keys):
         reused: dict[str, Reusable] = {}
         for stage in config.stages:
             found = earlier.get(item_keys[stage.name])
+            if found is None:
+                found = earlier.get(despite.key(position, stage.name) or "")
             if (
                 found is not None
                 and reuse.reuse_allowed(stage, chosen)
@@ -129,6 +135,7 @@ def create_run(
     now: datetime,
     rerun: Collection[str] = (),
     distrust: Mapping[int, str] = MappingProxyType({}),
+    despite: reuse.Despite = reuse.NO_DESPITE,
 ) -> Run:
     """Freeze ``config`` into a new run with its lanes, items and jobs.
 
@@ -145,7 +152,10 @@ def create_run(
     sha256) the earlier attempt read (``HandOffs.same_inputs``); a job whose needs were
     all reused starts ready. ``distrust``: earlier attempts whose outputs are no longer in
     the store as they were stored (attempt id -> why; ``pipeline.start_run`` looks before
-    this transaction): their jobs run again, the reason on the job.
+    this transaction): their jobs run again, the reason on the job. ``despite``:
+    ``--reuse-despite``'s alternate keys (``controller.reuse_despite``); a job taken
+    over by one says so in its reason and its ``job_reused`` event (``despite``), and the
+    ``run_created`` event lists the stages.
     """
     chosen = frozenset(rerun)
     for node in config.nodes:
@@ -176,10 +186,12 @@ def create_run(
         ],
     )
     items = config.items[: config.batch_cap] if config.batch_cap else config.items
-    keys, all_found = reuse_candidates(session, config, source_hashes, chosen)
+    keys, all_found = reuse_candidates(session, config, source_hashes, chosen, despite)
     earlier = {k: found for k, found in all_found.items() if found.attempt_id not in distrust}
     handed = hand_offs(session, [found.attempt_id for found in earlier.values()])
-    decisions = takeovers(config, keys, earlier, handed, chosen)
+    decisions = takeovers(config, keys, earlier, handed, chosen, despite)
+    forgiven: dict[tuple[int, str], str] = {}
+    """(item position, stage) -> what changed, for jobs taken over despite it."""
     # Items, then jobs, each in one executemany (no ORM object and no flush per item:
     # tests/integration/test_kernel_scale.py). Rows go in item order, each item's jobs
     # in stage order, and take their ids in that order, so job ids follow item order
@@ -214,7 +226,15 @@ def create_run(
             key = keys[position][stage.name]
             found = reused.get(stage.name)
             reason: str | None = None
-            if found is not None:
+            if found is not None and key not in earlier:
+                state = JobState.SUCCEEDED
+                forgiven[(position, stage.name)] = despite.changed[position][stage.name]
+                reason = (
+                    f"reused despite a change (--reuse-despite {', '.join(despite.stages)}): "
+                    f"attempt {found.attempt_id} of run {found.run_id}; "
+                    f"{forgiven[(position, stage.name)]}"
+                )
+            elif found is not None:
                 state = JobState.SUCCEEDED
                 reason = (
                     f"reused: attempt {found.attempt_id} of run {found.run_id} succeeded "
@@ -251,13 +271,20 @@ def create_run(
         session.execute(insert(jobs_table), job_rows)
     reused_jobs = (
         session.execute(
-            select(jobs_table.c.id, jobs_table.c.reused_from, jobs_table.c.reuse_key)
+            select(
+                jobs_table.c.id,
+                jobs_table.c.reused_from,
+                jobs_table.c.reuse_key,
+                jobs_table.c.item_id,
+                jobs_table.c.stage,
+            )
             .where(jobs_table.c.run_id == run.id, jobs_table.c.reused_from.is_not(None))
             .order_by(jobs_table.c.id)
         ).all()
         if any(row["reused_from"] is not None for row in job_rows)
         else []
     )
+    position_of = {item_id: position for position, item_id in item_ids.items()}
     append_events(
         session,
         [
@@ -269,6 +296,7 @@ def create_run(
                 job_id=job.id,
                 attempt_id=job.reused_from,
                 reuse_key=job.reuse_key,
+                **_forgiven(forgiven, position_of.get(job.item_id, -1), job.stage),
             )
             for job in reused_jobs
         ],
@@ -288,8 +316,21 @@ def create_run(
         deferred_by_batch_cap=len(config.items) - len(items),
         reused=len(reused_jobs),
         rerun=sorted(chosen),
+        **_named_despite(despite),
     )
     return run
+
+
+def _named_despite(despite: reuse.Despite) -> dict[str, Any]:
+    """The ``run_created`` event's ``reuse_despite`` (the stages named), when any."""
+    return {"reuse_despite": list(despite.stages)} if despite.stages else {}
+
+
+def _forgiven(forgiven: dict[tuple[int, str], str], position: int, stage: str) -> dict[str, str]:
+    """A ``job_reused`` event's ``despite`` (what changed) for a job ``--reuse-despite``
+    took over; nothing for one reused with its own key."""
+    words = forgiven.get((position, stage))
+    return {} if words is None else {"despite": words}
 
 
 def get_run(session: Session, run_id: int | None = None) -> Run:
