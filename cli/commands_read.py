@@ -20,9 +20,10 @@ import typer
 
 from laneway.cli import common, complete, render
 from laneway.cli.common import DEFAULT_RUNTIME, MAX_ID, DatabaseUrl, JsonFlag, RuntimeDir
-from laneway.controller import db, limits, readonly, web_links
+from laneway.controller import db, readonly, web_links
 from laneway.controller.clock import SystemClock
 from laneway.controller.errors import LanewayError, NoLedgerYet, UsageError
+from laneway.controller.sqlguard import MAX_QUERY_TIMEOUT_S
 
 NewestRun = Annotated[
     int | None,
@@ -386,6 +387,17 @@ def logs(
         raise typer.Exit(130) from None
 
 
+def _query_timeout(value: float) -> float:
+    """`sql --timeout`'s callback: a finite number of seconds, at most the bound."""
+    common.finite(value)
+    if value > MAX_QUERY_TIMEOUT_S:
+        raise typer.BadParameter(
+            f"at most {MAX_QUERY_TIMEOUT_S:g} s (a longer query holds back the cleanup of "
+            "the ledger's rows); give a smaller --timeout"
+        )
+    return value
+
+
 def sql(
     query: Annotated[str, typer.Argument(help="A read-only SQL query.")],
     runtime_dir: RuntimeDir = DEFAULT_RUNTIME,
@@ -418,9 +430,8 @@ def sql(
         typer.Option(
             "--timeout",
             min=0.001,
-            max=limits.MAX_SECONDS,
-            callback=common.finite,
-            help="Stop the query after this many seconds.",
+            callback=_query_timeout,
+            help=f"Stop the query after this many seconds (at most {MAX_QUERY_TIMEOUT_S:g}).",
         ),
     ] = readonly.QUERY_TIMEOUT_S,
     as_json: JsonFlag = False,
@@ -432,7 +443,10 @@ def sql(
     load_extension are refused before they run, and nothing is created. On PostgreSQL
     the query runs in a READ ONLY transaction with a statement timeout, as one statement
     that returns rows (COPY, SET, DO and several statements are refused unrun), and as a
-    role that is not a superuser (--readonly-url; --i-know-this-is-superuser overrides).
+    role that is not a superuser (--readonly-url; --i-know-this-is-superuser overrides);
+    advisory locks and the functions that run SQL text (query_to_xml, ts_stat, dblink,
+    ...) are refused for every role, and `laneway sql-role create` makes a role the
+    database itself refuses them.
     A refused, invalid or timed-out query exits 2 with one line. Tables and views are
     documented in docs/ledger.md. A query starting with -- (a comment) is taken as it
     is; `laneway sql [OPTIONS] -- QUERY` also works.

@@ -140,6 +140,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Make failed jobs ready for a new attempt (new idempotency key), with a reason.",
     ),
     "sql": ("commands_read", "sql", "Run one read-only SQL query against the ledger."),
+    "sql-role": (
+        "sql_role",
+        "sql_role",
+        "Make or check the read-only PostgreSQL role for `laneway sql` and psql.",
+    ),
 }
 """The commands in the order `--help` lists them: name → (module of cli/, function, the
 first paragraph of the function's docstring, which `--help` shortens into its line).

@@ -14,12 +14,16 @@ runs, in the read-only transaction ``ReadOnlyLedger.snapshot`` opens:
   prepare several statements at once), and described before it runs: a statement that
   returns no rows (``COPY``, ``SET``, ``DO``, transaction control, DDL) is refused
   without running, so ``COPY ... TO 'file'`` and ``COPY ... TO PROGRAM`` never start;
-- for every role, the advisory-lock functions (``_LOCK_FUNCTIONS``): no role or
-  read-only transaction stops them, and laneway's writers queue on one;
+- for every role, the advisory-lock functions (``_LOCK_FUNCTIONS``): no read-only
+  transaction stops them, and laneway's writers queue on one; and the functions that
+  run SQL given as text (``_SQL_TEXT_FUNCTIONS``: ``query_to_xml``, ``ts_stat``,
+  ``dblink``, ...), since SQL built while the query runs is out of the text's sight;
 - for a privileged role, the functions in ``_SERVER_FUNCTIONS`` (server files,
-  programs, SQL run from a string, signals to other sessions) are refused by name. That
-  check reads the query's text, so it is a seat belt, not a sandbox: the read-only
-  role is the protection.
+  programs, signals to other sessions) are refused by name.
+
+These checks read the query's text, so they are a seat belt, not a sandbox: the role
+``laneway sql-role create`` makes (``controller.readonly_role``) is the protection, as
+the database itself refuses it every one of those functions.
 
 Writes fail in the read-only transaction, and the transaction is always rolled back.
 Every refusal is a ``UsageError`` with one line.
@@ -32,10 +36,13 @@ from typing import Any
 
 from laneway.controller.errors import UsageError
 
-_PRIVILEGED_ROLES = ("pg_read_server_files", "pg_write_server_files", "pg_execute_server_program")
+PRIVILEGED_ROLES = ("pg_read_server_files", "pg_write_server_files", "pg_execute_server_program")
+MAX_QUERY_TIMEOUT_S = 600.0
+"""The most `laneway sql --timeout` takes: a query that runs longer holds its snapshot,
+and with it the cleanup of the ledger's updated rows (VACUUM), all that time."""
 _SERVER_FUNCTIONS = re.compile(
     r"\b(pg_read_file|pg_read_binary_file|pg_stat_file|pg_ls_\w*|pg_file_\w+|pg_logdir_ls"
-    r"|lo_import|lo_export|lo_from_bytea|dblink\w*|query_to_xml\w*|cursor_to_xml\w*"
+    r"|lo_import|lo_export|lo_from_bytea"
     r"|pg_terminate_backend|pg_cancel_backend|pg_reload_conf|pg_rotate_logfile\w*"
     r"|pg_promote|pg_switch_wal|pg_create_restore_point)\b",
     re.IGNORECASE,
@@ -44,6 +51,12 @@ _LOCK_FUNCTIONS = re.compile(r"\b(pg_(try_)?advisory\w*)\b", re.IGNORECASE)
 """Advisory locks are not refused by a read-only transaction or a read-only role, and
 laneway's writers all take one (``db.GATE_KEY``): a query holding it would queue
 every write, heartbeats included, behind it. Refused for every role."""
+_SQL_TEXT_FUNCTIONS = re.compile(
+    r"\b(query_to_xml\w*|cursor_to_xml\w*|ts_stat|ts_rewrite|dblink\w*)\b", re.IGNORECASE
+)
+"""Functions that run SQL given as text, which can be built while the query runs
+(``'pg_' || 'advisory_lock(...)'``), out of sight of any check of the query's text.
+Refused for every role."""
 _QUERY_CANCELED = "57014"
 
 
@@ -54,14 +67,7 @@ def run_query(
     ``READ ONLY`` transaction the caller rolls back): headers and rows, or UsageError."""
     import psycopg
 
-    # Quoted names ("pg_advisory_lock") are the same function; U&"..." spells one in
-    # escapes, which is refused whole.
-    found = _LOCK_FUNCTIONS.search(query.replace('"', "")) or re.search(r'\bu&"', query, re.I)
-    if found is not None:
-        raise UsageError(
-            f"query refused: {found.group(0)} is not allowed: advisory locks would hold up "
-            "laneway's own writes (its write lock is one); nothing was run"
-        )
+    _refuse_for_every_role(query)
     try:
         with connection.cursor() as cursor:
             cursor.execute(f"SET LOCAL statement_timeout = {max(1, round(timeout_s * 1000))}")
@@ -82,13 +88,33 @@ def run_query(
         raise UsageError(f"query refused: {_first_line(str(exc))}") from None
 
 
+def _refuse_for_every_role(query: str) -> None:
+    """The advisory locks and the functions that run SQL text, refused by name wherever
+    the name appears (a string or a comment too), before anything is sent."""
+    # Quoted names ("pg_advisory_lock") are the same function; U&"..." spells one in
+    # escapes, which is refused whole.
+    unquoted = query.replace('"', "")
+    found = _LOCK_FUNCTIONS.search(unquoted) or re.search(r'\bu&"', query, re.I)
+    if found is not None:
+        raise UsageError(
+            f"query refused: {found.group(0)} is not allowed: advisory locks would hold up "
+            "laneway's own writes (its write lock is one); nothing was run"
+        )
+    found = _SQL_TEXT_FUNCTIONS.search(unquoted)
+    if found is not None:
+        raise UsageError(
+            f"query refused: {found.group(0)} is not allowed: it runs SQL given as text, "
+            "which `laneway sql` cannot see before it runs; nothing was run"
+        )
+
+
 def _refuse_privileged(cursor: Any, query: str, *, allow_privileged: bool) -> None:
     cursor.execute(
         "SELECT current_user, rolsuper, "
         "ARRAY(SELECT g FROM unnest(%s::text[]) AS g "
         "      WHERE pg_has_role(current_user, g, 'MEMBER')) "
         "FROM pg_roles WHERE rolname = current_user",
-        [list(_PRIVILEGED_ROLES)],
+        [list(PRIVILEGED_ROLES)],
     )
     row = cursor.fetchone()
     if row is None:  # current_user always has a pg_roles row

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from laneway.controller import db
+from laneway.controller.sqlguard import MAX_QUERY_TIMEOUT_S
 from tests.integration.test_cli import assert_clean_error, invoke
 
 
@@ -139,3 +140,26 @@ def test_readonly_url_must_name_postgresql(started, tmp_path):
     assert_clean_error(result, 2)
     assert "--readonly-url must name a PostgreSQL database" in result.stderr
     assert not (tmp_path / "other.sqlite3").exists()
+
+
+def test_the_timeout_has_an_upper_bound(started, ledger_backend):
+    """A query that runs for hours holds back the cleanup of the ledger's rows: --timeout
+    takes at most MAX_QUERY_TIMEOUT_S, and says so in one line naming the flag."""
+    flag = ["--i-know-this-is-superuser"] if ledger_backend == "postgres" else []
+    bound = f"{MAX_QUERY_TIMEOUT_S:g}"
+    over = invoke("sql", "SELECT 1 AS one", "--runtime-dir", str(started), "--timeout", "600.5")
+    assert over.exit_code == 2, over.output
+    assert "Traceback" not in over.output
+    error = [line for line in over.output.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1 and "'--timeout'" in error[0] and f"at most {bound} s" in error[0]
+    at = invoke(
+        "sql", "SELECT 1 AS one", "--runtime-dir", str(started), "--timeout", bound, "--json", *flag
+    )
+    assert at.exit_code == 0, at.output
+    assert json.loads(at.stdout) == [{"one": 1}]
+
+
+@pytest.mark.no_ledger
+def test_the_docs_give_the_timeouts_bound():
+    deploy = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
+    assert f"at most {MAX_QUERY_TIMEOUT_S:g} s" in " ".join(deploy.split())
