@@ -79,6 +79,14 @@ def runs(runtime: Path) -> int:
     return int(sql(runtime, "SELECT COUNT(*) AS n FROM runs")[0]["n"])
 
 
+def detail(value: Any) -> dict[str, Any]:
+    """An event's detail as `laneway sql --json` gives it: JSON text on SQLite, an
+    object on PostgreSQL."""
+    loaded = value if isinstance(value, dict) else json.loads(value)
+    assert isinstance(loaded, dict)
+    return loaded
+
+
 def edit(script: Path) -> None:
     """A cosmetic edit: a comment (the script computes the same)."""
     script.write_text(script.read_text() + "# a comment\n")
@@ -160,7 +168,7 @@ def test_reuse_despite_keeps_the_earlier_results_and_is_recorded(tmp_path):
     assert done.exit_code == 0, done.output
     assert len(lines(calls)) == 3 and len(lines(count)) == 3
     created = sql(runtime, "SELECT detail FROM events WHERE kind = 'run_created' AND run_id = 2")
-    assert json.loads(created[0]["detail"])["reuse_despite"] == ["solve"]
+    assert detail(created[0]["detail"])["reuse_despite"] == ["solve"]
     reused = sql(
         runtime,
         "SELECT j.stage, j.state_reason, e.detail FROM jobs j JOIN events e ON "
@@ -168,7 +176,7 @@ def test_reuse_despite_keeps_the_earlier_results_and_is_recorded(tmp_path):
     )
     assert len(reused) == 6
     solve = [row for row in reused if row["stage"] == "solve"]
-    assert all(json.loads(row["detail"])["despite"] == "solve.py changed" for row in solve)
+    assert all(detail(row["detail"])["despite"] == "solve.py changed" for row in solve)
     assert all(
         row["state_reason"].startswith("reused despite a change (--reuse-despite solve)")
         for row in solve
