@@ -298,6 +298,7 @@ def start_pipeline(
             rerun=rerun,
             secrets_on_workers=secrets_on_workers,
             reuse_despite=reuse_despite,
+            config_path=config,
         )
         backend = engine.dialect.name
         ledger_shown = db.shown_url(engine.url.render_as_string(hide_password=False))
@@ -492,6 +493,7 @@ def run_pipeline(
                 new=new,
                 rerun=rerun,
                 reuse_despite=reuse_despite,
+                config_path=Path(config),
             )
     stopper = common.Stopper()
     ended = foreground.run(

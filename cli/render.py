@@ -506,6 +506,13 @@ def report_text(report: dict[str, Any]) -> str:
             f"window {duration(report['window_seconds'])}"
         )
     ]
+    step = report.get("next_step")
+    if step:
+        out.append(
+            clean(
+                f"next step: {step['words']}" + (f": {step['command']}" if step["command"] else "")
+            )
+        )
     rows = []
     for name, lane in report["lanes"].items():
         wait = lane["queue_wait_seconds"] or {}

@@ -107,9 +107,11 @@ def _where(runtime_dir: str | None) -> str:
     return "" if runtime_dir is None else f" --runtime-dir {shlex.quote(runtime_dir)}"
 
 
-def new_run_command(runtime_dir: str | None) -> str:
-    """The command that starts a new run of the config (reusing what succeeded)."""
-    return f"laneway run CONFIG --new{_where(runtime_dir)}"
+def new_run_command(runtime_dir: str | None, config_path: str | None = None) -> str:
+    """The command that starts a new run of the config (reusing what succeeded): of the
+    file the run was started from when it recorded one, else ``CONFIG``."""
+    config = "CONFIG" if config_path is None else shlex.quote(config_path)
+    return f"laneway run {config} --new{_where(runtime_dir)}"
 
 
 def continue_command(run_id: int, runtime_dir: str) -> str:
@@ -211,7 +213,7 @@ def _control_step(code: str, why: str, scopes: set[str], status: StatusReport) -
             f"the run's frozen sources changed ({', '.join(files)}); `clear-halt` cannot "
             "lift this halt: start a new run, which freezes them again and reuses what "
             "succeeded",
-            new_run_command(run.runtime_dir),
+            new_run_command(run.runtime_dir, run.config_path),
         )
     target = "--all" if scopes == {"global"} else str(run.id)
     verb = "clear-halt" if code == "halted" else "resume"
@@ -232,7 +234,7 @@ def _budget_step(status: StatusReport) -> NextStep:
         f"the run stopped at its budget; raise `budget` in the config and start a new "
         f"run ({succeeded} succeeded job(s) are reused, not run or paid for again; "
         "`resume` would pause it again)",
-        new_run_command(status.run.runtime_dir),
+        new_run_command(status.run.runtime_dir, status.run.config_path),
     )
 
 

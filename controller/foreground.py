@@ -261,6 +261,7 @@ class ForegroundRun:
         new: bool = False,
         rerun: list[str] | None = None,
         reuse_despite: list[str] | None = None,
+        config_path: Path | None = None,
     ) -> ForegroundRun:
         """Preflight ``config`` and freeze it into a new run (a refusal creates nothing),
         then start one local worker per node. Raises ``LanewayError``."""
@@ -272,6 +273,7 @@ class ForegroundRun:
             new=new,
             rerun=rerun,
             reuse_despite=reuse_despite,
+            config_path=config_path,
         )
         return cls._with_workers(engine, run_id, runtime_dir, config, make_worker)
 

@@ -15,8 +15,11 @@ Series (``run`` is the run id; every gauge is the ledger's state at the scrape):
 - ``laneway_attempts_settled_total{run,stage,outcome}``: settled attempts by outcome
 - ``laneway_attempts_in_flight{run,stage,state}``: attempts in intent / running, and
   ``unverified`` ones: in flight on a worker that is not live (``RunningAttempt.shown_state``)
+- ``laneway_run_next_step{run,code}``: 1, ``code`` the run's one next step
+  (``advice.run_next_step``: ``budget``, ``unknown_outcome``, ``no_controller``, ...;
+  ``none`` when nothing needs a person)
 - ``laneway_run_controller{run,state}``: 1, ``state`` the report's controller
-  (``running``, ``gone``, ``unknown``)
+  (``running``, ``stopped``, ``gone``, ``unknown``)
 - ``laneway_unknown_attempts{run}``: attempts awaiting ``laneway reconcile``
 - ``laneway_refusals_total{run,reason}``: recorded refusals by reason code (the
   ``decisions`` table records changes of reason, so this counts changes, not polls)
@@ -55,7 +58,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
-from laneway.controller import queries
+from laneway.controller import advice, queries
 from laneway.controller.rows import Rows, _moment
 from laneway.controller.status import status_report
 from laneway.controller.status_model import StatusReport
@@ -144,6 +147,12 @@ def _run_metrics(f: _Families, source: Rows, run_id: int, status: StatusReport) 
         f.gauge(
             "run_controller", "Whether a controller serves the run (1, by state).", ["run", "state"]
         ).add_metric([run, status.controller.state], 1)
+    step = advice.report_step(status)
+    f.gauge(
+        "run_next_step",
+        "The run's one next step (1, by its code; the step `laneway status` leads with).",
+        ["run", "code"],
+    ).add_metric([run, "none" if step is None else step.code], 1)
     f.gauge(
         "unknown_attempts", "Attempts whose outcome is unknown (dispatch halted).", ["run"]
     ).add_metric([run], len(status.unknown))

@@ -99,6 +99,9 @@ class Run(Base):
     config_sha256: Mapped[str] = mapped_column(String(64))
     source_hashes: Mapped[dict[str, Any]] = mapped_column(JSON)
     runtime_dir: Mapped[str] = mapped_column(Text)
+    config_path: Mapped[str | None] = mapped_column(Text)
+    """The config file the run was started from, absolute (migration 0017; None: built in
+    code, or made before the migration)."""
     created_by: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(DateTime())
     finished_at: Mapped[datetime | None] = mapped_column(DateTime())

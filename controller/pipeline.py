@@ -515,6 +515,7 @@ def start_run(
     rerun: list[str] | None = None,
     secrets_on_workers: bool = False,
     reuse_despite: list[str] | None = None,
+    config_path: str | Path | None = None,
 ) -> tuple[int, Engine]:
     """Preflight, then freeze ``config`` into a new run. Raises PreflightError (having
     created nothing) when preflight refuses. Returns the new run's id and the engine it
@@ -526,7 +527,8 @@ def start_run(
     result could be reused (``ledger.create_run``). ``secrets_on_workers``: as in
     ``preflight``. ``reuse_despite``: stage names whose earlier succeeded results are
     kept although their files changed (``controller.reuse_despite``; recorded in the
-    run's events).
+    run's events). ``config_path``: the file ``config`` was read from, recorded in the run
+    (absolute) so every command printed for it can be run as printed.
 
     Raises UnfinishedRun (creating nothing) when the ledger holds an unfinished run of
     the same pipeline, unless ``new``: running the same command again after an
@@ -558,6 +560,7 @@ def start_run(
             rerun=rerun or (),
             distrust=distrust,
             despite=despite,
+            config_path=None if config_path is None else str(Path(config_path).resolve()),
         )
         run_id = run.id
     make_private_dir(runtime / "runs" / str(run_id))

@@ -32,7 +32,9 @@ RECENT_ATTEMPTS = 200
 RETRY_BACKOFF_SHOWN = 20
 """How many jobs waiting out a retry backoff ``status`` lists."""
 
-_RUN_COLUMNS = "id, name, state, config_json, config_sha256, runtime_dir, created_at, finished_at"
+_RUN_COLUMNS = (
+    "id, name, state, config_json, config_sha256, runtime_dir, created_at, finished_at, config_path"
+)
 RUN_COLUMNS: Final = tuple(_RUN_COLUMNS.split(", "))
 """The columns ``RUN_BY_ID`` and ``NEWEST_RUN`` return, in order."""
 

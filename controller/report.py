@@ -37,7 +37,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from laneway.controller import ledger, oom, refusal_words, spend
+from laneway.controller import advice, ledger, oom, refusal_words, spend
 from laneway.controller.clock import iso
 from laneway.controller.models import (
     Artifact,
@@ -56,6 +56,7 @@ from laneway.controller.states import (
     EventKind,
     WorkerState,
 )
+from laneway.controller.status import build_status
 from laneway.controller.status_nodes import LOST_AFTER_SECONDS
 
 IDLE_MIN_SECONDS = 1.0
@@ -222,6 +223,7 @@ def build_report(
             ],
             "bars": lane_bars,
         }
+    step = advice.report_step(build_status(session, run, now=now))
     return {
         "run": {
             "id": run.id,
@@ -230,6 +232,7 @@ def build_report(
             "created_at": iso(run.created_at),
             "finished_at": iso(run.finished_at),
         },
+        "next_step": None if step is None else step.as_dict(),
         "window": {
             "start": iso(start),
             "end": iso(end),

@@ -12,7 +12,6 @@ Reads only.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +19,8 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
+from laneway.controller import advice, db, ledger, pipeline, run_plan
 from laneway.controller import config as config_module
-from laneway.controller import db, ledger, pipeline, run_plan
 from laneway.controller.errors import LanewayError
 from laneway.controller.models import Job
 from laneway.controller.source_check import SourceChange, changed_sources
@@ -93,20 +92,13 @@ def stale_sources(engine: Engine, run_id: int) -> StaleSources | None:
         changes = changed_sources(run.source_hashes or {})
         if not changes:
             return None
-        config_path = getattr(run, "config_path", None)  # recorded by newer runs only
+        config_path = run.config_path  # None: not recorded (a run made before 0017)
         frozen = ledger.run_config(run)
         runtime_dir = run.runtime_dir
         recorded = dict(run.source_hashes or {})
     reused = _reused(engine, frozen, recorded, changes, config_path)
-    command = new_run_command(config_path, runtime_dir)
+    command = advice.new_run_command(runtime_dir, config_path)
     return StaleSources(run_id, changes, command, reused, config_path)
-
-
-def new_run_command(config_path: str | None, runtime_dir: str | None) -> str:
-    """``laneway run CONFIG --new``, with the config's path when it is known."""
-    config = shlex.quote(config_path) if config_path else "CONFIG"
-    where = f" --runtime-dir {shlex.quote(runtime_dir)}" if runtime_dir else ""
-    return f"laneway run {config} --new{where}"
 
 
 def _reused(

@@ -230,6 +230,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
             finished_at=iso(run["finished_at"]),
             config_sha256=run["config_sha256"],
             runtime_dir=run["runtime_dir"],
+            config_path=run["config_path"],
         ),
         generated_at=iso(now),
         controls=controls,

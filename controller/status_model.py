@@ -39,6 +39,8 @@ class RunInfo(_Flat):
     finished_at: str | None
     config_sha256: str
     runtime_dir: str
+    config_path: str | None = None
+    """The config file the run was started from (None: not recorded)."""
 
     @property
     def finished(self) -> bool:

@@ -136,6 +136,7 @@ def create_run(
     rerun: Collection[str] = (),
     distrust: Mapping[int, str] = MappingProxyType({}),
     despite: reuse.Despite = reuse.NO_DESPITE,
+    config_path: str | None = None,
 ) -> Run:
     """Freeze ``config`` into a new run with its lanes, items and jobs.
 
@@ -155,7 +156,8 @@ def create_run(
     this transaction): their jobs run again, the reason on the job. ``despite``:
     ``--reuse-despite``'s alternate keys (``controller.reuse_despite``); a job taken
     over by one says so in its reason and its ``job_reused`` event (``despite``), and the
-    ``run_created`` event lists the stages.
+    ``run_created`` event lists the stages. ``config_path``: the config file it was
+    started from (absolute), so the commands printed for the run name it.
     """
     chosen = frozenset(rerun)
     for node in config.nodes:
@@ -167,6 +169,7 @@ def create_run(
         config_sha256=config.sha256(),
         source_hashes=source_hashes,
         runtime_dir=runtime_dir,
+        config_path=config_path,
         created_by=actor,
         created_at=now,
     )

@@ -6,6 +6,7 @@ retries as before; `runs` shows a run a later run of its pipeline superseded. Re
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,8 @@ def test_retry_after_a_source_changed_is_refused_and_names_the_new_run(tmp_path:
     assert len(lines) == 2 and all(line.startswith("laneway: ") for line in lines)
     assert "not retried, nothing was changed" in lines[0]
     assert str(script) in lines[0]
-    command = f"laneway run CONFIG --new --runtime-dir {runtime}"
+    # The run recorded its config's path: the command runs as printed.
+    command = f"laneway run {config.resolve()} --new --runtime-dir {runtime}"
     assert lines[1].endswith(f"reuses 3 succeeded job(s)): {command}"), lines[1]
 
     one = invoke("retry", "x1.judge", "--run", "1", "--reason", "fixed", *rt, "--json")
@@ -100,8 +102,8 @@ def test_retry_after_a_source_changed_is_refused_and_names_the_new_run(tmp_path:
     assert body["problems"] == [line.removeprefix("laneway: ") for line in lines]
     assert ledger_state(rt) == before  # nothing moved: jobs, runs, events, controls
 
-    # The one step it names works, and reuses what it said.
-    new = invoke("run", str(config), "--new", *rt, "--json")
+    # The one step it names works as printed, and reuses what it said.
+    new = invoke(*shlex.split(command)[1:], "--json")
     assert new.exit_code == 0, new.output
     assert job_states(rt, 2) == {"judge:succeeded": 3, "prepare:succeeded": 3}
     reused = sql(rt, "SELECT COUNT(*) AS n FROM jobs WHERE run_id = 2 AND reused_from IS NOT NULL")

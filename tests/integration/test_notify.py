@@ -298,3 +298,109 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     import os
 
     return {**os.environ, **extra}
+
+
+DASHBOARD = "http://dash.example:8470"
+
+
+def test_every_kind_carries_its_next_step_with_a_command_and_a_specific_link(
+    engine, factory, make_run, register_worker, clock
+):
+    """Each of the seven kinds, made the real way and received by a real receiver: a next
+    step with its command, and a link to the affected run, attempt or workers section
+    (never the dashboard's front page); a finished run's reason counts its outcomes."""
+    halted = make_run(make_config(items=1))
+    broken = make_run(make_config(items=1))
+    unknown_run = make_run(make_config(items=2))
+    worker = register_worker()
+    environ = {"LANEWAY_WEB_URL": DASHBOARD}
+    with receiver() as hook:
+        option = NotifyConfig(webhook=hook.url + "/hook")
+        notifier = following(engine, clock, option, environ=environ)
+        with db.transaction(factory) as session:
+            control_run(
+                session,
+                ControlKind.HALT,
+                halted,
+                reason="fatal",
+                actor="controller",
+                now=clock.now(),
+            )
+            control_run(
+                session,
+                ControlKind.PAUSE,
+                broken,
+                reason="infrastructure failures of 3 distinct items in a row",
+                actor="controller",
+                now=clock.now(),
+            )
+        claims = claim_on_n1(factory, worker, clock, slots=8)
+        by_run = {c.run_id: c for c in claims}
+        first = by_run[unknown_run]
+        mark_unknown_one(factory, first, clock, "lease expired", fence=first.fence)
+        with db.transaction(factory) as session:
+            ledger.mark_worker_lost(
+                session, worker, reason="no heartbeat", actor="c", now=clock.now()
+            )
+        notifier.poll()
+        # A run whose last job fails: finished, with 1 failed among its counts.
+        finished = make_run(make_config(items=1))
+        fresh = register_worker()
+        for claim in claim_on_n1(factory, fresh, clock, slots=8):
+            if claim.run_id == finished:
+                settle_one(factory, claim, fresh, clock, Outcome.FAILED)
+        controller = Controller(engine, clock=clock)
+        controller.tick()
+        controller.beat()
+        controller.notifier.stop()
+        notifier.poll()
+        # A lost controller, told by a worker's notifier.
+        watcher = Notifier(
+            engine,
+            actor="w9",
+            option=NotifyConfig(webhook=hook.url + "/hook", on=["controller_lost"]),
+            clock=clock,
+            watch_controller=True,
+            environ=environ,
+            backoff_seconds=0.01,
+        )
+        with db.transaction(factory) as session:
+            old = db.ledger_now(session, clock) - timedelta(seconds=40)
+            session.execute(update(controllers).values(heartbeat_at=old))
+        watcher.poll()
+        notifier.stop()
+        watcher.stop()
+    bodies = hook.bodies()
+    seen: dict[str, Any] = {}
+    for body in bodies:  # the first of each kind (on PostgreSQL the tick adds more)
+        seen.setdefault(body["kind"], body)
+    assert set(seen) == {
+        "halt",
+        "breaker_pause",
+        "unknown_outcome",
+        "worker_lost",
+        "run_finished",
+        "controller_lost",
+    } | ({"budget_stop"} & set(seen))
+    for body in bodies:
+        step = body["next_step"]
+        assert step is not None and step["command"], body
+        assert body["link"].startswith(DASHBOARD + "/"), body
+        assert body["link"] != DASHBOARD + "/", body  # a specific page, not the newest run
+    assert seen["halt"]["next_step"]["command"].startswith(f"laneway clear-halt {halted} ")
+    assert seen["halt"]["link"] == f"{DASHBOARD}/runs/{halted}"
+    assert seen["breaker_pause"]["next_step"]["code"] == "breaker"
+    assert seen["breaker_pause"]["next_step"]["command"].startswith(f"laneway resume {broken} ")
+    unknown = seen["unknown_outcome"]
+    assert unknown["reason"] == f"outcome unknown of attempt {first.attempt_id}: lease expired"
+    assert unknown["next_step"]["command"].startswith(f"laneway reconcile {first.attempt_id} ")
+    assert unknown["link"] == f"{DASHBOARD}/attempts/{first.attempt_id}"
+    lost = seen["worker_lost"]
+    assert lost["next_step"]["command"].startswith("laneway worker --node n1 --runtime-dir ")
+    assert lost["link"].endswith("#workers") and "/runs/" in lost["link"]
+    done = [b for b in bodies if b["kind"] == "run_finished" and b["run"] == finished]
+    assert done and done[0]["reason"] == f"run {finished} finished: 1 failed"
+    assert done[0]["next_step"]["command"].startswith(f"laneway report {finished} ")
+    controller = seen["controller_lost"]
+    assert controller["next_step"]["command"].startswith("laneway controller --runtime-dir ")
+    assert "/runs/" in controller["link"]
