@@ -262,7 +262,11 @@ function render(state) {
       `${dur(Math.max(0, w.heartbeat_age_seconds))} ago`, w.slots,
       w.liveness === 'stale' ? el('span', {class: 'unverified'}, `stale for ${Math.round(w.heartbeat_age_seconds)} s`)
         : w.liveness === 'lost' ? el('span', {class: 'unverified'}, 'lost') : w.liveness]).concat(
-    state.no_worker.map((n) => [n.node, '-', '', '', '', '', el('code', {}, `no live worker: ${n.start}`)])));
+    state.no_worker.map((n) => [n.node, '-', '', '', '', '',
+      // The command only while a worker is what the run needs next (the banner says what is).
+      !state.next_step || state.next_step.code === 'no_worker'
+        ? el('code', {}, `no live worker: ${n.start}`)
+        : 'no live worker (none is needed before the next step is taken)'])));
   const gpus = (state.nodes || []).flatMap((n) => (n.gpus || []).map((d) => [n.node,
     `GPU ${d.index}`, d.uuid || '-', `${Math.round(d.used_mib)} of ${Math.round(d.total_mib)} MiB`,
     `${Math.round(d.ours_mib || 0)} MiB`, d.described ? `described by ${d.described}` : 'measured']));

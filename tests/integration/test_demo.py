@@ -273,3 +273,99 @@ def test_stages_hand_their_files_on_through_verified_artifacts(demo):
             ("judge", "solve", "answer.json"),
         }
         assert given == recorded and producer_item == item
+
+
+def test_every_view_of_the_demos_budget_stop_gives_its_one_step(demo, tmp_path):
+    """The demo ends at its budget with nothing in flight and its controller stopped
+    cleanly: `status` (text and --json), `status --watch`, `explain i12.solve`, the
+    report, the metrics, the web API and the page in Chromium each give one step (raise
+    the budget, then the new run's command with the reuse count, runnable as printed) and
+    none says the controller is gone or that a worker must be started."""
+    import signal
+    import urllib.request
+
+    from tests.integration.test_web import browser_or_skip, browser_page, serving_url
+
+    runtime, _, _ = demo
+    config = ROOT / "configs/demo/pipeline.toml"
+    command = f"laneway run {config} --new --runtime-dir {runtime}"
+    wrong = ("gone", "GONE", "start a worker", "start one", "laneway worker", "--continue")
+
+    def one_step(step: dict) -> None:
+        assert step["code"] == "budget", step
+        assert step["command"] == command, step
+        assert "raise `budget`" in step["words"] and "31 succeeded job(s)" in step["words"]
+
+    status = json.loads(laneway(runtime, "status", "--json").stdout)
+    one_step(status["next_step"])
+    assert status["controller"]["state"] == "stopped", status["controller"]
+    lanes = {lane["lane"]: lane["next_step"]["code"] for lane in status["lanes"]}
+    assert lanes == {"a": "done", "b": "budget"}, lanes  # lane a is done, not "needs you"
+
+    text = laneway(runtime, "status").stdout
+    assert "next step: the run stopped at its budget; raise `budget`" in text
+    assert command in text
+    assert not [w for w in wrong if w in text], text
+
+    explained = json.loads(laneway(runtime, "explain", "i12.solve", "--json").stdout)
+    one_step(explained["next_step"])
+    words = laneway(runtime, "explain", "i12.solve").stdout
+    assert words.splitlines()[1] == f"next step: {explained['next_step']['words']}: {command}"
+    assert not [w for w in wrong if w in words], words
+
+    report = json.loads(laneway(runtime, "report", "1", "--json").stdout)
+    one_step(report["next_step"])
+
+    watching = subprocess.Popen(
+        [*LANEWAY, "status", "--watch", "--runtime-dir", str(runtime)],
+        env=_env(runtime),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watching.stdout is not None
+        lines = []
+        while not any("lane b" in line for line in lines):
+            lines.append(watching.stdout.readline())
+            assert lines[-1], watching.stderr.read() if watching.stderr else ""
+    finally:
+        watching.send_signal(signal.SIGINT)
+        watching.communicate(timeout=60)
+    watched = "".join(lines)
+    assert command in watched and "lane a: done" in watched
+    assert not [w for w in wrong if w in watched], watched
+
+    web = subprocess.Popen(
+        [*LANEWAY, "web", "--bind", "127.0.0.1:0", "--runtime-dir", str(runtime)],
+        env=_env(runtime),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = serving_url(web)
+        with urllib.request.urlopen(url + "api/state", timeout=60) as answer:
+            one_step(json.loads(answer.read())["next_step"])
+        with urllib.request.urlopen(url + "metrics", timeout=60) as answer:
+            metrics = answer.read().decode()
+        assert 'laneway_run_next_step{code="budget",run="1"} 1.0' in metrics, metrics
+        playwright_api = browser_or_skip()
+        with browser_page(playwright_api, url) as (page, errors):
+            page.wait_for_selector("#next-step", timeout=30_000)
+            page.wait_for_function(
+                "document.getElementById('next-step').textContent.length > 0", timeout=30_000
+            )
+            assert page.locator("#next-step").inner_text() == command
+            assert "raise `budget`" in page.locator("#next-words").inner_text()
+            needs = page.locator("#needs-list tr").all_inner_texts()
+            assert [row.split("\t")[0] for row in needs[1:]] == ["b"], needs  # not lane a
+            body = page.locator("main").inner_text()
+            assert not [w for w in wrong if w in body], body
+            page.screenshot(path=str(tmp_path / "demo-budget-stop.png"), full_page=True)
+            assert errors == []
+    finally:
+        web.send_signal(signal.SIGTERM)
+        web.communicate(timeout=60)
