@@ -5,10 +5,16 @@ real max_jobs refusal), gives the same step and command in ``laneway status --js
 its text, the web API (``Dashboard.state``, ``/api/state``'s body) and the live display
 of ``laneway run`` and ``status --watch`` (cli/live.py, terminal and plain lines). A
 budget and changed sources name a new run (``laneway run CONFIG --new``), never
-``resume`` or ``clear-halt``; a lane with nothing left to start says done."""
+``resume`` or ``clear-halt``; a lane with nothing left to start says done, unless its
+run is halted by an unknown outcome. A lost worker beside a live controller, a controller
+that is gone while the run has work, and a finished run are held the same way. Beside
+each lane's step, the run's one step (``StatusReport.next_step``, ``advice.run_next_step``)
+is the same in ``status`` (text and --json), the web API, ``explain``'s job and the
+report."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 from collections.abc import Callable
@@ -16,10 +22,13 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from sqlalchemy import select
 
 from laneway.cli import live, render
-from laneway.controller import db, pipeline, readonly
+from laneway.controller import db, ledger, pipeline, readonly
 from laneway.controller.clock import SystemClock
+from laneway.controller.daemon import Controller
+from laneway.controller.models import Job
 from laneway.controller.outcome import Outcome
 from laneway.controller.states import ControlKind
 from laneway.controller.status import status_report
@@ -38,11 +47,11 @@ from tests.support import (
 )
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def _controller_serves(runtime):
     """Each reason is arranged with a controller serving the run (``controller_serving``):
-    the step is the reason's; without one it would be ``no_controller``
-    (tests/integration/test_liveness.py)."""
+    the step is the reason's; without one it would be ``no_controller``, unless the run
+    needs a person first (the ``controller_gone`` reason arranges that)."""
     with controller_serving(runtime):
         yield
 
@@ -55,11 +64,24 @@ def clock() -> FixedClock:
 
 class Held:
     """A run arranged to be held by one reason: its id, the lane that holds, the code
-    and command its next step must carry, and words it must say."""
+    and command its next step must carry, and words it must say. The run's own step
+    (``StatusReport.next_step``, what every view leads with) is the lane's when that has
+    a command, else none (``run_step`` overrides)."""
 
-    def __init__(self, run_id: int, lane: str, code: str, command: str | None, *words: str):
+    def __init__(
+        self,
+        run_id: int,
+        lane: str,
+        code: str,
+        command: str | None,
+        *words: str,
+        run_step: tuple[str, str | None] | bool | None = True,
+    ):
         self.run_id, self.lane, self.code, self.command = run_id, lane, code, command
         self.words = words
+        if run_step is True:
+            run_step = (code, command) if command is not None else None
+        self.run_step = run_step
 
 
 Arrange = Callable[..., Held]
@@ -155,6 +177,58 @@ def done(factory, make_run, register_worker, clock, runtime, tmp_path) -> Held:
     return Held(run_id, "a", "done", None, "done")
 
 
+def unknown_nothing_pending(factory, make_run, register_worker, clock, runtime, tmp_path) -> Held:
+    # The lane's one job is unknown, nothing else is pending: not "done" while it halts.
+    run_id = make_run(make_config(items=1))
+    worker = register_worker()
+    claimed = claim_one_on_n1(factory, worker, clock, unknown="lease expired")
+    command = (
+        f"laneway reconcile {claimed.attempt_id} --as succeeded|failed|not-run "
+        f"--reason '...' --runtime-dir {runtime}"
+    )
+    return Held(run_id, "a", "unknown_outcome", command, "reconcile the unknown attempt")
+
+
+def worker_lost(factory, make_run, register_worker, clock, runtime, tmp_path) -> Held:
+    # The controller lives; the worker that runs the lane's attempt was judged lost.
+    run_id = make_run(make_config(items=2))
+    worker = register_worker()
+    claim_one_on_n1(factory, worker, clock)
+    with db.transaction(factory) as session:
+        ledger.mark_worker_lost(session, worker, now=clock.now(), actor="c", reason="gone quiet")
+    command = f"laneway worker --node n1 --runtime-dir {runtime}"
+    return Held(run_id, "a", "no_worker", command, "nobody can say its 1 attempt(s) still run")
+
+
+def controller_gone(factory, make_run, register_worker, clock, runtime, tmp_path) -> Held:
+    # No controller serves a run with work it could do: the last one stopped cleanly
+    # (arranged without the lock, so on SQLite no live process holds its pidfile).
+    run_id = make_run(make_config(items=2))
+    register_worker()
+    with db.transaction(factory) as session:
+        now = db.ledger_now(session, clock)
+        served, _ = ledger.register_controller(session, host="h", pid=1, boot_id="b", now=now)
+        ledger.controller_heartbeat(session, served, now=now, notify_cursor=None, stopped=True)
+    command = f"laneway run --continue {run_id} --runtime-dir {runtime}"
+    # Its worker lives: dispatching goes on, and the words say so (not "nothing is
+    # dispatched").
+    return Held(run_id, "a", "no_controller", command, "workers go on dispatching")
+
+
+def finished(factory, make_run, register_worker, clock, runtime, tmp_path) -> Held:
+    run_id = make_run(make_config(items=1))
+    worker = register_worker()
+    (claimed,) = claim_on_n1(factory, worker, clock)
+    settle_one(factory, claimed, worker, clock, Outcome.SUCCEEDED)
+    Controller(engine_of(factory), clock=clock).tick()  # closes the run
+    return Held(run_id, "a", "done", None, "done")
+
+
+def engine_of(factory) -> Any:
+    with factory() as session:
+        return session.get_bind()
+
+
 REASONS: dict[str, Arrange] = {
     "halt": _control(ControlKind.HALT, "disk full"),
     "pause": _control(ControlKind.PAUSE, "maintenance"),
@@ -166,6 +240,10 @@ REASONS: dict[str, Arrange] = {
     "no_worker": no_worker,
     "max_jobs": max_jobs,
     "done": done,
+    "unknown_nothing_pending": unknown_nothing_pending,
+    "worker_lost": worker_lost,
+    "controller_gone": controller_gone,
+    "finished": finished,
 }
 
 
@@ -186,6 +264,14 @@ def test_every_reader_gives_the_same_next_step(
     reason, factory, make_run, register_worker, clock, runtime, tmp_path
 ):
     held = REASONS[reason](factory, make_run, register_worker, clock, runtime, tmp_path)
+    with contextlib.ExitStack() as stack:
+        if reason != "controller_gone":
+            stack.enter_context(controller_serving(runtime))
+        every_view_says(held, factory, clock, runtime)
+
+
+def every_view_says(held: Held, factory, clock, runtime) -> None:
+    """Each view gives the lane's step and the run's one step."""
 
     # The web API: the page's "what to do" (``action``) and the typed step.
     dashboard = Dashboard(runtime, now=clock.now)
@@ -237,3 +323,27 @@ def test_every_reader_gives_the_same_next_step(
         if held.code != "no_worker":  # no_worker's reason names its command already
             assert plain.endswith(f"; next: {said}"), plain
         assert text_row.rstrip().endswith(said), text_row
+
+    # The run's one step: what `status` (text and --json), explain, the report and the
+    # web API lead with.
+    run_step = body["next_step"]
+    expected = held.run_step
+    assert (None if run_step is None else (run_step["code"], run_step["command"])) == expected
+    assert web["next_step"] == run_step
+    assert (report.next_step and report.next_step.as_dict()) == run_step
+    text = render.status_text(report)
+    if run_step is None:
+        assert "next step:" not in text.split("\n\n")[0], text
+    else:
+        assert f"next step: {run_step['words']}: {run_step['command']}" in text
+    html = ["--html", str(runtime / f"report-{held.run_id}.html")]
+    reported = invoke("report", str(held.run_id), "--json", *html, "--runtime-dir", str(runtime))
+    assert reported.exit_code == 0, reported.output
+    assert json.loads(reported.stdout)["next_step"] == run_step
+    with factory() as session:
+        job_id = session.scalars(
+            select(Job.id).where(Job.run_id == held.run_id, Job.lane == held.lane).limit(1)
+        ).one()
+    explained = invoke("explain", str(job_id), "--json", "--runtime-dir", str(runtime))
+    assert explained.exit_code == 0, explained.output
+    assert json.loads(explained.stdout)["next_step"] == step  # the job's lane's step
