@@ -313,6 +313,16 @@ class AttemptDir:
             raise
         return os.fdopen(fd, "rb")
 
+    def read_bytes(self, relative: str, limit: int) -> bytes:
+        """The whole regular file ``relative`` (opened as ``read`` opens it: no link, no
+        FIFO, no device), at most ``limit`` bytes: a longer one is ``PathRefused``
+        (``EFBIG``), judged by what is read, not by ``st_size``."""
+        with self.read(relative) as handle:
+            data = handle.read(limit + 1)
+        if len(data) > limit:
+            raise PathRefused(errno.EFBIG, f"is larger than {limit} bytes", self._shown(relative))
+        return data
+
     def create(self, relative: str, *, create_dirs: bool = False) -> IO[bytes]:
         """Create file ``relative`` for writing; it must not exist yet (``O_EXCL``)."""
         fd = self.open(relative, os.O_WRONLY | os.O_CREAT | os.O_EXCL, create_dirs=create_dirs)

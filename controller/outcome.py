@@ -8,8 +8,9 @@ Pure policy over what the supervisor and the job left on disk. The rules, in ord
 2. The command could not be started → ``harness_failure``.
 3. Stopped by an operator → ``cancelled``; killed by its timeout → ``timed_out``, its
    reason naming the limit and its field (``timeout_reason``).
-4. The supervisor could not write the logs, or laneway could not read result.json (an
-   I/O error, not bad content) → ``harness_failure`` (the exit code is kept).
+4. The supervisor could not write the logs, or laneway's own I/O failed reading
+   result.json (EIO, EMFILE: the machine's error, not the file's kind or content) →
+   ``harness_failure`` (the exit code is kept).
 5. A valid result JSON with ``fatal_failure: true`` → ``fatal``; with
    ``rate_limited: true`` → ``rate_limited`` (its ``retry_after_seconds``, if any, is
    the retry's delay); with ``infrastructure_failure: true`` → ``infra_failure``.
@@ -24,16 +25,21 @@ Pure policy over what the supervisor and the job left on disk. The rules, in ord
    (a ``true`` flag that is there still counts, rule 5), with the problem as a
    diagnostic.
 
-Nothing a job writes makes reading its attempt raise: a result.json larger than
-``RESULT_MAX_BYTES``, nested deeper than ``usage.RESULT_MAX_DEPTH`` or not JSON at all is
-an invalid result (rule 8); an exit record whose fields a supervisor would not write is
-not trusted (rule 1). What a valid result holds that no backend can store (NUL, unpaired
-surrogates) is replaced by the settle, with a diagnostic (``usage.stored_result``).
+Nothing a job writes makes reading its attempt raise, hang or leave it: both files are
+read through ``durable.AttemptDir`` (no link followed, regular files only, a FIFO never
+waited on, a bounded size). A result.json that is a link, a directory, a FIFO, a device
+or a socket, that the job made unreadable (its mode), larger than ``RESULT_MAX_BYTES``,
+nested deeper than ``usage.RESULT_MAX_DEPTH`` or not JSON at all is an invalid result
+(rule 8), never ``harness_failure``; an exit record that is any of these, or whose
+fields a supervisor would not write, is not trusted (rule 1). What a valid result holds
+that no backend can store (NUL, unpaired surrogates) is replaced by the settle, with a
+diagnostic (``usage.stored_result``).
 """
 
 from __future__ import annotations
 
-import os
+import errno
+import json
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +47,7 @@ from typing import Any, Literal
 
 from laneway.controller import faults
 from laneway.controller import usage as usage_math
-from laneway.controller.durable import read_json
+from laneway.controller.durable import AttemptDir, PathRefused
 from laneway.controller.states import Outcome
 
 ResultRequirement = Literal["optional", "required"]
@@ -121,25 +127,105 @@ def _names_job(value: Any, job_id: int) -> bool:
 
 
 class ResultRefused(ValueError):
-    """result.json is JSON laneway will not take (too large, nested too deeply)."""
+    """result.json is something laneway will not take: not a regular file (a link, a
+    directory, a FIFO, a device, a socket), not readable as the job left it, too large
+    or nested too deeply. What the job made it, so an invalid result, never our I/O."""
 
 
-def read_result(path: Path) -> Any:
-    """A job's result.json, parsed. FileNotFoundError when there is none, OSError when it
-    cannot be read, ResultRefused when it is a device, FIFO or socket (a FIFO blocks the
-    reader forever, ``/dev/zero`` never ends), is larger than ``RESULT_MAX_BYTES`` or is
-    nested deeper than ``usage.RESULT_MAX_DEPTH``, ValueError when it is not JSON."""
-    info = os.stat(path)
-    if stat.S_IFMT(info.st_mode) in (stat.S_IFIFO, stat.S_IFCHR, stat.S_IFBLK, stat.S_IFSOCK):
-        raise ResultRefused("result.json is not a regular file")
-    size = info.st_size
+RESULT_FILE = "result.json"
+EXIT_FILE = "exit.json"
+EXIT_MAX_BYTES = 1 << 20
+"""A supervisor's exit record is a few hundred bytes; a larger exit.json is not read."""
+JOB_CAUSED_ERRNOS = frozenset(
+    {
+        errno.EACCES,  # the job took its own read permission off
+        errno.EPERM,
+        errno.ELOOP,  # a symlink (O_NOFOLLOW)
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.ENXIO,  # a socket (or a FIFO opened for writing)
+        errno.EINVAL,
+        errno.EFBIG,
+        errno.EOVERFLOW,
+        errno.ENAMETOOLONG,
+    }
+)
+"""Errors of reading a file in the attempt directory that the job's own doing explains
+(the kind or mode of what it left there); any other OSError (EIO, EMFILE, ...) is the
+machine's, and so laneway's side: ``harness_failure`` for a result."""
+
+
+def _kind_of(directory: AttemptDir, name: str) -> str | None:
+    """What is at ``name`` (without following a link) when it is not a regular file:
+    ``a symlink``, ``a directory``, ``a FIFO`` ...; None for a regular file or nothing."""
+    try:
+        mode = directory.lstat(name).st_mode
+    except OSError:
+        return None
+    kinds = (
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((words for test, words in kinds if test(mode)), None)
+
+
+def _job_caused(exc: OSError) -> bool:
+    return isinstance(exc, PathRefused) or exc.errno in JOB_CAUSED_ERRNOS
+
+
+def _refusal(directory: AttemptDir, name: str, exc: OSError, limit: int) -> str:
+    """One line saying why ``name`` is not read: what the job made it."""
+    kind = _kind_of(directory, name)
+    if kind == "a symlink":
+        return f"{name} is a symlink; laneway follows no link under an attempt directory"
+    if kind is not None:
+        return f"{name} is not a regular file ({kind})"
+    if exc.errno == errno.EFBIG:
+        return f"{name} is larger than the {limit} bytes laneway reads"
+    return f"{name} cannot be read as the job left it: {exc.strerror or exc}"
+
+
+def read_attempt_json(directory: AttemptDir, name: str, limit: int) -> Any:
+    """``name`` in the attempt directory, parsed: a regular file of at most ``limit``
+    bytes, read through ``AttemptDir`` (no link followed, a FIFO never waited on).
+    FileNotFoundError when there is none; ResultRefused when the job made it something
+    laneway does not read (module docstring); OSError when our own I/O failed;
+    ValueError when it is not UTF-8 JSON; RecursionError when nested past Python's
+    reader."""
+    try:
+        data = directory.read_bytes(name, limit)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if _job_caused(exc):
+            raise ResultRefused(_refusal(directory, name, exc, limit)) from None
+        raise
+    return json.loads(data.decode("utf-8"))
+
+
+def read_result(directory: AttemptDir) -> Any:
+    """A job's result.json, parsed (``read_attempt_json``): FileNotFoundError when there
+    is none, ResultRefused when it is not a regular file (a link, a directory, a FIFO,
+    a device, a socket), cannot be read as the job left it, is larger than
+    ``RESULT_MAX_BYTES`` or is nested deeper than ``usage.RESULT_MAX_DEPTH``, ValueError
+    when it is not JSON, OSError when our own I/O failed reading it."""
+    too_deep = f"result.json is nested deeper than {usage_math.RESULT_MAX_DEPTH} levels"
+    try:
+        size = directory.lstat(RESULT_FILE).st_size
+    except FileNotFoundError:
+        raise
+    except OSError:
+        size = 0  # said by the read below
     if size > RESULT_MAX_BYTES:
         raise ResultRefused(
             f"result.json is {size} bytes, more than the {RESULT_MAX_BYTES} laneway reads"
         )
-    too_deep = f"result.json is nested deeper than {usage_math.RESULT_MAX_DEPTH} levels"
     try:
-        result = read_json(path)
+        result = read_attempt_json(directory, RESULT_FILE, RESULT_MAX_BYTES)
     except RecursionError:
         # Python's JSON reader recurses once per level of nesting.
         raise ResultRefused(too_deep) from None
@@ -273,6 +359,45 @@ def classify(
     return Verdict(outcome, f"exit code {code}", diagnostics)
 
 
+def _read_exit(
+    directory: AttemptDir, missing_exit: str
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(exit record, None), or (None, why it is not trusted): missing, unreadable,
+    not a regular file or not what a supervisor writes."""
+    try:
+        loaded = read_attempt_json(directory, EXIT_FILE, EXIT_MAX_BYTES)
+    except FileNotFoundError:
+        return None, missing_exit
+    except ResultRefused as exc:
+        return None, str(exc)
+    except (OSError, ValueError) as exc:
+        return None, f"exit.json unreadable: {exc}"
+    except RecursionError:
+        return None, "exit.json unreadable: nested too deeply"
+    if not isinstance(loaded, dict):
+        return None, "exit.json is not a JSON object"
+    problem = exit_record_problem(loaded)
+    return (loaded if problem is None else None), problem
+
+
+def _read_job_result(directory: AttemptDir, job_id: int) -> tuple[Any, str | None, bool]:
+    """(result, why it is invalid, whether our own I/O failed reading it)."""
+    try:
+        faults.check("result_read")  # test hook
+        result = read_result(directory)
+    except FileNotFoundError:
+        return None, None, False
+    except ResultRefused as exc:
+        return None, str(exc), False
+    except ValueError as exc:
+        return None, f"result.json is not valid JSON: {exc}", False
+    except OSError as exc:
+        # Our own I/O failed (EIO, EMFILE, ...): the job's report is unavailable, not
+        # negative. What the job made of the file is a ResultRefused above.
+        return None, f"result.json could not be read: {exc.strerror or exc}", True
+    return result, check_result(result, job_id), False
+
+
 def read_outcome(
     attempt_dir: str | Path,
     *,
@@ -296,42 +421,21 @@ def read_outcome(
             "'required'"
         )
     required = result_requirement == "required"
-    directory = Path(attempt_dir)
-    exit_record: dict[str, Any] | None = None
-    exit_problem = None
     try:
-        loaded = read_json(directory / "exit.json")
-        if not isinstance(loaded, dict):
-            exit_problem = "exit.json is not a JSON object"
-        else:
-            exit_problem = exit_record_problem(loaded)
-            exit_record = loaded if exit_problem is None else None
+        directory: AttemptDir | None = AttemptDir(attempt_dir)
     except FileNotFoundError:
-        exit_problem = missing_exit
-    except (OSError, ValueError) as exc:
-        exit_problem = f"exit.json unreadable: {exc}"
-    except RecursionError:
-        exit_problem = "exit.json unreadable: nested too deeply"
+        directory, exit_problem = None, missing_exit
+    except OSError as exc:
+        directory = None
+        exit_problem = f"attempt directory {attempt_dir} cannot be opened: {exc.strerror or exc}"
+    exit_record: dict[str, Any] | None = None
     result: Any = None
     result_problem = None
     result_unreadable = False
-    try:
-        faults.check("result_read")  # test hook
-        result = read_result(directory / "result.json")
-        result_problem = check_result(result, job_id)
-    except FileNotFoundError:
-        result = None
-    except ResultRefused as exc:
-        result_problem = str(exc)
-        result = None
-    except ValueError as exc:
-        result_problem = f"result.json is not valid JSON: {exc}"
-        result = None
-    except OSError as exc:
-        # Our own I/O failed: the job's report is unavailable, not negative.
-        result_problem = f"result.json could not be read: {exc.strerror or exc}"
-        result_unreadable = True
-        result = None
+    if directory is not None:
+        with directory:
+            exit_record, exit_problem = _read_exit(directory, missing_exit)
+            result, result_problem, result_unreadable = _read_job_result(directory, job_id)
     valid = result if isinstance(result, dict) else None
     required_problem = None
     if required:

@@ -234,7 +234,7 @@ def test_a_fifo_as_result_is_refused_without_blocking(tmp_path: Path):
         tmp_path, job_id=JOB_ID, exit_codes=CODES, missing_exit="no exit.json"
     )
     assert result is None and verdict.outcome is Outcome.FAILED
-    assert verdict.diagnostics == ["result.json is not a regular file"]
+    assert verdict.diagnostics == ["result.json is not a regular file (a FIFO)"]
 
 
 @pytest.mark.parametrize(

@@ -78,10 +78,22 @@ def test_a_failing_exit_keeps_its_class_with_the_missing_result_as_a_diagnostic(
     assert any("missing" in d for d in verdict.diagnostics)
 
 
-def test_an_unreadable_result_is_a_harness_failure(tmp_path):
+def test_a_result_the_job_made_a_directory_is_invalid_not_a_harness_failure(tmp_path):
     attempt(tmp_path)
-    (tmp_path / "result.json").mkdir()  # reading it fails with an OSError
+    (tmp_path / "result.json").mkdir()  # the job's doing: an invalid result, no pause
+    verdict = outcome(tmp_path, "optional")
+    assert verdict.outcome is Outcome.FAILED
+    assert "result.json is not a regular file (a directory)" in verdict.reason
+
+
+def test_our_own_io_failing_on_the_result_is_a_harness_failure(tmp_path, monkeypatch):
+    from laneway.controller import faults
+
+    attempt(tmp_path, result=COMPLETE)
+    monkeypatch.setenv(faults.ENV, "result_read:1:EIO")
+    faults.reset()
     verdict = outcome(tmp_path)
+    faults.reset()
     assert verdict.outcome is Outcome.HARNESS_FAILURE and "could not be read" in verdict.reason
 
 
