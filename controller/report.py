@@ -65,7 +65,28 @@ NO_WORKER_MIN_SECONDS = 1.0
 run) is not named in an idle period's reasons."""
 EXIT_RECORD = "exit.json"
 """The supervisor's exit record in an attempt's directory (workers/supervisor.py)."""
-NO_DURATION = ("running", "unknown", "not_run")
+UNVERIFIED = "unverified"
+"""A bar's outcome while its attempt is in flight on a worker that is not live."""
+NO_DURATION = ("running", UNVERIFIED, "unknown", "not_run")
+
+
+def queue_wait(readies: list[datetime], created: datetime, intent: datetime) -> dict[str, Any]:
+    """An attempt's queue wait: ``{"wait": seconds}`` from its job's becoming ready to the
+    attempt's intent, plus ``"wait_clamped": True`` when that was negative.
+
+    The ready is the job's latest ``job_ready`` at or before the intent (``readies`` in
+    event order): a retried job is ready again after each attempt, and taking its
+    latest ready overall, a later attempt's, made an earlier attempt's wait negative; a
+    job created ready has no event, so its creation counts. A ready stamped after the
+    intent all the same comes from another machine's clock (the controller's or a
+    worker's, each stamping its own writes): the wait counts as 0, flagged so the
+    report can say how many (``queue_wait_clamped``)."""
+    before = [at for at in readies if at <= intent]
+    ready = before[-1] if before else (readies[0] if readies else created)
+    wait = _seconds(ready, intent)
+    if wait < 0:
+        return {"wait": 0.0, "wait_clamped": True}
+    return {"wait": wait}
 
 
 def _seconds(a: datetime, b: datetime) -> float:
@@ -119,6 +140,10 @@ def build_report(
     yield_keys: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     config = ledger.run_config(run)
+    status = build_status(session, run, now=now)
+    step = advice.report_step(status)
+    # In flight on a worker that is not live: nobody can say it runs (drawn as such).
+    unverified = {r.attempt_id for r in status.running if not r.verified}
     start = run.created_at
     end, ends_at, held, lanes_done = run_window(
         session, run, [lane.name for lane in config.lanes], now=now
@@ -131,12 +156,14 @@ def build_report(
         .where(Attempt.run_id == run.id)
         .order_by(Attempt.id)
     ).all()
-    ready_at = {
-        event.job_id: event.at
-        for event in session.scalars(
-            select(Event).where(Event.run_id == run.id, Event.kind == EventKind.JOB_READY)
-        )
-    }
+    ready_at: dict[int, list[datetime]] = defaultdict(list)
+    for event in session.scalars(
+        select(Event)
+        .where(Event.run_id == run.id, Event.kind == EventKind.JOB_READY)
+        .order_by(Event.id)
+    ):
+        if event.job_id is not None:
+            ready_at[event.job_id].append(event.at)
     decisions = list(
         session.scalars(select(Decision).where(Decision.run_id == run.id).order_by(Decision.id))
     )
@@ -155,6 +182,8 @@ def build_report(
                 | {"node": attempt.node, **found}
             )
         state = str(attempt.outcome or ("running" if attempt.state != "unknown" else "unknown"))
+        if state == "running" and attempt.id in unverified:
+            state = UNVERIFIED
         command_start, command_end = (
             exit_times(attempt.attempt_dir) if attempt.state == "settled" else (None, None)
         )
@@ -179,7 +208,7 @@ def build_report(
                 "end": max(_seconds(start, begun), _seconds(start, ended)),
                 "duration": duration,
                 "outcome": state,
-                "wait": _seconds(ready_at.get(job.id, job.created_at), attempt.intent_at),
+                **queue_wait(ready_at.get(job.id, []), job.created_at, attempt.intent_at),
             }
         )
     for lane in config.lanes:
@@ -194,7 +223,9 @@ def build_report(
         for b in lane_bars:
             if b["duration"] is not None:
                 durations[b["stage"]].append(b["duration"])
-        settled = sum(1 for b in lane_bars if b["outcome"] not in ("running", "unknown"))
+        settled = sum(
+            1 for b in lane_bars if b["outcome"] not in ("running", UNVERIFIED, "unknown")
+        )
         lanes[lane.name] = {
             "node": lane.node,
             "attempts": len(lane_bars),
@@ -204,6 +235,8 @@ def build_report(
             "throughput_per_hour": round(settled / (window / 3600), 2),
             "stage_duration_seconds": {s: _percentiles(v) for s, v in sorted(durations.items())},
             "queue_wait_seconds": _percentiles([b["wait"] for b in lane_bars]),
+            # Waits whose ready came after the intent: another clock's (queue_wait).
+            "queue_wait_clamped": sum(1 for b in lane_bars if b.get("wait_clamped")),
             "failures_by_class": dict(
                 Counter(b["outcome"] for b in lane_bars if b["outcome"] != "succeeded")
             ),
@@ -223,7 +256,6 @@ def build_report(
             ],
             "bars": lane_bars,
         }
-    step = advice.report_step(build_status(session, run, now=now))
     return {
         "run": {
             "id": run.id,

@@ -27,6 +27,7 @@ COLOURS = {
     "not_run": "#9ca3af",
     "unknown": "#111827",
     "running": "#60a5fa",
+    "unverified": "#c026d3",
 }
 
 

@@ -327,6 +327,12 @@ def test_the_page_names_the_gone_controller_and_never_shows_unverified_as_runnin
                     assert step["command"].startswith("laneway worker --node ")
                 # The lane waits for a person: it is in "Needs you", with the same step.
                 assert page.locator("#needs").is_visible()
+                # The timeline draws them as unverified, never as growing "running" bars.
+                page.wait_for_selector(
+                    "#timeline rect.attempt.unverified", state="attached", timeout=30_000
+                )
+                assert page.locator("#timeline rect.attempt.unverified").count() == 2
+                assert page.locator("#timeline rect.attempt.running").count() == 0
                 page.screenshot(path=str(tmp_path / "controller-gone.png"), full_page=True)
                 assert errors == []
         finally:
