@@ -14,6 +14,8 @@ import typer
 
 from laneway.cli import common, render
 from laneway.cli.common import DEFAULT_RUNTIME, ConfigPath, DatabaseUrl, JsonFlag, RuntimeDir
+from laneway.cli.paid_rerun import confirm_plan as _confirm_plan
+from laneway.cli.paid_rerun import reuse_plan as _reuse_plan
 from laneway.controller import db, ledger_open
 from laneway.controller.errors import UsageError
 
@@ -42,9 +44,9 @@ YesOpt = Annotated[
     bool,
     typer.Option(
         "--yes",
-        help="With --new: start without asking, even when the plan runs (and pays for) "
-        "paid stages' work again; without it, that is asked on a terminal and refused "
-        "(exit 2) off one or with --json.",
+        help="Start without asking, even when the plan runs (and pays for) paid stages' "
+        "work that ran before again (with or without --new); without it, that is asked "
+        "on a terminal and refused (exit 2, nothing created) off one or with --json.",
     ),
 ]
 NewOpt = Annotated[
@@ -132,37 +134,6 @@ def plan_run(
             typer.echo(f"preflight: {reason}")
     if reasons:
         raise typer.Exit(1)
-
-
-def _reuse_plan(
-    config: Path,
-    runtime_dir: Path,
-    rerun: list[str] | None,
-    reuse_despite: list[str] | None = None,
-    as_json: bool = False,
-) -> tuple[list[str], Any]:
-    """Preflight's reasons and the ``RunPlan`` of a new run of ``config`` on the ledger
-    of ``runtime_dir`` (every job new when it has none yet)."""
-    from laneway.controller import config as config_module
-    from laneway.controller import pipeline
-    from laneway.controller import reuse_despite as despite
-    from laneway.controller.errors import NoLedgerYet
-    from laneway.controller.run_plan import build_plan
-
-    with common.refusals(as_json):
-        parsed = config_module.load_config(config)
-        pipeline.check_rerun(parsed, rerun or [])
-        despite.check(parsed, reuse_despite or [], rerun or [])
-        reasons, hashes = pipeline.preflight(parsed)
-        try:
-            engine = ledger_open.open_existing_ledger(runtime_dir)
-        except NoLedgerYet:
-            engine = None
-        try:
-            return reasons, build_plan(engine, parsed, hashes, rerun or [], reuse_despite)
-        finally:
-            if engine is not None:
-                engine.dispose()
 
 
 SecretsOnWorkers = Annotated[
@@ -277,17 +248,17 @@ def start_pipeline(
     Checks the config, paths, executables, source files and secret references; on any
     refusal exits 1 with the reasons and creates nothing. Otherwise creates the run's
     items and jobs (respecting batch_cap) and makes sure a controller runs. Never clears
-    a pause or halt. With `--new` it first prints the plan (`laneway plan`) on stderr;
-    a plan that runs paid stages' work again is asked about on a terminal and refused
-    off one or with --json (exit 2, nothing created) unless `--yes`.
+    a pause or halt. With `--new` it first prints the plan (`laneway plan`) on stderr.
+    With or without `--new`, a plan that runs paid stages' work again (work an earlier
+    run did) is asked about on a terminal and refused off one or with --json (exit 2,
+    nothing created) unless `--yes`.
     """
     from laneway.controller import config as config_module
     from laneway.controller import controller_lock, pipeline
 
-    if new:
-        _confirm_plan(
-            config, runtime_dir, rerun, reuse_despite, yes=yes, as_json=as_json, quiet=False
-        )
+    _confirm_plan(
+        config, runtime_dir, rerun, reuse_despite, new=new, yes=yes, as_json=as_json, quiet=False
+    )
     with common.refusals(as_json):
         parsed = config_module.load_config(config)
         run_id, engine = pipeline.start_run(
@@ -363,52 +334,6 @@ def _started_text(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _confirm_plan(
-    config: Path,
-    runtime_dir: Path,
-    rerun: list[str] | None,
-    reuse_despite: list[str] | None,
-    *,
-    yes: bool,
-    as_json: bool,
-    quiet: bool,
-) -> None:
-    """``--new``: the plan on stderr (one JSON line with --json; none with ``quiet``);
-    unless ``yes``, a plan that runs paid stages' work again (``RunPlan.paid_reruns``)
-    is asked about on a terminal and refused off one or with --json, as ``retry``
-    refuses (exit 2, nothing created; the words name the stages, counts, changed files
-    and expected spend). Preflight's refusals are left to the start, which says them."""
-    import sys
-
-    from laneway.cli import plan_text
-
-    reasons, found = _reuse_plan(config, runtime_dir, rerun, reuse_despite, as_json)
-    if reasons:
-        return
-    if quiet:
-        pass
-    elif as_json:
-        common.Log(True)("plan", "plan", **found.as_dict())
-    else:
-        for line in plan_text.reuse_plan_lines(found):
-            typer.echo(line, err=True)
-    if yes or not found.reruns_paid_work:
-        return
-    words = plan_text.paid_rerun_words(found)
-    if as_json or not (sys.stdin.isatty() and sys.stderr.isatty()):
-        common.fail(
-            UsageError(
-                f"not started, nothing was created: {words}; pass --yes to pay for it, or "
-                "--reuse-despite STAGE to keep a stage's earlier results (an edit that "
-                "changes nothing it computes)"
-            ),
-            as_json,
-        )
-    typer.echo(render.clean(words), err=True)
-    if not typer.confirm("start it?", err=True):
-        common.fail(UsageError("not started: nothing was created (--yes starts without asking)"))
-
-
 def run_pipeline(
     config: Annotated[
         str | None,
@@ -454,10 +379,11 @@ def run_pipeline(
 
     When the ledger holds an unfinished run of the same pipeline it refuses (exit 1):
     `--continue` carries that run on, `--new` starts another deliberately. With `--new`
-    it first prints the plan (`laneway plan`); a plan that would run paid stages' work
-    again is asked about on a terminal and refused off one (cron, CI, nohup, systemd)
-    or with --json (exit 2, nothing created) unless `--yes`. `--reuse-despite STAGE`
-    keeps a stage's earlier results although its files changed.
+    it first prints the plan (`laneway plan`). With or without `--new`, a plan that
+    would run paid stages' work again (work an earlier run did) is asked about on a
+    terminal and refused off one (cron, CI, nohup, systemd) or with --json (exit 2,
+    nothing created) unless `--yes`. `--reuse-despite STAGE` keeps a stage's earlier
+    results although its files changed.
     """
     from laneway.cli import live
     from laneway.controller import config as config_module
@@ -474,16 +400,16 @@ def run_pipeline(
         else:
             if config is None:
                 raise UsageError("name a pipeline CONFIG (or pass --continue)")
-            if new:
-                _confirm_plan(
-                    Path(config),
-                    runtime_dir,
-                    rerun,
-                    reuse_despite,
-                    yes=yes,
-                    as_json=as_json,
-                    quiet=quiet,
-                )
+            _confirm_plan(
+                Path(config),
+                runtime_dir,
+                rerun,
+                reuse_despite,
+                new=new,
+                yes=yes,
+                as_json=as_json,
+                quiet=quiet,
+            )
             parsed = config_module.load_config(Path(config))
             foreground = ForegroundRun.start(
                 parsed,

@@ -359,6 +359,13 @@ def unfinished_runs(session: Session, name: str | None = None) -> list[int]:
     return list(session.scalars(query))
 
 
+def pipeline_runs(session: Session, name: str) -> list[tuple[int, RunState]]:
+    """Every run of pipeline ``name`` (id, state), newest first: none means a new run
+    of it is its first (nothing it would run ran before)."""
+    query = select(Run.id, Run.state).where(Run.name == name).order_by(Run.id.desc())
+    return [(run_id, RunState(state)) for run_id, state in session.execute(query)]
+
+
 def active_run_ids(session: Session) -> list[int]:
     return list(session.scalars(select(Run.id).where(Run.state == RunState.ACTIVE)))
 

@@ -1,7 +1,8 @@
-"""No paid re-run without a yes (issue 46 item 3): `laneway run CONFIG --new` and
-`laneway start-pipeline CONFIG --new` whose plan would run a paid stage's jobs again
-refuse off a terminal and with --json (exit 2, nothing created) unless --yes, and ask on
-one; `--reuse-despite STAGE` keeps a stage's earlier results through a deliberate edit
+"""No paid re-run without a yes, anywhere (issue 46 item 3): `laneway run CONFIG` and
+`laneway start-pipeline CONFIG`, with or without --new, whose plan would run a paid
+stage's jobs again refuse off a terminal and with --json (exit 2, nothing created)
+unless --yes, and ask on one; a first run, and one that pays nothing again, start as
+before; `--reuse-despite STAGE` keeps a stage's earlier results through a deliberate edit
 of its files, recorded in the run.
 
 Real CLI; the paid stage appends one line per call to a provider log (the paid-call
@@ -267,3 +268,81 @@ def test_on_a_terminal_start_pipeline_new_asks_first(tmp_path):
     code, screen = on_a_terminal([*args, "--no-controller"], "y")
     assert code == 0, screen
     assert runs(runtime) == 2 and len(lines(tmp_path / "calls.log")) == 3  # created, not run
+
+
+def plain_run(config: Path, runtime: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`laneway run CONFIG` as cron runs it: no --new, stdin /dev/null, no terminal."""
+    return subprocess.run(
+        [*LANEWAY, "run", str(config), "--runtime-dir", str(runtime), *extra],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+        cwd=ROOT,
+    )
+
+
+def test_a_plain_run_after_a_finished_one_that_would_pay_again_refuses_unless_yes(tmp_path):
+    config = paid_pipeline(tmp_path)
+    runtime = tmp_path / "rt"
+    calls = tmp_path / "calls.log"
+    assert run_json(config, runtime).exit_code == 0
+    edit(tmp_path / "solve.py")
+
+    # Run 1 is finished, so no "unfinished run" refusal: the plan is what stops it.
+    refused = plain_run(config, runtime)
+    assert refused.returncode == 2, refused.stderr
+    assert "  solve  run 3 paid (3 solve.py changed)" in refused.stderr  # the plan first
+    words = [line for line in refused.stderr.splitlines() if line.startswith("laneway: ")]
+    assert len(words) == 1
+    assert words[0].startswith("laneway: not started, nothing was created: ")
+    assert "solve: 3 ran before (3 solve.py changed)" in words[0] and "--yes" in words[0]
+    assert runs(runtime) == 1 and len(lines(calls)) == 3
+
+    as_json = run_json(config, runtime)
+    assert as_json.exit_code == 2, as_json.output
+    assert "solve: 3 ran before (3 solve.py changed)" in json.loads(as_json.stdout)["problems"][0]
+    rt = ["--runtime-dir", str(runtime), "--no-controller"]
+    started = invoke("start-pipeline", str(config), *rt)
+    assert started.exit_code == 2, started.output
+    assert "solve: 3 ran before (3 solve.py changed)" in started.stderr
+    assert runs(runtime) == 1 and len(lines(calls)) == 3
+
+    paid = plain_run(config, runtime, "--yes")
+    assert paid.returncode == 0, paid.stderr
+    assert "plan of a new run" not in paid.stderr
+    assert runs(runtime) == 2 and len(lines(calls)) == 6
+
+
+def test_a_first_run_and_a_plain_run_that_pays_nothing_again_start_as_before(tmp_path, monkeypatch):
+    config = paid_pipeline(tmp_path)
+    runtime = tmp_path / "rt"
+    calls, count = tmp_path / "calls.log", tmp_path / "count.txt"
+    first = plain_run(config, runtime)
+    assert first.returncode == 0, first.stderr
+    assert "plan of a new run" not in first.stderr and "laneway: " not in first.stderr
+    assert len(lines(calls)) == 3
+
+    edit(tmp_path / "judge.py")  # free work runs again; nothing paid does
+    again = plain_run(config, runtime)
+    assert again.returncode == 0, again.stderr
+    assert "plan of a new run" not in again.stderr and "laneway: " not in again.stderr
+    assert runs(runtime) == 2 and len(lines(calls)) == 3 and len(lines(count)) == 6
+
+    # The plan costs hashes and reuse lookups (one read of the runs table comes first):
+    # a pipeline's first run in a ledger that holds other pipelines' runs, and a start
+    # refused because the pipeline has an unfinished run (exit 1, as before), never
+    # compute it.
+    def no_plan(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the plan was computed")
+
+    monkeypatch.setattr("laneway.controller.run_plan.build_plan", no_plan)
+    other = json.loads(config.read_text())
+    other["name"] = "other"
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    rt = ["--runtime-dir", str(runtime), "--no-controller"]
+    assert invoke("start-pipeline", str(tmp_path / "other.json"), *rt).exit_code == 0
+    unfinished = invoke("start-pipeline", str(tmp_path / "other.json"), *rt)
+    assert unfinished.exit_code == 1, unfinished.output
+    assert "has an unfinished run in this ledger (run 3)" in unfinished.stderr
+    assert runs(runtime) == 3 and len(lines(calls)) == 3
