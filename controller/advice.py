@@ -33,7 +33,7 @@ command:
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from laneway.controller.status_model import NextStep
 from laneway.controller.usage import BUDGET_SPENT
@@ -135,10 +135,12 @@ def run_concern(status: StatusReport) -> NextStep | None:
     if status.run.finished:
         return None
     if status.unknown:
+        found = next((u for u in status.unknown if u.evidence_on), None)
+        if found is not None and found.evidence_on is not None:
+            return _evidence_step(found.attempt_id, found.evidence_on, status)
         # The first unknown attempt's command names it; ``status`` lists them all.
-        return NextStep(
-            "unknown_outcome", "reconcile the unknown attempt", status.unknown[0].reconcile
-        )
+        first = status.unknown[0]
+        return NextStep("unknown_outcome", "reconcile the unknown attempt", first.reconcile)
     wide = [c for c in status.controls if c.lane is None]
     for kind in ("halt", "pause", "stop"):
         held = [c for c in wide if c.kind == kind]
@@ -155,6 +157,20 @@ def _control_rank(why: str) -> int:
     if why.startswith(SOURCES_CHANGED) or why.startswith(BUDGET_SPENT):
         return 0
     return 1 if why.startswith(BREAKER) else 2
+
+
+def _evidence_step(attempt_id: int, found: dict[str, Any], status: StatusReport) -> NextStep:
+    """An unknown attempt whose conclusive evidence a restarted worker read on its node
+    (``ledger.note_evidence``): settle it from that evidence, on that node's machine."""
+    run = status.run
+    host = found.get("host") or "its machine"
+    return NextStep(
+        "unknown_outcome",
+        f"conclusive evidence of unknown attempt {attempt_id} is on node {found.get('node')} "
+        f"(host {host}: it settles as {found.get('outcome')}); run this on {host} to settle "
+        "it from that evidence",
+        f"laneway reconcile --run {run.id} --from-evidence{_where(run.runtime_dir)}",
+    )
 
 
 def next_step(lane: Lane, status: StatusReport) -> NextStep:

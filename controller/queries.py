@@ -123,6 +123,14 @@ UNKNOWN_ATTEMPTS: Final = (
 """-- name: unknown_attempts -- The run's attempts whose outcome is unknown, with why and
 their directory (the evidence): a range of ``ix_attempts_state``, as ``in_flight_attempts``."""
 
+EVIDENCE_FOUND: Final = (
+    "SELECT attempt_id, detail FROM events "
+    f"WHERE run_id = :run AND kind = '{EventKind.ATTEMPT_EVIDENCE_FOUND.value}' ORDER BY id"
+)
+"""-- name: evidence_found -- The run's notes of conclusive evidence that restarted
+workers read on their own nodes (``ledger.note_evidence``): one ``ix_events_run_kind``
+range, as long as the run's unknown attempts are few."""
+
 UNKNOWN_PIDS: Final = (
     "SELECT id, supervisor_pid, child_pid FROM attempts "
     f"WHERE state = '{AttemptState.UNKNOWN.value}' AND +run_id = :run"

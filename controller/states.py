@@ -238,6 +238,10 @@ class EventKind(StrEnum):
     ATTEMPT_SETTLED = "attempt_settled"
     ATTEMPT_UNKNOWN = "attempt_unknown"
     ATTEMPT_ADOPTED = "attempt_adopted"
+    ATTEMPT_EVIDENCE_FOUND = "attempt_evidence_found"
+    """A restarted worker read conclusive evidence of an unknown attempt on its own node
+    (its exit record, its processes gone): settles nothing, it tells the operator where
+    ``laneway reconcile --from-evidence`` can settle it (``ledger.note_evidence``)."""
     CANCEL_REQUESTED = "cancel_requested"
     CAPTURE_RECORDED = "capture_recorded"
     CAPTURE_FAILED = "capture_failed"

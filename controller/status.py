@@ -183,6 +183,15 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
             )
         )
 
+    unknown_rows = source.rows(queries.UNKNOWN_ATTEMPTS, rid)
+    found_on = (  # read only while the run has unknown attempts (few, and they halt it)
+        {
+            attempt_id: _json(detail)
+            for attempt_id, detail in source.rows(queries.EVIDENCE_FOUND, rid)
+        }
+        if unknown_rows
+        else {}
+    )
     unknown = [
         UnknownAttempt(
             attempt_id=attempt_id,
@@ -195,10 +204,9 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
                 f"laneway reconcile {attempt_id} --as succeeded|failed|not-run --reason '...'"
                 f" --runtime-dir {run['runtime_dir']}"
             ),
+            evidence_on=_evidence_on(found_on.get(attempt_id)),
         )
-        for attempt_id, job_id, item, stage, reason, evidence in source.rows(
-            queries.UNKNOWN_ATTEMPTS, rid
-        )
+        for attempt_id, job_id, item, stage, reason, evidence in unknown_rows
     ]
 
     controls = [
@@ -273,6 +281,13 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
         lane.next_step = advice.next_step(lane, report)
     report.next_step = advice.run_next_step(report)  # and the run's, which views lead with
     return report
+
+
+def _evidence_on(detail: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A ``note_evidence`` event's detail as ``UnknownAttempt.evidence_on``."""
+    if not detail:
+        return None
+    return {key: detail.get(key) for key in ("node", "host", "outcome", "words")}
 
 
 def _latest(one: datetime | None, other: datetime | None) -> datetime | None:

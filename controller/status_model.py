@@ -86,6 +86,10 @@ class UnknownAttempt:
     reconcile: str
     conclusive: dict[str, Any] | None = None
     on_disk: OnDisk | None = None
+    evidence_on: dict[str, Any] | None = None
+    """Conclusive evidence a restarted worker read on the attempt's node
+    (``ledger.note_evidence``): ``node``, ``host``, ``outcome``, ``words``; in ``as_dict``
+    only when set."""
 
     def as_dict(self) -> dict[str, Any]:
         body = {
@@ -103,6 +107,8 @@ class UnknownAttempt:
             body["files"] = self.on_disk.files
             body["supervisor_pid"] = self.on_disk.supervisor_pid
             body["child_pid"] = self.on_disk.child_pid
+        if self.evidence_on is not None:
+            body["evidence_on"] = self.evidence_on
         return body
 
 
@@ -491,8 +497,14 @@ class StatusReport:
             on_disk = None
             if "files" in u:
                 on_disk = OnDisk(u["files"], u["supervisor_pid"], u["child_pid"])
-            base = {k: u[k] for k in _names(UnknownAttempt) if k not in ("conclusive", "on_disk")}
-            return UnknownAttempt(**base, conclusive=u.get("conclusive"), on_disk=on_disk)
+            optional = ("conclusive", "on_disk", "evidence_on")
+            base = {k: u[k] for k in _names(UnknownAttempt) if k not in optional}
+            return UnknownAttempt(
+                **base,
+                conclusive=u.get("conclusive"),
+                on_disk=on_disk,
+                evidence_on=u.get("evidence_on"),
+            )
 
         def lane(entry: dict[str, Any]) -> Lane:
             optional = ("reason", "action", "next_step")

@@ -101,6 +101,45 @@ class Recovery:
                 # Another actor (the controller expiring its lease, an operator) settled
                 # or took it between our listing and our write: normal, not ours now.
                 lines.append(f"attempt {attempt.id}: already handled elsewhere ({exc})")
+        lines += self.note_evidence()
+        return lines
+
+    def note_evidence(self) -> list[str]:
+        """Unknown attempts of this node (the controller expired their lease while no
+        worker ran here) whose exit record this worker can read: each one's conclusive
+        evidence is recorded (``ledger.note_evidence``), so the run's next step names
+        this node and the command that settles it from its evidence here. Nothing is
+        settled: only an operator reconciles an unknown attempt."""
+        from laneway.controller import evidence
+
+        with db.reader(self.worker.engine)() as session:
+            found = []
+            for attempt in ledger.unknown_attempts_on_node(session, node=self.worker.node):
+                job = session.get(Job, attempt.job_id)
+                run = ledger.get_run(session, attempt.run_id)
+                assert job is not None
+                stage = ledger.run_config(run).stage(job.stage)
+                judged = evidence.judge(attempt, stage, worker_host=None)
+                if judged.conclusive and judged.outcome is not None:
+                    found.append((attempt, judged.outcome.value, judged.words))
+            session.expunge_all()
+        lines = []
+        for attempt, outcome, words in found:
+            with db.transaction(self.worker.factory) as session:
+                noted = ledger.note_evidence(
+                    session,
+                    attempt,
+                    actor=self.worker.worker_id,
+                    host=identity.host(),
+                    outcome=outcome,
+                    words=words,
+                    now=db.ledger_now(session, self.worker.clock),
+                )
+            if noted:
+                lines.append(
+                    f"attempt {attempt.id}: unknown; its evidence here is conclusive "
+                    f"({outcome}): `laneway reconcile --from-evidence` settles it"
+                )
         return lines
 
     def recover_one(self, attempt: Attempt, boot: str) -> str:

@@ -85,7 +85,9 @@ from laneway.controller.ledger.recovery import (
     adopt_attempt,
     expire_leases,
     expired_leases,
+    note_evidence,
     orphaned_attempts,
+    unknown_attempts_on_node,
 )
 from laneway.controller.ledger.rerun import Delivered, delivered_inputs, rerun_producer
 from laneway.controller.ledger.reuse import hand_offs, stored_outputs
@@ -197,6 +199,7 @@ __all__ = [
     "move_attempt",
     "move_job",
     "next_retry_at",
+    "note_evidence",
     "orphaned_attempts",
     "pending_notifications",
     "pipeline_runs",
@@ -238,6 +241,7 @@ __all__ = [
     "takeovers",
     "unfinished_runs",
     "unknown_attempts",
+    "unknown_attempts_on_node",
     "upsert_node",
     "written_events",
 ]

@@ -28,8 +28,14 @@ from laneway.controller.ledger.claim import DEFAULT_LEASE_SECONDS
 from laneway.controller.ledger.settle import mark_unknown
 from laneway.controller.ledger.tables import attempts, jobs
 from laneway.controller.ledger.transitions import append_event, rowcount
-from laneway.controller.models import Attempt, Worker
-from laneway.controller.states import IN_FLIGHT_ATTEMPT_STATES, EventKind, JobState, WorkerState
+from laneway.controller.models import Attempt, Event, Worker
+from laneway.controller.states import (
+    IN_FLIGHT_ATTEMPT_STATES,
+    AttemptState,
+    EventKind,
+    JobState,
+    WorkerState,
+)
 
 SettleFromRecord = Callable[[Session, Attempt, datetime], bool]
 
@@ -93,6 +99,67 @@ def orphaned_attempts(session: Session, *, node: str, worker_id: str) -> list[At
             .order_by(Attempt.id)
         )
     )
+
+
+def unknown_attempts_on_node(session: Session, *, node: str) -> list[Attempt]:
+    """Unknown attempts that ran on ``node`` and carry no evidence note yet
+    (``note_evidence``): what a restarting worker of the node looks at, since only it can
+    read their exit records there. A range of the unknown attempts (``ix_attempts_state``):
+    there are few, each halts its run until reconciled."""
+    noted = select(Event.attempt_id).where(
+        Event.run_id == Attempt.run_id,
+        Event.kind == EventKind.ATTEMPT_EVIDENCE_FOUND.value,
+        Event.attempt_id == Attempt.id,
+    )
+    return list(
+        session.scalars(
+            select(Attempt)
+            .where(
+                Attempt.state == AttemptState.UNKNOWN.value,
+                Attempt.node == node,
+                ~noted.exists(),
+            )
+            .order_by(Attempt.id)
+        )
+    )
+
+
+def note_evidence(
+    session: Session,
+    attempt: Attempt,
+    *,
+    actor: str,
+    host: str,
+    outcome: str,
+    words: str,
+    now: datetime,
+) -> bool:
+    """Record that conclusive evidence of unknown ``attempt`` lies on its node, read there
+    by ``actor`` (a worker on ``host``): it settles nothing (only an operator reconciles an
+    unknown attempt), it tells them where ``laneway reconcile --from-evidence`` settles it
+    (the run's next step, ``advice.run_concern``). False when the attempt is no longer
+    unknown."""
+    still = session.scalar(
+        select(Attempt.id).where(
+            Attempt.id == attempt.id, Attempt.state == AttemptState.UNKNOWN.value
+        )
+    )
+    if still is None:
+        return False
+    append_event(
+        session,
+        EventKind.ATTEMPT_EVIDENCE_FOUND,
+        actor=actor,
+        now=now,
+        run_id=attempt.run_id,
+        job_id=attempt.job_id,
+        attempt_id=attempt.id,
+        node=attempt.node,
+        host=host,
+        outcome=outcome,
+        words=words,
+    )
+    return True
 
 
 def adopt_attempt(

@@ -5,8 +5,10 @@ tests/integration/test_recovery.py."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 from laneway.controller import db, identity, ledger
 from laneway.controller.attempt import artifacts
@@ -93,3 +95,43 @@ def test_an_orphan_whose_supervisor_is_gone_without_a_record_is_unknown(
     with factory() as session:
         row = session.get(Attempt, claim.attempt_id)
         assert row.state == AttemptState.UNKNOWN and reason in row.state_reason
+
+
+def test_an_unknown_attempt_whose_exit_record_is_here_is_noted_not_settled(
+    engine, factory, make_run, register_worker, clock, runtime
+):
+    """A worker killed as its job ended comes back after the controller expired the
+    lease (the attempt is unknown): it holds the exit record, so it says so in the
+    ledger, once, and the run's next step names its node and the command that settles
+    the attempt from that evidence there. Only an operator settles it."""
+    from laneway.controller import advice
+    from laneway.controller.rows import SessionRows
+    from laneway.controller.status import status_report
+
+    run_id = make_run(make_config())
+    old, new = register_worker(), register_worker()
+    (claim,) = claimed(factory, old, clock)
+    record = {"attempt_id": claim.attempt_id, "exit_code": 0, "signal": None}
+    (Path(claim.attempt_dir) / "exit.json").write_text(json.dumps(record))
+    with db.transaction(factory) as session:
+        ledger.mark_worker_lost(session, old, now=clock.now(), actor="test", reason="gone")
+        ledger.mark_unknown(
+            session, claim.attempt_id, reason="lease expired", actor="controller", now=clock.now()
+        )
+    service = host(engine, new, clock)
+    assert service.recovery.note_evidence() == [
+        f"attempt {claim.attempt_id}: unknown; its evidence here is conclusive (succeeded): "
+        "`laneway reconcile --from-evidence` settles it"
+    ]
+    assert service.recovery.note_evidence() == []  # noted once
+    with factory() as session:
+        assert session.get(Attempt, claim.attempt_id).state == AttemptState.UNKNOWN
+        report = status_report(SessionRows(session), run_id, now=clock.now())
+    step = advice.run_next_step(report)
+    assert step is not None and step.code == "unknown_outcome"
+    assert (
+        step.command == f"laneway reconcile --run {run_id} --from-evidence --runtime-dir {runtime}"
+    )
+    assert f"is on node n1 (host {identity.host()}: it settles as succeeded)" in step.words
+    (unknown,) = report.unknown
+    assert unknown.evidence_on is not None and unknown.evidence_on["outcome"] == "succeeded"
