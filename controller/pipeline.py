@@ -137,7 +137,10 @@ def _planned_devices(node: Any, described: Sequence[Any]) -> tuple[admission.Dev
 
 def _gpu_preflight(config: PipelineConfig, described: int) -> list[str]:
     """A ``gpus = N`` stage needs a node it runs on with at least N devices: configured
-    (``[nodes.gpu]`` ``devices``) or described (``--gpu-description``)."""
+    (``[nodes.gpu]`` ``devices``) or, for ``dry-run`` only, described
+    (``--gpu-description``). The refusal names the config: ``run`` and
+    ``start-pipeline`` check the config alone, and a worker that measures no GPU
+    gives jobs the configured devices by index."""
     reasons = []
     devices = {
         node.name: max(node.gpu.devices if node.gpu else 0, described) for node in config.nodes
@@ -149,9 +152,8 @@ def _gpu_preflight(config: PipelineConfig, described: int) -> list[str]:
         if max((devices.get(name, 0) for name in nodes), default=0) < stage.gpus:
             reasons.append(
                 f"stages.{stage.name}.gpus: {stage.gpus} GPU(s) per attempt, but no node it "
-                f"runs on ({', '.join(nodes)}) has that many; say how many the node has "
-                "(`[nodes.gpu]` total_mib and devices), or describe them with "
-                "--gpu-description FILE"
+                f"runs on ({', '.join(nodes)}) has that many; give the node its GPUs in the "
+                "config: `[nodes.gpu]` with total_mib and devices"
             )
     return reasons
 

@@ -282,8 +282,7 @@ def test_dry_run_plans_whole_gpus_on_a_described_node_and_preflight_needs_one(tm
     assert refused.exit_code == 1
     assert json.loads(refused.stdout)["preflight"]["reasons"] == [
         "stages.train.gpus: 2 GPU(s) per attempt, but no node it runs on (n1) has that many; "
-        "say how many the node has (`[nodes.gpu]` total_mib and devices), or describe them "
-        "with --gpu-description FILE"
+        "give the node its GPUs in the config: `[nodes.gpu]` with total_mib and devices"
     ]
     planned = invoke("dry-run", str(config), "--gpu-description", str(EXAMPLE), "--json")
     assert planned.exit_code == 0, planned.output
@@ -301,8 +300,8 @@ def test_dry_run_plans_whole_gpus_on_a_described_node_and_preflight_needs_one(tm
         result = invoke(*command)
         assert result.exit_code == 2, result.output
         assert result.stderr.strip().splitlines() == [
-            f"laneway: --gpu-description: {bad}: devices[0]: total_mib must be a number > 0 "
-            "and baseline_mib one in [0, total_mib]"
+            f"laneway: --gpu-description: {bad}: devices[0]: total_mib must be a number in "
+            "(0, 2147483647] and baseline_mib one in [0, total_mib]"
         ]
 
 
