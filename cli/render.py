@@ -11,6 +11,7 @@ from laneway.controller.status_model import (
     Closeout,
     RunningAttempt,
     StatusReport,
+    held_gpus_words,
     seams_words,
 )
 
@@ -148,6 +149,11 @@ def status_text(status: StatusReport) -> str:
                 ],
             )
         )
+        out += [  # the devices each holds: what its job sees in CUDA_VISIBLE_DEVICES
+            clean(f"  attempt {r.attempt_id} holds {held_gpus_words(r.gpus)}")
+            for r in status.running
+            if r.gpus
+        ]
     out += workers_text(status)
     out.append("")
     out.append("lanes:")
@@ -439,6 +445,8 @@ def explain_text(report: dict[str, Any]) -> str:
             f"attempt {attempt['attempt_id']}: {attempt['state']}, pid {attempt['pid']}"
             + (f" — {clean(attempt['reason'])}" if attempt["reason"] else "")
         )
+        if attempt.get("gpus"):
+            out.append(clean(f"  holds {held_gpus_words(attempt['gpus'])}"))
     return "\n".join(out)
 
 

@@ -143,6 +143,7 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
                 "pid": attempt.child_pid,
                 "reason": attempt.state_reason,
                 "peak_rss_mib": attempt.peak_rss_mib,
+                "gpus": attempt.gpu_devices or [],  # the devices its job was given
             }
     step, concern = _next_step(session, run, job.lane, now=now)
     report["next_step"] = None if step is None else step.as_dict()

@@ -115,6 +115,14 @@ item, pid, since when, measured peak RSS and the worker that runs them: a range 
 ``ix_attempts_state`` (the attempts in flight on the whole ledger), not the run's attempts
 (the unary ``+`` keeps SQLite off ``run_id``)."""
 
+IN_FLIGHT_DEVICES: Final = (
+    "SELECT a.id, a.gpu_devices FROM attempts a "
+    f"WHERE a.state IN ({_IN_FLIGHT}) AND +a.run_id = :run AND a.gpu_devices IS NOT NULL"
+)
+"""-- name: in_flight_devices -- The GPUs each of the run's attempts in flight holds
+(``attempts.gpu_devices``, as the claim gave them): the same range as
+``in_flight_attempts``."""
+
 UNKNOWN_ATTEMPTS: Final = (
     "SELECT a.id, j.id, i.key, j.stage, a.state_reason, a.attempt_dir "
     "FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN items i ON i.id = j.item_id "

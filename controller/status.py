@@ -159,6 +159,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
     by_id = {w.worker_id: w for w in workers}
 
     running = []
+    held = {aid: _json(devices) for aid, devices in source.rows(queries.IN_FLIGHT_DEVICES, rid)}
     for row in source.rows(queries.IN_FLIGHT_ATTEMPTS, rid):
         attempt_id, job_id, item, stage, lane, node, state, pid, begun, rss, worker_id = row
         started = _moment(begun)
@@ -180,6 +181,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
                 worker_id=worker_id,
                 verified=because is None,
                 unverified_because=because,
+                gpus=held.get(attempt_id) or [],
             )
         )
 

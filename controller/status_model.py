@@ -143,11 +143,26 @@ class RunningAttempt(_Flat):
     can say it still runs; ``unverified_because`` says why (``worker w-1 stale for 12
     s``). Never shown as running."""
     unverified_because: str | None = None
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    """The GPUs it holds (``attempts.gpu_devices``: ``index``, ``uuid``, ``whole``), the
+    devices its job was given in ``CUDA_VISIBLE_DEVICES``; [] when it holds none."""
 
     @property
     def shown_state(self) -> str:
         """Its state as every view shows it: ``unverified`` unless its worker is live."""
         return self.state if self.verified else "unverified"
+
+
+def held_gpus_words(devices: list[dict[str, Any]] | None) -> str:
+    """The GPUs an attempt holds in words: ``GPU 0 (GPU-0c1d…), a share of GPU 1``
+    (a ``gpu_mib`` stage shares its device); '' for none."""
+    words = []
+    for device in devices or []:
+        name = f"GPU {device.get('index')}"
+        if device.get("uuid"):
+            name += f" ({device['uuid']})"
+        words.append(name if device.get("whole", True) else f"a share of {name}")
+    return ", ".join(words)
 
 
 SEAM_NAMES = ("wait", "identity", "subreaper", "oom", "spawn")
