@@ -496,7 +496,16 @@ def _settled_lines(report: dict[str, Any]) -> list[str]:
     elif "last_attempt" in report:
         out.append("no attempt was made")
     retry = report.get("retry")
-    if retry:
+    if retry and retry.get("sources_changed"):
+        files = ", ".join(retry["sources_changed"])
+        out.append(
+            clean(
+                f"a retry cannot work: the run's frozen sources changed ({files}), so its "
+                f"first claim would halt the run; start a new run, which reuses what "
+                f"succeeded: {retry['command']}"
+            )
+        )
+    elif retry:
         which = "" if retry["job_id"] == report["job_id"] else " (the failed job it depends on)"
         out.append(clean(f"retry{which}: {retry['command']}"))
     return out

@@ -131,7 +131,7 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
                 report["blocked_by"] = blocked
                 report["arithmetic"] = arithmetic
     elif job.state in (JobState.FAILED.value, JobState.CANCELLED.value, JobState.SKIPPED.value):
-        report.update(_settled_evidence(session, job, run.runtime_dir))
+        report.update(_settled_evidence(session, job, run))
     elif job.state in (JobState.RUNNING.value, JobState.UNKNOWN.value):
         attempt = session.scalars(
             select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.id.desc())
@@ -336,13 +336,19 @@ def _signal_name(number: int | None) -> str | None:
         return None
 
 
-def _settled_evidence(session: Session, job: Any, runtime_dir: str) -> dict[str, Any]:
+def _settled_evidence(session: Session, job: Any, run: Any) -> dict[str, Any]:
     """For a failed, cancelled or skipped job: its last attempt's outcome, exit code or
     signal, directory and the end of its stderr, and the ``laneway retry`` command (for a
-    skipped job, the retry of the failed job it needs)."""
+    skipped job, the retry of the failed job it needs); when the run's frozen sources
+    changed (``source_check.changed_sources``), a retry would halt at its first claim:
+    then the new run's command instead, naming the files (``retry["sources_changed"]``)."""
     from sqlalchemy import select
 
+    from laneway.controller import advice
     from laneway.controller.models import Attempt, Job
+    from laneway.controller.source_check import changed_sources
+
+    runtime_dir = run.runtime_dir
 
     body: dict[str, Any] = {"last_attempt": None, "retry": None}
     attempt = session.scalars(
@@ -383,4 +389,12 @@ def _settled_evidence(session: Session, job: Any, runtime_dir: str) -> dict[str,
                 f"laneway retry {target} --reason '...' --runtime-dir {shlex.quote(runtime_dir)}"
             ),
         }
+        changes = changed_sources(run.source_hashes or {})
+        if changes:
+            # Said before anything moves: `laneway retry` refuses the same way.
+            body["retry"] = {
+                "job_id": target,
+                "sources_changed": [change.path for change in changes],
+                "command": advice.new_run_command(runtime_dir, run.config_path),
+            }
     return body

@@ -102,6 +102,17 @@ def test_retry_after_a_source_changed_is_refused_and_names_the_new_run(tmp_path:
     assert body["problems"] == [line.removeprefix("laneway: ") for line in lines]
     assert ledger_state(rt) == before  # nothing moved: jobs, runs, events, controls
 
+    # `explain` on a failed job says the same before anything moves: no retry command.
+    explained = invoke("explain", "x1.judge", "--run", "1", *rt)
+    assert explained.exit_code == 0, explained.output
+    assert "laneway retry" not in explained.stdout
+    assert f"a retry cannot work: the run's frozen sources changed ({script})" in explained.stdout
+    assert explained.stdout.rstrip().endswith(command)
+    as_json = json.loads(invoke("explain", "x1.judge", "--run", "1", *rt, "--json").stdout)
+    assert as_json["retry"]["sources_changed"] == [str(script)]
+    assert as_json["retry"]["command"] == command
+    assert ledger_state(rt) == before
+
     # The one step it names works as printed, and reuses what it said.
     new = invoke(*shlex.split(command)[1:], "--json")
     assert new.exit_code == 0, new.output
