@@ -234,7 +234,9 @@ def worker(
         ", running attempts stay under their supervisors",
     )
     notifier = Notifier(engine, actor=worker_id, option=option, watch_controller=True)
-    notifier.on_error = lambda line: log("notify_error", f"laneway worker {worker_id}: {line}")
+    notifier.on_error = lambda line: log(
+        "notify_error", f"laneway worker {worker_id}: {line}", reason=line
+    )
     notifier.start()
     stopper = common.Stopper(log)
     try:
@@ -437,7 +439,9 @@ def controller(
     try:
         serving = daemon_module.Controller(engine, lost_after_seconds=lost_after, notify=option)
         _log_outages(serving, log, "laneway controller")
-        serving.notifier.on_error = lambda line: log("notify_error", f"laneway controller: {line}")
+        serving.notifier.on_error = lambda line: log(
+            "notify_error", f"laneway controller: {line}", reason=line
+        )
         serving.serve(
             stopper.stop,
             interval=interval,

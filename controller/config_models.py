@@ -20,6 +20,7 @@ import hashlib
 import json
 import re
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -397,12 +398,61 @@ class CloseoutStep(_Strict):
     timeout_seconds: LedgerInt = Field(600, ge=1, le=86400)
 
 
+RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+"""Headers laneway sets itself on a webhook's POST: a config cannot replace them."""
+
+
+def webhook_problem(url: str) -> str | None:
+    """What is wrong with a webhook URL as it is sent (its references resolved), None
+    if nothing: an http(s) URL of printable ASCII (no whitespace or control character),
+    with a host, a numeric port if any, and no ``user:password@`` (credentials go in a
+    header, ``Authorization = "Bearer ${TOKEN}"``, where they are redacted)."""
+    if not all("!" <= c <= "~" for c in url):
+        return (
+            "holds whitespace, a control or a non-ASCII character; percent-encode it "
+            "(a space is %20)"
+        )
+    match = re.match(r"\A([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)", url)
+    if match is None or match.group(1).lower() not in ("http", "https"):
+        return "give an http:// or https:// URL"
+    netloc = match.group(2)
+    try:
+        urlsplit(url)
+    except ValueError:
+        return "its host does not parse: give a name, an IPv4 address or [an IPv6 address]"
+    if "@" in netloc:
+        return (
+            "holds credentials (user:password@host); send them in a header instead, "
+            'e.g. headers.Authorization = "Bearer ${HOOK_TOKEN}"'
+        )
+    host, port = netloc, ""
+    if ":" in netloc and not netloc.endswith("]"):
+        host, _, port = netloc.rpartition(":")
+    if not host:
+        return "give a host after http(s)://"
+    if port and not ENV_REF.search(netloc) and not (port.isdigit() and 0 < int(port) < 65536):
+        return "its port: give a number from 1 to 65535"
+    return None
+
+
+def header_problem(value: str) -> str | None:
+    """What is wrong with a header value as it is sent, None if nothing: no line break or
+    other control character (a CR/LF would start a header of its own), Latin-1 text."""
+    if any((c < " " and c != "\t") or c == "\x7f" for c in value):
+        return "holds a line break or a control character; remove it"
+    if any(c > "\xff" for c in value):
+        return "holds a character outside Latin-1, which a header cannot carry"
+    return None
+
+
 def _webhook(value: str) -> str:
-    """An http(s) URL; ``${NAME}`` references (a token in the path) are resolved by the
-    notifying process from its environment."""
+    """An http(s) URL (``webhook_problem``); ``${NAME}`` references (a token in the
+    path) are resolved by the notifying process from its environment, and checked again
+    once resolved (controller/notify_delivery.py)."""
     _text(value)
-    if not re.match(r"\Ahttps?://[^\s/]+", ENV_REF.sub("x", value)):
-        raise ValueError(f"{value!r}: give an http:// or https:// URL")
+    problem = webhook_problem(ENV_REF.sub("x", value))  # a reference stands for a word
+    if problem:
+        raise ValueError(problem)
     if SECRET_LITERAL.search(value):
         raise ValueError("holds a literal credential; reference it as ${ENV_NAME}")
     return value
@@ -443,6 +493,11 @@ class NotifyConfig(_Strict):
         if self.webhook is None and self.command is None:
             problems.append("give a webhook URL, a command, or both")
         for name, value in self.headers.items():
+            if name.lower() in RESERVED_HEADERS:
+                problems.append(f"headers.{name}: laneway sets it itself; remove it")
+            problem = header_problem(value)
+            if problem:
+                problems.append(f"headers.{name}: {problem}")
             if SECRET_NAME.search(name.replace("-", "_")) or SECRET_LITERAL.search(value):
                 if not ENV_REF.search(value) or SECRET_LITERAL.search(value):
                     problems.append(

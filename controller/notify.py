@@ -27,33 +27,46 @@ worker's or controller's), ``link`` (the page of the run, attempt or workers sec
 the dashboard's address is known: ``LANEWAY_WEB_URL``).
 
 The ``Notifier`` runs in a thread of its own; dispatch never waits for it, and a process
-that stops gives it a bounded time to finish what it holds (``stop``).
+that stops gives it a bounded time to finish what it holds (``stop``). It hands each
+channel of a notification to that receiver's lane (``notify_delivery.Lanes``: one thread
+per webhook URL or command), so one slow receiver delays only its own notifications;
+each try ends at a wall-clock deadline, a redirect is a failed try, and whatever a try
+raises is recorded, redacted (controller/notify_delivery.py, controller/notify_command.py).
+A notifier with no one to tell (no option, no active run with a section) reports no error.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import subprocess
 import threading
-import urllib.error
-import urllib.request
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
-import tenacity
 from sqlalchemy import Engine
 
-from laneway.controller import db, ledger, notice_steps, web_links
+from laneway.controller import (
+    db,
+    environment,
+    ledger,
+    notice_steps,
+    notify_command,
+    notify_delivery,
+    web_links,
+)
 from laneway.controller.clock import Clock, SystemClock, iso
 from laneway.controller.config_models import ENV_REF, NotifyConfig
 from laneway.controller.errors import UsageError
 from laneway.controller.models import Notification, Run
+from laneway.controller.notify_delivery import Channel, Recorder, Undelivered, shown_url
 from laneway.controller.states import Attention, EventKind, NotificationState, WorkerState
 from laneway.controller.status_nodes import LOST, worker_liveness
 from laneway.controller.usage import BUDGET_SPENT
+
+__all__ = ["Notifier", "Undelivered", "channels", "deliver", "notices_from", "shown_url"]
 
 FOLLOWED = [
     EventKind.CONTROL_HALT.value,
@@ -70,8 +83,6 @@ controller or worker pays two small reads per look."""
 BATCH = 500
 STOP_GRACE_SECONDS = 15.0
 """How long a stopping process lets its notifier finish what it holds."""
-MAX_DETAIL = 300
-COMMAND_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ")
 
 
 @dataclass(frozen=True)
@@ -148,108 +159,34 @@ def notices_from(rows: Iterable[Any]) -> list[Notice]:
     return notices
 
 
-class Undelivered(Exception):
-    """A try that failed; ``transient`` ones are tried again."""
-
-    def __init__(self, detail: str, *, transient: bool) -> None:
-        super().__init__(detail)
-        self.transient = transient
-
-
-def _redact(text: str, secrets: Iterable[str]) -> str:
-    for secret in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
-        text = text.replace(secret, "[REDACTED]")
-    return text[:MAX_DETAIL]
-
-
-def _resolve(value: str, environ: Mapping[str, str], secrets: list[str]) -> str:
-    def one(match: Any) -> str:
-        name = match.group(1)
-        if name not in environ:
-            raise Undelivered(
-                f"${{{name}}} is not set in the notifying process's environment; set it "
-                "where laneway controller / laneway run / laneway worker starts",
-                transient=False,
+def channels(
+    config: NotifyConfig, payload: Mapping[str, Any], environ: Mapping[str, str]
+) -> list[Channel]:
+    """The channels of ``config`` for ``payload``: the webhook, then the command; each
+    names its lane (its receiver)."""
+    body = json.dumps(payload, sort_keys=True).encode()
+    found: list[Channel] = []
+    if config.webhook is not None:
+        webhook = config.webhook
+        found.append(
+            Channel(
+                "webhook",
+                shown_url(webhook),
+                f"webhook {webhook}",
+                lambda s: notify_delivery.post_webhook(config, body, environ, s),
             )
-        secrets.append(environ[name])
-        return environ[name]
-
-    return ENV_REF.sub(one, value)
-
-
-def shown_url(url: str) -> str:
-    """A webhook URL as recorded: its path and query kept only as ``${NAME}`` templates;
-    a literal one (a hook's URL is often its secret, as a chat service's is) becomes
-    ``/…``."""
-    parts = urlsplit(url)
-    rest = parts.path + (f"?{parts.query}" if parts.query else "")
-    if rest in ("", "/") or ENV_REF.fullmatch(rest.lstrip("/")):
-        return url
-    return f"{parts.scheme}://{parts.netloc}/…"
-
-
-def post_webhook(
-    config: NotifyConfig, body: bytes, environ: Mapping[str, str], secrets: list[str]
-) -> str:
-    """POST ``body``; what answered (``HTTP 204``), or Undelivered."""
-    assert config.webhook is not None
-    url = _resolve(config.webhook, environ, secrets)
-    headers = {"Content-Type": "application/json", "User-Agent": "laneway-notify"}
-    headers.update({k: _resolve(v, environ, secrets) for k, v in config.headers.items()})
-    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=config.timeout_seconds) as answer:
-            return f"HTTP {answer.status}"
-    except urllib.error.HTTPError as exc:
-        exc.close()  # it holds the answer's socket
-        transient = exc.code in (408, 425, 429) or exc.code >= 500
-        raise Undelivered(f"HTTP {exc.code} {exc.reason}", transient=transient) from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        why = getattr(exc, "reason", None) or exc
-        raise Undelivered(f"{type(exc).__name__}: {why}", transient=True) from None
-
-
-def run_command(
-    config: NotifyConfig,
-    body: bytes,
-    payload: Mapping[str, Any],
-    environ: Mapping[str, str],
-    secrets: list[str],
-) -> str:
-    """Run the command with ``body`` on stdin; ``exit 0``, or Undelivered."""
-    assert config.command is not None
-    env = {k: environ[k] for k in (*COMMAND_ENV, *config.pass_env) if k in environ}
-    secrets.extend(environ[k] for k in config.pass_env if k in environ)
-    step = payload.get("next_step") or {}
-    env.update(
-        LANEWAY_NOTIFY_KIND=str(payload["kind"]),
-        LANEWAY_NOTIFY_RUN="" if payload.get("run") is None else str(payload["run"]),
-        LANEWAY_NOTIFY_REASON=str(payload.get("reason") or ""),
-        LANEWAY_NOTIFY_COMMAND=str(step.get("command") or ""),
-        LANEWAY_NOTIFY_LINK=str(payload.get("link") or ""),
-    )
-    try:
-        done = subprocess.run(
-            config.command,
-            input=body,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            timeout=config.timeout_seconds,
-            check=False,
         )
-    except subprocess.TimeoutExpired:
-        raise Undelivered(f"timed out after {config.timeout_seconds:g} s", transient=True) from None
-    except OSError as exc:
-        raise Undelivered(f"{config.command[0]}: {exc.strerror or exc}", transient=False) from None
-    if done.returncode != 0:
-        tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-        raise Undelivered(f"exit {done.returncode}: {tail[0]}", transient=True)
-    return "exit 0"
-
-
-Recorder = Callable[[str, str, int, bool, str], None]
-"""(channel, target, try number, ok, detail): one try, written to the ledger."""
+    if config.command is not None:
+        argv = json.dumps(config.command)
+        found.append(
+            Channel(
+                "command",
+                argv,
+                f"command {argv}",
+                lambda s: notify_command.run_command(config, body, payload, environ, s),
+            )
+        )
+    return found
 
 
 def deliver(
@@ -261,44 +198,26 @@ def deliver(
     backoff_seconds: float = 1.0,
     sleep: Callable[[float], None] | None = None,
 ) -> bool:
-    """Every channel of ``config``, each with its bounded retries; True if all took it."""
-    body = json.dumps(payload, sort_keys=True).encode()
-    channels: list[tuple[str, str, Callable[[list[str]], str]]] = []
-    if config.webhook is not None:
-        channels.append(
-            ("webhook", shown_url(config.webhook), lambda s: post_webhook(config, body, environ, s))
+    """Every channel of ``config``, one after the other, each with its bounded retries;
+    True if all took it (a ``Notifier`` runs each channel in its own lane instead)."""
+    results = [
+        notify_delivery.deliver_channel(
+            channel, record, retries=config.retries, backoff_seconds=backoff_seconds, sleep=sleep
         )
-    if config.command is not None:
-        channels.append(
-            (
-                "command",
-                json.dumps(config.command),
-                lambda s: run_command(config, body, payload, environ, s),
-            )
-        )
-    delivered = True
-    for channel, target, send in channels:
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(config.retries + 1),
-            wait=tenacity.wait_exponential(multiplier=backoff_seconds, max=60),
-            retry=tenacity.retry_if_exception(lambda e: isinstance(e, Undelivered) and e.transient),
-            reraise=True,
-            sleep=sleep or tenacity.nap.sleep,
-        )
-        try:
-            for attempt in retrying:
-                with attempt:
-                    number = attempt.retry_state.attempt_number
-                    secrets: list[str] = []
-                    try:
-                        answer = send(secrets)
-                    except Undelivered as exc:
-                        record(channel, target, number, False, _redact(str(exc), secrets))
-                        raise
-                    record(channel, target, number, True, _redact(answer, secrets))
-        except Undelivered:
-            delivered = False
-    return delivered
+        for channel in channels(config, payload, environ)
+    ]
+    return all(results)
+
+
+@dataclass
+class _Delivering:
+    """A notification whose channels are in their lanes: the last to end finishes it."""
+
+    notification_id: int
+    left: int
+    delivered: bool = True
+    broken: bool = False
+    """A try could not be recorded (the ledger is away): the row stays pending."""
 
 
 class Notifier:
@@ -330,14 +249,24 @@ class Notifier:
         self.cursor: int | None = None
         """The newest event turned into notifications (None: not following)."""
         self._queue: list[int] = []
+        self._delivering: set[int] = set()
+        """Notifications in their lanes (not queued again meanwhile)."""
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self.lanes = notify_delivery.Lanes(self._report)
+        self._sections: dict[int, NotifyConfig | None] = {}
+        """Each run's ``notify`` section, read once (a run's config is frozen)."""
+        self.configured = option is not None
+        """Is anyone to be told: this process's option, or an active run's section at
+        the last look. A notifier with no one to tell reports no error (the ledger's
+        outage is the service's own line)."""
         self.last_error: str | None = None
         self.on_error: Callable[[str], None] | None = None
-        """Called with one line when a poll fails (the CLI logs it); the next poll
-        starts over from the cursor."""
+        """Called with one redacted line, naming its reason, when a poll or a delivery
+        fails and someone is to be told (the CLI logs it); a poll starts over from the
+        cursor next time."""
         try:
             self.dashboard = web_links.base_url(self.environ)
         except UsageError as exc:
@@ -366,33 +295,56 @@ class Notifier:
         controller."""
         if self._thread is None:
             return
+        until = time.monotonic() + grace
         self._stopping.set()
         self._wake.set()
         self._thread.join(grace)
+        self.lanes.wait_idle(max(0.0, until - time.monotonic()))
 
     def _loop(self) -> None:
         while True:
             stopping = self._stopping.is_set()
             pause = POLL_SECONDS
             try:
-                self.poll()
+                self.poll(wait=False)
             except Exception as exc:
                 # The ledger is away, or a notice could not be made: nothing is lost,
                 # the cursor did not move past it, so the next poll looks again (after
                 # a longer pause). Told once per distinct error, never swallowed.
-                error = f"notifier: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-                if error != self.last_error and self.on_error is not None:
-                    self.on_error(error)
-                self.last_error = error
+                self._report(exc)
                 pause = 5.0
             if stopping:
                 return
             self._wake.wait(pause)
             self._wake.clear()
 
-    def poll(self) -> None:
+    def _report(self, exc: BaseException) -> None:
+        """Tell ``on_error`` once per distinct error, redacted, when anyone is to be
+        told; ``last_error`` keeps it either way."""
+        error = notify_delivery.clean_detail(
+            f"notifier: {notify_delivery.describe(exc)}", self._secrets()
+        )
+        if error != self.last_error and self.configured and self.on_error is not None:
+            self.on_error(error)
+        self.last_error = error
+
+    def _secrets(self) -> list[str]:
+        """Every value a known section references or passes, and the passwords of the
+        process's ``LANEWAY_*`` URLs: none of them reaches a log line."""
+        found = environment.credentials(self.environ)
+        sections = [c for c in (self.option, *self._sections.values()) if c is not None]
+        for config in sections:
+            texts = [config.webhook or "", *config.headers.values()]
+            names = [n for text in texts for n in ENV_REF.findall(text)] + config.pass_env
+            found += [self.environ[n] for n in names if n in self.environ]
+        return found
+
+    def poll(self, *, wait: bool = True) -> None:
         """Turn new events into notifications (and a lost controller, for a worker's
-        notifier), then deliver every queued one."""
+        notifier), then hand every queued one to its channels' lanes; ``wait``: until
+        they delivered it (a one-off look; the notifier's own thread never waits)."""
+        with self.reader() as session:
+            self._look_at_sections(session)
         if self.watch_controller:
             self.look_at_controller()
         if self.cursor is not None:
@@ -409,13 +361,16 @@ class Notifier:
         while True:
             with self._lock:
                 if not self._queue:
-                    return
+                    break
                 notification_id = self._queue.pop(0)
-            self._deliver(notification_id)
+            self._dispatch(notification_id)
+        if wait:
+            self.lanes.wait_idle()
 
     def _enqueue(self, ids: Iterable[int]) -> None:
         with self._lock:
-            self._queue.extend(i for i in ids if i not in self._queue)
+            held = {*self._queue, *self._delivering}
+            self._queue.extend(i for i in dict.fromkeys(ids) if i not in held)
         self._wake.set()
 
     def look_at_controller(self) -> int | None:
@@ -437,15 +392,10 @@ class Notifier:
     def targets(self, run_id: int | None) -> list[NotifyConfig]:
         """Where a notice goes: the run's section (or every active run's, for a notice
         about no one run) and this process's option, each once."""
-        configs: list[NotifyConfig] = []
         with self.reader() as session:
             run_ids = [run_id] if run_id is not None else ledger.active_run_ids(session)
-            for rid in run_ids:
-                run = session.get(Run, rid)
-                if run is not None:
-                    section = ledger.run_config(run).notify
-                    if section is not None:
-                        configs.append(section)
+            sections = [self._section(session, rid) for rid in run_ids]
+        configs = [section for section in sections if section is not None]
         if self.option is not None:
             configs.append(self.option)
         unique: list[NotifyConfig] = []
@@ -453,6 +403,19 @@ class Notifier:
             if config not in unique:
                 unique.append(config)
         return unique
+
+    def _section(self, session: Any, run_id: int) -> NotifyConfig | None:
+        if run_id not in self._sections:
+            run = session.get(Run, run_id)
+            if run is None:
+                return None
+            self._sections[run_id] = ledger.run_config(run).notify
+        return self._sections[run_id]
+
+    def _look_at_sections(self, session: Any) -> None:
+        """Is anyone to be told (``configured``)?"""
+        sections = [self._section(session, rid) for rid in ledger.active_run_ids(session)]
+        self.configured = self.option is not None or any(s is not None for s in sections)
 
     def notify(self, notice: Notice) -> int | None:
         """Record ``notice`` (once per key) when someone is to be told, and queue its
@@ -496,7 +459,9 @@ class Notifier:
             "at": iso(self.clock.now()),
         }
 
-    def _deliver(self, notification_id: int) -> None:
+    def _dispatch(self, notification_id: int) -> None:
+        """Hand a pending notification's channels to their lanes (never waits); the
+        last channel to end finishes the notification (``_channel_done``)."""
         with self.reader() as session:
             row = session.get(Notification, notification_id)
             if row is None or row.state != NotificationState.PENDING:
@@ -504,14 +469,32 @@ class Notifier:
             payload = dict(row.payload)
             kind = row.kind
             run_id = row.run_id
-        targets = [c for c in self.targets(run_id) if kind in c.on]
+        ways = [
+            way
+            for config in self.targets(run_id)
+            if kind in config.on
+            for way in [(config, c) for c in channels(config, payload, self.environ)]
+        ]
+        delivering = _Delivering(notification_id, left=len(ways))
+        if not ways:
+            self._finish(delivering)
+            return
+        with self._lock:
+            self._delivering.add(notification_id)
+        for config, channel in ways:
+            self.lanes.submit(
+                channel.lane, functools.partial(self._send, delivering, config, channel)
+            )
 
-        def record(channel: str, target: str, number: int, ok: bool, detail: str) -> None:
+    def _send(self, delivering: _Delivering, config: NotifyConfig, channel: Channel) -> None:
+        """One channel of a notification, in its lane: its tries, each recorded."""
+
+        def record(channel_name: str, target: str, number: int, ok: bool, detail: str) -> None:
             with db.transaction(self.factory) as session:
                 ledger.record_delivery(
                     session,
-                    notification_id,
-                    channel=channel,
+                    delivering.notification_id,
+                    channel=channel_name,
                     target=target,
                     try_number=number,
                     ok=ok,
@@ -519,24 +502,35 @@ class Notifier:
                     now=db.ledger_now(session, self.clock),
                 )
 
-        delivered = all(
-            [
-                deliver(
-                    config,
-                    payload,
-                    record,
-                    environ=self.environ,
-                    backoff_seconds=self.backoff_seconds,
-                )
-                for config in targets
-            ]
-        )
+        ok = False
+        try:
+            ok = notify_delivery.deliver_channel(
+                channel, record, retries=config.retries, backoff_seconds=self.backoff_seconds
+            )
+        except Exception:
+            delivering.broken = True
+            raise  # the lane reports it (``_report``)
+        finally:
+            self._channel_done(delivering, ok)
+
+    def _channel_done(self, delivering: _Delivering, ok: bool) -> None:
+        with self._lock:
+            delivering.left -= 1
+            delivering.delivered = delivering.delivered and ok
+            last = delivering.left == 0
+        if last:
+            try:
+                if not delivering.broken:
+                    self._finish(delivering)
+            finally:
+                with self._lock:
+                    self._delivering.discard(delivering.notification_id)
+
+    def _finish(self, delivering: _Delivering) -> None:
+        state = NotificationState.DELIVERED if delivering.delivered else NotificationState.FAILED
         with db.transaction(self.factory) as session:
             ledger.finish_notification(
-                session,
-                notification_id,
-                NotificationState.DELIVERED if delivered else NotificationState.FAILED,
-                now=db.ledger_now(session, self.clock),
+                session, delivering.notification_id, state, now=db.ledger_now(session, self.clock)
             )
 
 
