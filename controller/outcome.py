@@ -421,6 +421,7 @@ def read_outcome(
             "'required'"
         )
     required = result_requirement == "required"
+    exit_problem: str | None = None
     try:
         directory: AttemptDir | None = AttemptDir(attempt_dir)
     except FileNotFoundError:
@@ -430,7 +431,7 @@ def read_outcome(
         exit_problem = f"attempt directory {attempt_dir} cannot be opened: {exc.strerror or exc}"
     exit_record: dict[str, Any] | None = None
     result: Any = None
-    result_problem = None
+    result_problem: str | None = None
     result_unreadable = False
     if directory is not None:
         with directory:

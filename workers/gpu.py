@@ -361,6 +361,7 @@ def _described_device(raw: Any, position: int, where: str) -> GpuDevice:
             f"{here}: total_mib must be a number in (0, {limits.LEDGER_INT_MAX}] and "
             "baseline_mib one in [0, total_mib]"
         )
+    assert isinstance(total, (int, float)) and isinstance(baseline, (int, float))
     index = raw.get("index", position)
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_DEVICES:
         raise DescriptionError(f"{here}.index: must be an integer in [0, {MAX_DEVICES - 1}]")
