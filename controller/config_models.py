@@ -226,6 +226,16 @@ class StageConfig(_Strict):
         description="{item}, {lane}, {<item field>} expand; inside a shell's -c script "
         "each value is shell-quoted, {name:raw} inserts it unquoted.",
     )
+    @model_validator(mode="after")
+    def _baseline_fits(self) -> GpuCapacity:
+        # As a GPU description's devices are checked (workers/gpu.py::devices_problem).
+        if self.baseline_mib > self.total_mib:
+            raise ValueError(
+                f"baseline_mib {self.baseline_mib} is more than total_mib {self.total_mib}; "
+                "give the memory others use of each device, at most its total"
+            )
+        return self
+
     cwd: Text | None = Field(None, description="Defaults to the attempt's workspace/.")
     env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], Text] = Field(default_factory=dict)
     pass_env: list[Annotated[str, Field(pattern=ENV_NAME_PATTERN)]] = Field(
