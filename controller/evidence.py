@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 from laneway.controller import identity
 from laneway.controller.attempt import Delivery, ExitRules, judge_attempt
 from laneway.controller.config import StageConfig, config_from_frozen
-from laneway.controller.durable import read_json
-from laneway.controller.outcome import Verdict
+from laneway.controller.durable import AttemptDir
+from laneway.controller.outcome import EXIT_MAX_BYTES, Verdict, read_attempt_json
 from laneway.controller.states import Outcome
 
 if TYPE_CHECKING:
@@ -70,6 +70,15 @@ class Evidence:
         }
 
 
+def read_exit_record(attempt_dir: str) -> Any:
+    """The attempt's ``exit.json``, parsed, read as the settle reads it
+    (``outcome.read_attempt_json``): a regular file of bounded size, through
+    ``AttemptDir``, so no link the job planted is followed and a FIFO is never waited on.
+    FileNotFoundError when there is none; OSError or ValueError when it cannot be used."""
+    with AttemptDir(attempt_dir) as directory:
+        return read_attempt_json(directory, "exit.json", EXIT_MAX_BYTES)
+
+
 def by_hand(attempt_id: int, runtime_dir: str | None = None) -> str:
     """The command an operator settles an attempt with once they know what happened."""
     where = f" --runtime-dir {shlex.quote(runtime_dir)}" if runtime_dir else ""
@@ -104,10 +113,10 @@ def judge(
         )
     path = Path(attempt.attempt_dir) / "exit.json"
     try:
-        record = read_json(path)
+        record = read_exit_record(attempt.attempt_dir)
     except FileNotFoundError:
         return Evidence(aid, False, _no_exit_record(attempt, path, on, then))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         return Evidence(
             aid,
@@ -235,8 +244,8 @@ def verified_exit(attempt: Any) -> tuple[int | None, int | None]:
     reconcile); (None, None) otherwise. ``attempt``: anything with ``id`` and
     ``attempt_dir`` (an ``attempts`` row)."""
     try:
-        record = read_json(Path(attempt.attempt_dir) / "exit.json")
-    except (OSError, ValueError):
+        record = read_exit_record(attempt.attempt_dir)
+    except (OSError, ValueError, RecursionError):
         return None, None
     if not isinstance(record, dict) or record.get("attempt_id") != attempt.id:
         return None, None

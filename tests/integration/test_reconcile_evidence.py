@@ -326,3 +326,37 @@ def test_evidence_that_is_not_conclusive_says_what_is_missing_and_what_to_do(
         f"output (`laneway logs {ended.attempt_id}`), {by_hand(ended.attempt_id)}",
         "0 attempt(s) settled from evidence; 3 left unknown",
     ]
+
+
+@pytest.mark.parametrize("planted", ["fifo", "symlink", "directory"])
+def test_an_exit_record_the_job_replaced_is_never_trusted_nor_waited_on(
+    factory, make_run, runtime: Path, clock, tmp_path, planted
+):
+    """The job owns its attempt directory: an exit.json that is a FIFO (reading it would
+    wait for ever), a link to a valid record elsewhere, or a directory is not evidence;
+    `reconcile --from-evidence` says it cannot be read and settles nothing."""
+    import os
+
+    run_id = make_run(make_config([py_stage("call", "pass")], items=1))
+    (claim,) = unknown_attempts(factory, clock, 1, [dead_process()])
+    leave_exit_record(claim, None)
+    record = Path(claim.attempt_dir) / "exit.json"
+    if planted == "fifo":
+        os.mkfifo(record)
+    elif planted == "symlink":
+        elsewhere = tmp_path / "exit.json"
+        elsewhere.write_text(json.dumps({"attempt_id": claim.attempt_id, "exit_code": 0}))
+        record.symlink_to(elsewhere)
+    else:
+        record.mkdir()
+    shown = invoke(
+        "reconcile", "--run", str(run_id), "--from-evidence", "--runtime-dir", str(runtime)
+    )
+    assert shown.exit_code == 0, shown.output
+    first = shown.stdout.splitlines()[0]
+    assert first.startswith(
+        f"attempt {claim.attempt_id}: left unknown — its exit record {record} cannot be read"
+    ), first
+    assert shown.stdout.splitlines()[-1] == "0 attempt(s) settled from evidence; 1 left unknown"
+    with factory() as session:
+        assert session.get(Attempt, claim.attempt_id).state == "unknown"
