@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from laneway.cli import common, complete, render
+from laneway.cli import runtime_dir as runtime_dir_module
 from laneway.cli.common import DEFAULT_RUNTIME, MAX_ID, DatabaseUrl, JsonFlag, RuntimeDir
 from laneway.controller import db, readonly, web_links
 from laneway.controller.clock import SystemClock
@@ -154,6 +155,9 @@ def _ledger_when_there(runtime_dir: Path, waiting: _Waiting) -> readonly.ReadOnl
         try:
             return readonly.ReadOnlyLedger(runtime_dir)
         except NoLedgerYet as error:
+            refusal = runtime_dir_module.never_there(error)
+            if refusal is not None:
+                raise refusal from None
             waiting.say(
                 "ledger",
                 f"waiting for a ledger at {error.where}: none there yet, `laneway "

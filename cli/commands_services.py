@@ -3,7 +3,8 @@
 Each parses, builds the service (workers/service.py, controller/daemon.py,
 controller/web.py), logs its lifecycle lines and serves until a signal. Registered in
 order by cli/main.py. A worker whose ledger or node is not there yet waits for it
-(``WORKER_WAIT_SECONDS``), reading the ledger read-only until then.
+(``WORKER_WAIT_SECONDS``), reading the ledger read-only until then; so does a
+controller for its ledger.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from laneway.cli import common, complete
+from laneway.cli import runtime_dir as runtime_dir_module
 from laneway.cli.common import DEFAULT_RUNTIME, DatabaseUrl, RuntimeDir
 from laneway.controller import db, ledger_open, limits
 from laneway.controller.errors import LanewayError, NoLedgerYet, NotFound, UsageError
@@ -271,14 +273,20 @@ def _stop_waiting(_signum: int, _frame: Any) -> None:
     raise _StopWaiting
 
 
-def _wait_until_named(runtime_dir: Path, node: str, log: common.Log) -> None:
-    """Return once the runtime dir's ledger exists and names ``node``, looking every
+def _wait_until_named(runtime_dir: Path, node: str | None, log: common.Log) -> None:
+    """Return once the runtime dir's ledger exists and, for a worker, names ``node``
+    (None: the controller, which waits for the ledger only), looking every
     ``WORKER_WAIT_SECONDS``, read-only (nothing is created or written meanwhile); what
-    it waits for is logged once (``worker_waiting``). TERM exits 0, Ctrl-C 130.
+    it waits for is logged once (``worker_waiting``, ``controller_waiting``). TERM
+    exits 0, Ctrl-C 130. A runtime dir that is a file, where no ledger can ever
+    appear, is refused at once (exit 2).
 
-    Anything else that stops a worker is left to the start that follows: on the first
-    look it returns, and the start reports it as it always has (a foreign database, an
-    unreachable server, an unknown revision); after a wait, it ends the command."""
+    Anything else that stops the service is left to the start that follows: on the
+    first look it returns, and the start reports it as it always has (a foreign
+    database, an unreachable server, an unknown revision); after a wait, it ends the
+    command."""
+    who = "worker" if node is not None else "controller"
+    fields: dict[str, Any] = {} if node is None else {"node": node}
     said: str | None = None
     previous = signal.signal(signal.SIGTERM, _stop_waiting)
     try:
@@ -291,33 +299,37 @@ def _wait_until_named(runtime_dir: Path, node: str, log: common.Log) -> None:
                 common.fail(error)
             if missing is None:
                 return
-            what, words, fields = missing
+            what, words, found = missing
             if what != said:
-                log("worker_waiting", words, node=node, waiting_for=what, **fields)
-                said = what
+                said = what  # first: a TERM right after the line must know what it stops
+                log(f"{who}_waiting", words, **fields, waiting_for=what, **found)
             time.sleep(WORKER_WAIT_SECONDS)
     except (_StopWaiting, KeyboardInterrupt) as stopped:
         log(
-            "worker_stopped",
-            f"laneway worker: stopped while waiting for {'a ' if said == 'ledger' else ''}"
+            f"{who}_stopped",
+            f"laneway {who}: stopped while waiting for {'a ' if said == 'ledger' else ''}"
             f"{said or 'the ledger'}; nothing was written",
-            node=node,
-            registered=False,
+            **fields,
+            **({} if node is None else {"registered": False}),
         )
         raise typer.Exit(0 if isinstance(stopped, _StopWaiting) else 130) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _not_there_yet(runtime_dir: Path, node: str) -> tuple[str, str, dict[str, Any]] | None:
-    """What a worker for ``node`` still waits for: ``("ledger", words, fields)``,
-    ``("node", ...)``, or None when the ledger names the node."""
+def _not_there_yet(runtime_dir: Path, node: str | None) -> tuple[str, str, dict[str, Any]] | None:
+    """What a worker for ``node`` (or, with None, the controller) still waits for:
+    ``("ledger", words, fields)``, ``("node", ...)``, or None when the ledger is there
+    (and names the node). Raises UsageError for a ledger that can never appear."""
     from laneway.controller import queries, readonly
     from laneway.controller.status_nodes import node_max_jobs
 
     every = f"checking every {WORKER_WAIT_SECONDS:g} s"
+    who = "worker" if node is not None else "controller"
     try:
         with readonly.ReadOnlyLedger(runtime_dir) as source, source.snapshot():
+            if node is None:
+                return None
             try:
                 node_max_jobs(source, node)
             except NotFound:
@@ -325,9 +337,12 @@ def _not_there_yet(runtime_dir: Path, node: str) -> tuple[str, str, dict[str, An
             else:
                 return None
     except NoLedgerYet as error:
+        refusal = runtime_dir_module.never_there(error)
+        if refusal is not None:
+            common.fail(refusal)
         return (
             "ledger",
-            f"laneway worker: no ledger at {error.where} yet; waiting for `laneway run` or "
+            f"laneway {who}: no ledger at {error.where} yet; waiting for `laneway run` or "
             f"`laneway start-pipeline` to create it ({every})",
             {"ledger": error.where},
         )
@@ -384,6 +399,14 @@ def controller(
     ] = None,
     notify_url: NotifyUrl = None,
     notify_command: NotifyCommand = None,
+    exit_if_missing: Annotated[
+        bool,
+        typer.Option(
+            "--exit-if-missing",
+            help="Exit 2 at once when the runtime dir has no ledger yet, instead of "
+            "waiting for one.",
+        ),
+    ] = False,
     as_json: LogJsonFlag = False,
 ) -> None:
     """Run the controller daemon: leases, lost workers, promotion, closing, snapshots.
@@ -391,18 +414,22 @@ def controller(
     Each tick marks workers whose heartbeat stopped as lost, settles or marks unknown the
     attempts whose leases expired, promotes jobs whose needs succeeded (skips those whose
     needs did not), closes runs whose jobs are all terminal, and writes
-    runs/RUN/status.json and SUMMARY.json. One controller per runtime dir; the runtime
-    dir must hold a ledger already (`start-pipeline` or `run` creates it). It tells the
-    operator of every attention state (the runs' [notify] sections and
-    --notify-url/--notify-command), each delivery recorded in the ledger.
+    runs/RUN/status.json and SUMMARY.json. One controller per runtime dir. Until a
+    ledger exists (`start-pipeline` or `run` creates it) it waits, logging
+    `controller_waiting` once and writing nothing (TERM exits 0, Ctrl-C 130);
+    --exit-if-missing exits 2 instead. It tells the operator of every attention state
+    (the runs' [notify] sections and --notify-url/--notify-command), each delivery
+    recorded in the ledger.
     """
     from laneway.controller import controller_lock
     from laneway.controller import daemon as daemon_module
 
     option = _notify_option(notify_url, notify_command)
+    log = common.Log(as_json)
+    if not exit_if_missing:
+        _wait_until_named(runtime_dir, None, log)
     with common.refusals():
         engine = ledger_open.open_existing_ledger(runtime_dir)
-    log = common.Log(as_json)
     runtime = runtime_dir.resolve()
     with common.refusals():  # the server cannot be reached, or the dir written
         held = controller_lock.hold_controller_lock(runtime, engine)

@@ -56,7 +56,8 @@ class Progress:
         if self.quiet:
             return
         durations = progress_module.recent_durations(source, status.run.id) if source else {}
-        eta = progress_module.eta_seconds(status, durations)
+        windows = progress_module.run_rate_windows(source, status.run.id) if source else []
+        eta = progress_module.eta_seconds(status, durations, windows)
         rates = self._rates(status)
         if self.live:
             self._draw(status, eta, rates)

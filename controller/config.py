@@ -134,6 +134,7 @@ __all__ = [
     "parse_config",
     "placeholders",
     "preview_argv",
+    "printable",
     "render",
     "render_argv",
     "render_closeout",
@@ -148,7 +149,10 @@ __all__ = [
 def _format_validation_error(exc: ValidationError) -> list[str]:
     lines = []
     for error in exc.errors():
-        loc = ".".join(str(part) for part in error["loc"] if part != "[key]")
+        parts = [str(part) for part in error["loc"] if part != "[key]"]
+        if len(parts) > 3 and parts[0] == "limits" and parts[2] == "usage":
+            del parts[2]  # a limit is written flat: limits.NAME.KEY, not limits.NAME.usage.KEY
+        loc = ".".join(parts)
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "string_pattern_mismatch":
             message = f"{error['input']!r} is not allowed: " + PATTERN_HELP.get(
@@ -216,15 +220,16 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> PipelineConfig:
             _absolute_cwd(step, base_dir, absolute_prefix="{runtime_dir}")
             for step in raw["closeout"]
         ]
+    priority_field = raw.get("priority_field", "priority")
     try:
-        config = PipelineConfig.model_validate(raw)
+        config = PipelineConfig.model_validate(raw, context={"priority_field": priority_field})
     except ValidationError as exc:
-        raise ConfigError(_printable(problems + _format_validation_error(exc))) from None
+        raise ConfigError(printable(problems + _format_validation_error(exc))) from None
     except RecursionError:
         raise ConfigError([*problems, "CONFIG: nested too deeply to check"]) from None
     problems += _joined_cwd_problems(config, relative_cwds)
     if problems:
-        raise ConfigError(_printable(problems))
+        raise ConfigError(printable(problems))
     return config
 
 
@@ -232,7 +237,7 @@ def _short(exc: BaseException) -> str:
     return str(exc).split(";")[0][:120] or type(exc).__name__
 
 
-def _printable(lines: list[str]) -> list[str]:
+def printable(lines: list[str]) -> list[str]:
     """Problem lines as one printable line each: a lone surrogate or a control character
     from the config is escaped (printing it raw would fail, or break the line)."""
     out = []
@@ -324,26 +329,26 @@ def load_config(path: str | Path) -> PipelineConfig:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".toml", ".json"):
-        raise ConfigError(_printable([f"CONFIG: {path} must end in .toml or .json"]))
+        raise ConfigError(printable([f"CONFIG: {path} must end in .toml or .json"]))
     try:
         data = limits.read_regular_file(path, limits.CONFIG_MAX_BYTES)
     except OSError as exc:
         raise ConfigError(
-            _printable([f"CONFIG: cannot read {path}: {exc.strerror or exc}"])
+            printable([f"CONFIG: cannot read {path}: {exc.strerror or exc}"])
         ) from None
     try:
         raw = tomllib.loads(data.decode()) if suffix == ".toml" else json.loads(data)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(
-            _printable([f"CONFIG: {path} is not valid {suffix[1:].upper()}: {exc}"])
+            printable([f"CONFIG: {path} is not valid {suffix[1:].upper()}: {exc}"])
         ) from None
     except (ValueError, RecursionError) as exc:
         # An integer past Python's 4300 digits, or nesting past the recursion limit.
         raise ConfigError(
-            _printable([f"CONFIG: {path} is not usable {suffix[1:].upper()}: {_short(exc)}"])
+            printable([f"CONFIG: {path} is not usable {suffix[1:].upper()}: {_short(exc)}"])
         ) from None
     if not isinstance(raw, dict):
-        raise ConfigError(_printable([f"CONFIG: {path} must hold a table/object at the top level"]))
+        raise ConfigError(printable([f"CONFIG: {path} must hold a table/object at the top level"]))
     return parse_config(raw, path.parent.resolve())
 
 

@@ -16,8 +16,10 @@ and no argv or env value may contain a literal that looks like a credential
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import math
 import re
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -25,6 +27,7 @@ from urllib.parse import urlsplit
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -75,13 +78,64 @@ def _text(value: str) -> str:
     return value
 
 
-LedgerInt = Annotated[int, AfterValidator(_ledger_int)]
-"""Every integer a config gives: what every ledger column stores (controller/limits.py).
-A validator, not ``Field(ge=..., le=...)``: a field's own ``Field(ge=0)`` would replace
-a bound of the same kind given here."""
-Finite = Annotated[float, Field(allow_inf_nan=False)]
-"""Every float a config gives: nan and inf are refused (they pass any range check)."""
-Mebibytes = Annotated[float, Field(allow_inf_nan=False), AfterValidator(_mebibytes)]
+def _whole_number(value: Any) -> Any:
+    """A number where an integer is meant, never text or a boolean (``"60"`` and
+    ``true`` are refused, not read as 60 and 1); a float only when it is whole and fits
+    the ledger (``1e308`` is named as the number it is)."""
+    _no_text_or_boolean(value, "a whole number")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value} is not a finite number; give a whole number")
+        if not value.is_integer():
+            raise ValueError(f"{value:g} is not a whole number; give one without a fraction")
+        if not limits.LEDGER_INT_MIN <= value <= limits.LEDGER_INT_MAX:
+            raise ValueError(
+                f"{value:g} does not fit the ledger, which stores integers from "
+                f"{limits.LEDGER_INT_MIN} to {limits.LEDGER_INT_MAX}"
+            )
+        return int(value)
+    return value
+
+
+def _real_number(value: Any) -> Any:
+    """A number where a number is meant, never text or a boolean (``cost_usd = true``
+    is refused, not read as a budget of 1)."""
+    _no_text_or_boolean(value, "a number")
+    if isinstance(value, int) and not -(10**308) <= value <= 10**308:
+        raise ValueError(f"a {value.bit_length()}-bit integer is not a usable number")
+    return value
+
+
+def _no_text_or_boolean(value: Any, wanted: str) -> None:
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is a boolean, not {wanted}; give {wanted}")
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:40] + "…"
+        raise ValueError(f"{shown!r} is text, not {wanted}; write {wanted} without quotes")
+    if not isinstance(value, int | float):
+        raise ValueError(f"give {wanted}, not {_kind_of(value)}")
+
+
+def _kind_of(value: Any) -> str:
+    kinds: list[tuple[type, str]] = [(list, "a list"), (dict, "a table"), (type(None), "nothing")]
+    return next((words for kind, words in kinds if isinstance(value, kind)), "that")
+
+
+LedgerInt = Annotated[int, BeforeValidator(_whole_number), AfterValidator(_ledger_int)]
+"""Every integer a config gives: a number (never text or a boolean) that every ledger
+column stores (controller/limits.py). A validator, not ``Field(ge=..., le=...)``: a
+field's own ``Field(ge=0)`` would replace a bound of the same kind given here."""
+ExitCode = Annotated[int, AfterValidator(_ledger_int)]
+"""An exit code, a key of ``exit_codes``: a key is text in TOML and JSON (``"3"``)."""
+Finite = Annotated[float, BeforeValidator(_real_number), Field(allow_inf_nan=False)]
+"""Every float a config gives: a number (never text or a boolean); nan and inf are
+refused (they pass any range check)."""
+Mebibytes = Annotated[
+    float,
+    BeforeValidator(_real_number),
+    Field(allow_inf_nan=False),
+    AfterValidator(_mebibytes),
+]
 """A size in MiB whose byte count fits the ledger (``log_cap_mib``, ``capture.max_mib``)."""
 Text = Annotated[str, AfterValidator(_text)]
 """Free text that reaches an argv, a path or an environment: no NUL, no lone surrogate."""
@@ -110,7 +164,9 @@ PATTERN_HELP[USAGE_KEY_PATTERN] = (
 UsageKey = Annotated[str, Field(pattern=USAGE_KEY_PATTERN)]
 AMOUNT_MAX = 1e15
 """The largest budget or expected usage, so that sums over many attempts stay finite."""
-Amount = Annotated[float, Field(ge=0, le=AMOUNT_MAX, allow_inf_nan=False)]
+Amount = Annotated[
+    float, BeforeValidator(_real_number), Field(ge=0, le=AMOUNT_MAX, allow_inf_nan=False)
+]
 PRIORITY_MAX = 1_000_000_000
 """An item's priority is an integer in [-PRIORITY_MAX, PRIORITY_MAX]."""
 Budget = dict[UsageKey, Amount]
@@ -166,9 +222,19 @@ class GpuCapacity(_Strict):
     """A node's GPU budget for the concurrency rule of invariant 9."""
 
     total_mib: LedgerInt = Field(gt=0, description="GPU memory of each of the node's devices, MiB.")
-    devices: int = Field(1, ge=1, le=64, description="How many such devices the node has.")
+    devices: LedgerInt = Field(1, ge=1, le=64, description="How many such devices the node has.")
     fraction: Finite = Field(0.9, gt=0, le=1, description="Usable share of total_mib.")
     baseline_mib: LedgerInt = Field(0, ge=0, description="Memory used by processes not ours, MiB.")
+
+    @model_validator(mode="after")
+    def _baseline_fits(self) -> GpuCapacity:
+        # As a GPU description's devices are checked (workers/gpu.py::devices_problem).
+        if self.baseline_mib > self.total_mib:
+            raise ValueError(
+                f"baseline_mib {self.baseline_mib} is more than total_mib {self.total_mib}; "
+                "give the memory others use of each device, at most its total"
+            )
+        return self
 
 
 class NodeConfig(_Strict):
@@ -226,16 +292,6 @@ class StageConfig(_Strict):
         description="{item}, {lane}, {<item field>} expand; inside a shell's -c script "
         "each value is shell-quoted, {name:raw} inserts it unquoted.",
     )
-    @model_validator(mode="after")
-    def _baseline_fits(self) -> GpuCapacity:
-        # As a GPU description's devices are checked (workers/gpu.py::devices_problem).
-        if self.baseline_mib > self.total_mib:
-            raise ValueError(
-                f"baseline_mib {self.baseline_mib} is more than total_mib {self.total_mib}; "
-                "give the memory others use of each device, at most its total"
-            )
-        return self
-
     cwd: Text | None = Field(None, description="Defaults to the attempt's workspace/.")
     env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], Text] = Field(default_factory=dict)
     pass_env: list[Annotated[str, Field(pattern=ENV_NAME_PATTERN)]] = Field(
@@ -268,7 +324,7 @@ class StageConfig(_Strict):
         description="A share of one GPU: the job gets one device (CUDA_VISIBLE_DEVICES), "
         "shared with others only while measured peaks say they fit.",
     )
-    gpus: int = Field(
+    gpus: LedgerInt = Field(
         0,
         ge=0,
         le=64,
@@ -283,7 +339,7 @@ class StageConfig(_Strict):
         "run's artifact store; one missing makes the attempt failed. Stages that need "
         "this one get them under inputs/<stage>/ ({inputs.<stage>}).",
     )
-    output_max_mib: int = Field(
+    output_max_mib: LedgerInt = Field(
         1024,
         ge=1,
         le=1 << 30,
@@ -296,7 +352,7 @@ class StageConfig(_Strict):
         "lane's caps still count it.",
     )
     cap: LedgerInt | None = Field(None, ge=0, description="Most running at once across all lanes.")
-    exit_codes: dict[LedgerInt, Outcome] = Field(default_factory=_default_exit_codes)
+    exit_codes: dict[ExitCode, Outcome] = Field(default_factory=_default_exit_codes)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     budget: Budget | None = Field(
         None,
@@ -382,11 +438,15 @@ class ItemConfig(BaseModel):
         return dict(self.model_extra or {})
 
     @model_validator(mode="after")
-    def _check_fields(self) -> ItemConfig:
+    def _check_fields(self, info: ValidationInfo) -> ItemConfig:
         """An item's fields reach argv, env, paths and the ledger: refused here, naming
         the item and the field, rather than when an attempt starts (a NUL made the
         supervisor fail to spawn) or is recorded (a lone surrogate, a TOML date)."""
+        context = info.context if isinstance(info.context, dict) else {}
+        priority_field = context.get("priority_field", "priority")
         for name, value in (self.model_extra or {}).items():
+            if name == priority_field and isinstance(value, int) and not isinstance(value, bool):
+                continue  # bounded by PipelineConfig, whose message gives the real bound
             problem = limits.text_problem(name) or limits.value_problem(value)
             if problem:
                 raise ValueError(f"field {name!a} of item {self.key!r} {problem}")
@@ -669,6 +729,7 @@ class PipelineConfig(_Strict):
         frozen = isinstance(info.context, dict) and info.context.get("frozen")
         if not frozen:
             # Load-time only: a run frozen before these checks existed must still load.
+            problems += _limit_key_problems(self)
             problems += templates.closeout_problems(self.closeout)
             if not problems:
                 problems += templates.render_problems(self.stages, self.items)
@@ -744,6 +805,41 @@ def artifact_store_problems(url: str) -> list[str]:
     except ValueError:
         return [f"artifact_store: fsspec knows no {parts.scheme}:// store; use file:// or s3://"]
     return []
+
+
+LIMIT_FIELDS = ("calls", "per_seconds")
+
+
+def _limit_key_problems(config: PipelineConfig) -> list[str]:
+    """A rate limit's key other than ``calls`` and ``per_seconds`` limits a usage key: one
+    that looks like a misspelt field (``cals``), one no stage drawing from the limit
+    expects (``burst``: ``expected_usage`` says what an attempt will use, so the limit
+    binds before attempts report it), and an amount of 0 (admits nothing) are refused
+    rather than kept as a limit that never binds."""
+    problems = []
+    for name, limit in sorted(config.limits.items()):
+        drawing = [s for s in config.stages if name in s.limits]
+        for key, amount in sorted(limit.usage.items()):
+            where = f"limits.{name}.{key}"
+            close = difflib.get_close_matches(key.lower(), LIMIT_FIELDS, n=1, cutoff=0.8)
+            if close:
+                problems.append(
+                    f"{where}: not a field of a rate limit; did you mean {close[0]}? (its "
+                    "fields are calls and per_seconds; any other key limits a usage key)"
+                )
+            elif drawing and not any(key in s.expected_usage for s in drawing):
+                stages = ", ".join(s.name for s in drawing)
+                problems.append(
+                    f"{where}: a rate limit's fields are calls and per_seconds, so {key!r} "
+                    f"limits a usage key, but no stage that draws from {name} ({stages}) "
+                    f"gives expected_usage.{key}; give it (e.g. expected_usage = {{ {key} = "
+                    f"... }}) or remove {key}"
+                )
+            elif amount == 0:
+                problems.append(
+                    f"{where}: a limit of 0 admits nothing; give a positive amount, or remove {key}"
+                )
+    return problems
 
 
 def _duplicates(field: str, names: list[str]) -> list[str]:

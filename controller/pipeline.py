@@ -30,6 +30,7 @@ from laneway.controller.config import (
     PipelineConfig,
     StageConfig,
     placeholders,
+    printable,
     render,
     render_argv,
     render_values,
@@ -100,6 +101,8 @@ def preflight(
                         "it in the environment of laneway and its workers (or pass "
                         "--secrets-on-workers when only the workers have it)"
                     )
+    if not secrets_on_workers:
+        reasons += notify_preflight(config, environ)
     reasons += _gpu_preflight(config, described_gpus)
     reasons += _argv_size_preflight(config, items)
     reasons += _closeout_preflight(config)
@@ -122,7 +125,28 @@ def preflight(
         named, problems = _named_files(stage)
         hashes.update((path, digest) for path, digest in named.items() if path not in hashes)
         reasons += problems
-    return reasons, hashes
+    # A rendered value (an item's cwd with a newline) must not split a reason's line.
+    return printable(reasons), hashes
+
+
+def notify_preflight(config: PipelineConfig, environ: dict[str, str]) -> list[str]:
+    """Each ``${NAME}`` of ``[notify]`` (its webhook and header values) that is not set
+    here: the controller and workers this command starts or serves resolve them from
+    the same environment, so an unset one would fail the first notification, when the
+    run already needs the operator."""
+    notify = config.notify
+    if notify is None:
+        return []
+    places = [("webhook", notify.webhook or "")]
+    places += [(f"headers.{name}", value) for name, value in notify.headers.items()]
+    return [
+        f"notify.{where}: ${{{reference}}} is not set; export it in the environment of "
+        "laneway's controller and workers, which send the notifications (or pass "
+        "--secrets-on-workers when only they have it)"
+        for where, value in places
+        for reference in dict.fromkeys(ENV_REF.findall(value))
+        if reference not in environ
+    ]
 
 
 def _planned_devices(node: Any, described: Sequence[Any]) -> tuple[admission.DeviceView, ...]:
@@ -390,8 +414,7 @@ def plan(
                 gpus=stage.gpus,
                 nodes=admission.runs_on(stage.nodes, lane_node[item.lane]),
             )
-            for position, item in enumerate(items)
-            for index, stage in enumerate(config.stages)
+            for position, item, index, stage in _claim_order(config, items)
             if not stage.needs
             and node.name in admission.runs_on(stage.nodes, lane_node[item.lane])
             and (position, stage.name) not in started
@@ -504,6 +527,21 @@ def plan(
         ],
         "first_decisions": first,
     }
+
+
+def _claim_order(
+    config: PipelineConfig, items: Sequence[Any]
+) -> list[tuple[int, Any, int, StageConfig]]:
+    """(item position, item, stage index, stage) in the order a claim offers ready jobs
+    (``ledger.snapshot``'s sort): highest item priority first, later stages first, then
+    item order."""
+    pairs = [
+        (position, item, index, stage)
+        for position, item in enumerate(items)
+        for index, stage in enumerate(config.stages)
+    ]
+    pairs.sort(key=lambda p: (-config.priority(p[1]), -p[2], p[0]))
+    return pairs
 
 
 def start_run(

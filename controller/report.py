@@ -70,23 +70,28 @@ UNVERIFIED = "unverified"
 NO_DURATION = ("running", UNVERIFIED, "unknown", "not_run")
 
 
-def queue_wait(readies: list[datetime], created: datetime, intent: datetime) -> dict[str, Any]:
+def queue_wait(readies: list[datetime], intent: datetime) -> dict[str, Any]:
     """An attempt's queue wait: ``{"wait": seconds}`` from its job's becoming ready to the
     attempt's intent, plus ``"wait_clamped": True`` when that was negative.
 
-    The ready is the job's latest ``job_ready`` at or before the intent (``readies`` in
-    event order): a retried job is ready again after each attempt, and taking its
-    latest ready overall, a later attempt's, made an earlier attempt's wait negative; a
-    job created ready has no event, so its creation counts. A ready stamped after the
-    intent all the same comes from another machine's clock (the controller's or a
-    worker's, each stamping its own writes): the wait counts as 0, flagged so the
-    report can say how many (``queue_wait_clamped``)."""
+    ``readies``: when the job became ready, in order (``job_ready`` events, after its
+    creation for a job created ready: ``_readies``). The ready is the latest at or
+    before the intent: a retried job is ready again after each attempt, and taking its
+    latest ready overall, a later attempt's, made an earlier attempt's wait negative. A
+    ready stamped after the intent all the same comes from another machine's clock (the
+    controller, each worker and the submit host each stamp their own writes): the wait
+    counts as 0, flagged so the report can say how many (``queue_wait_clamped``)."""
     before = [at for at in readies if at <= intent]
-    ready = before[-1] if before else (readies[0] if readies else created)
-    wait = _seconds(ready, intent)
+    wait = _seconds(before[-1] if before else readies[0], intent)
     if wait < 0:
         return {"wait": 0.0, "wait_clamped": True}
     return {"wait": wait}
+
+
+def _readies(job: Job, events: list[datetime], needs: bool) -> list[datetime]:
+    """When ``job`` became ready: its ``job_ready`` events, after its creation when it was
+    created ready (a stage without needs; those have no event for it)."""
+    return events if needs and events else [job.created_at, *events]
 
 
 def _seconds(a: datetime, b: datetime) -> float:
@@ -168,6 +173,7 @@ def build_report(
         session.scalars(select(Decision).where(Decision.run_id == run.id).order_by(Decision.id))
     )
     served = _served(session, [lane.node for lane in config.lanes], start, end, now=now)
+    needs = {stage.name: stage.needs for stage in config.stages}
     lanes: dict[str, dict[str, Any]] = {}
     bars: dict[str, list[dict[str, Any]]] = defaultdict(list)
     intents: dict[str, dict[float, float]] = defaultdict(dict)
@@ -208,7 +214,10 @@ def build_report(
                 "end": max(_seconds(start, begun), _seconds(start, ended)),
                 "duration": duration,
                 "outcome": state,
-                **queue_wait(ready_at.get(job.id, []), job.created_at, attempt.intent_at),
+                **queue_wait(
+                    _readies(job, ready_at.get(job.id, []), bool(needs[job.stage])),
+                    attempt.intent_at,
+                ),
             }
         )
     for lane in config.lanes:

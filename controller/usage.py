@@ -314,10 +314,12 @@ def limit_plan_lines(plans: list[dict[str, Any]]) -> list[str]:
             for p in plan["stages"]
             if p["each"] is not None
         )
+        least = plan["least_seconds"]
+        # A limit of 0 (a run frozen before load refused it) lets nothing through.
+        bound = f"at least {least:.0f} s" if least is not None else "never: the limit is 0"
         line = (
             f"rate limit {plan['limit']} {plan['key']}: {terms or 'nothing estimated'} = "
-            f"{plan['total']:g} at {plan['amount']:g} per {plan['per_seconds']:g} s — at least "
-            f"{plan['least_seconds']:.0f} s"
+            f"{plan['total']:g} at {plan['amount']:g} per {plan['per_seconds']:g} s — {bound}"
         )
         if plan["unestimated"]:
             line += f"; no expected_usage for {', '.join(plan['unestimated'])}"

@@ -303,6 +303,15 @@ def make_server(
         def log_message(self, format: str, *args: Any) -> None:
             return  # requests are not logged; errors are (``_error``)
 
+        def handle(self) -> None:
+            """Serve the connection's requests; a client that went away before its answer
+            (a 421 or a 401 written to a closed socket) ends the connection quietly, not
+            with a traceback on stderr for each one."""
+            try:
+                super().handle()
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
+
         def parse_request(self) -> bool:
             """The request line and headers; then, bound to loopback, the Host check
             before any method is dispatched (421, one line, connection closed)."""

@@ -114,7 +114,7 @@ def _reserved(factory, run_id):
     ("extra", "stage_extra", "line"),
     [
         ({"budget": {"cost_usd": -1}}, {}, "budget.cost_usd: Input should be greater than"),
-        ({"budget": {"cost_usd": "lots"}}, {}, "budget.cost_usd: Input should be a valid number"),
+        ({"budget": {"cost_usd": "lots"}}, {}, "budget.cost_usd: 'lots' is text, not a number"),
         ({}, {"expected_usage": {"cost_usd": float("inf")}}, "expected_usage.cost_usd"),
         ({}, {"budget": {"bad key": 1}}, "stages.0.budget"),
     ],

@@ -170,8 +170,12 @@ def test_a_runtime_dir_without_a_ledger_is_refused_and_left_alone(tmp_path, args
 
 def test_services_refuse_a_missing_ledger_as_real_processes(tmp_path, without_ledger):
     runtime = tmp_path / "typo"
-    # A worker waits for its ledger unless told not to (tests/integration/test_cli_waiting.py).
-    for args in (["controller"], ["worker", "--node", "n1", "--exit-if-unknown"]):
+    # A worker and a controller wait for their ledger unless told not to
+    # (tests/integration/test_cli_waiting.py, tests/integration/test_services_wait.py).
+    for args in (
+        ["controller", "--exit-if-missing"],
+        ["worker", "--node", "n1", "--exit-if-unknown"],
+    ):
         code, _out, err = finish(spawn(*args, "--runtime-dir", str(runtime)))
         assert code == 2 and "Traceback" not in err
         if without_ledger is None:

@@ -61,8 +61,13 @@ BASE: dict[str, Any] = {
             "exit_codes": {"0": "succeeded", "3": "failed"},
             "budget": {"cost_usd": 1.0},
             "expected_usage": {"cost_usd": 0.5},
+            "limits": ["p"],
+            "gpus": 0,
+            "output_max_mib": 16,
         }
     ],
+    "limits": {"p": {"calls": 5, "per_seconds": 60.0, "cost_usd": 2.0}},
+    "notify": {"command": ["true"], "retries": 1, "timeout_seconds": 5.0},
     "items": [{"key": "i1", "lane": "a", "who": "x", "n": 1}],
     "sources": [],
     "batch_cap": 1,
@@ -76,6 +81,7 @@ INT_FIELDS = [
     "nodes.0.max_jobs",
     "nodes.0.gpu.total_mib",
     "nodes.0.gpu.baseline_mib",
+    "nodes.0.gpu.devices",
     "lanes.0.caps.s",
     "stages.0.timeout_seconds",
     "stages.0.memory_mib",
@@ -83,9 +89,13 @@ INT_FIELDS = [
     "stages.0.ports",
     "stages.0.cap",
     "stages.0.retry.max_attempts",
+    "stages.0.gpus",
+    "stages.0.output_max_mib",
     "batch_cap",
     "infra_breaker",
     "closeout.0.timeout_seconds",
+    "limits.p.calls",
+    "notify.retries",
 ]
 FLOAT_FIELDS = [
     "nodes.0.gpu.fraction",
@@ -100,6 +110,9 @@ FLOAT_FIELDS = [
     "stages.0.budget.cost_usd",
     "stages.0.expected_usage.cost_usd",
     "budget.cost_usd",
+    "limits.p.per_seconds",
+    "limits.p.cost_usd",
+    "notify.timeout_seconds",
 ]
 TEXT_FIELDS = [
     "stages.0.argv.1",
@@ -428,7 +441,8 @@ HUGE_LITERAL = "1" * 5000
 
 @st.composite
 def hostile_configs(draw: st.DrawFn) -> tuple[str, str, str]:
-    """(config JSON text, the field changed, where its error is named)."""
+    """(config JSON text, the field changed, where its error is named). A number field
+    given text or a boolean must be refused (``hostile_configs_strict``)."""
     kind = draw(st.sampled_from(["int", "float", "text", "item"]))
     if kind == "int":
         path = draw(st.sampled_from(INT_FIELDS))
@@ -447,6 +461,33 @@ def hostile_configs(draw: st.DrawFn) -> tuple[str, str, str]:
         text = json.dumps(with_value(path, "@@HUGE@@")).replace('"@@HUGE@@"', HUGE_LITERAL)
         return text, path, "CONFIG"
     return json.dumps(with_value(path, value)), path, "items.0" if kind == "item" else path
+
+
+NOT_NUMBERS = st.one_of(
+    st.booleans(),
+    st.text(max_size=8),
+    st.integers(min_value=-5, max_value=10**6).map(str),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.sampled_from(["60", "1e3", "true", " 5", "0x10", "inf"]),
+)
+"""What a number field must never take: booleans, and text, numeric-looking or not."""
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(INT_FIELDS + FLOAT_FIELDS), NOT_NUMBERS)
+def test_a_number_field_refuses_text_and_booleans_in_one_line_naming_it(
+    path: str, value: Any
+) -> None:
+    """``cost_usd = true`` was a budget of 1, ``calls = "60"`` a limit of 60: now each is
+    refused, one line naming the field and saying what it is."""
+    with tempfile.TemporaryDirectory() as directory:
+        with pytest.raises(ConfigError) as caught:
+            parse_config(with_value(path, value), Path(directory))
+    lines = caught.value.problems
+    assert named(lines, path), (path, value, lines)
+    [line] = [line for line in lines if line.startswith(path + ":")]
+    words = "is a boolean" if isinstance(value, bool) else "is text"
+    assert words in line and "\n" not in line, line
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
