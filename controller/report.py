@@ -28,10 +28,8 @@ cancelled or reused) is not idle after its last job ended.
 from __future__ import annotations
 
 import itertools
-import json
 from collections import Counter, defaultdict
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
@@ -39,6 +37,7 @@ from sqlalchemy.orm import Session
 
 from laneway.controller import advice, ledger, oom, refusal_words, spend
 from laneway.controller.clock import iso
+from laneway.controller.evidence import read_exit_record
 from laneway.controller.models import (
     Artifact,
     Attempt,
@@ -63,8 +62,6 @@ IDLE_MIN_SECONDS = 1.0
 NO_WORKER_MIN_SECONDS = 1.0
 """A stretch without a live worker shorter than this (a worker starting just after its
 run) is not named in an idle period's reasons."""
-EXIT_RECORD = "exit.json"
-"""The supervisor's exit record in an attempt's directory (workers/supervisor.py)."""
 UNVERIFIED = "unverified"
 """A bar's outcome while its attempt is in flight on a worker that is not live."""
 NO_DURATION = ("running", UNVERIFIED, "unknown", "not_run")
@@ -112,13 +109,15 @@ def _utc(value: Any) -> datetime | None:
 
 
 def exit_times(attempt_dir: str | None) -> tuple[datetime | None, datetime | None]:
-    """(started_at, ended_at) of the command, from the attempt's ``exit.json``; None for
-    what it does not say (no record, unreadable, or the command never started)."""
+    """(started_at, ended_at) of the command, from the attempt's ``exit.json``, read as the
+    settle reads it (``evidence.read_exit_record``: no link followed, a FIFO never waited
+    on); None for what it does not say (no record, unreadable, or the command never
+    started)."""
     if not attempt_dir:
         return None, None
     try:
-        record = json.loads((Path(attempt_dir) / EXIT_RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        record = read_exit_record(attempt_dir)
+    except (OSError, ValueError, RecursionError):
         return None, None
     if not isinstance(record, dict):
         return None, None

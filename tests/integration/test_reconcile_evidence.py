@@ -360,3 +360,26 @@ def test_an_exit_record_the_job_replaced_is_never_trusted_nor_waited_on(
     assert shown.stdout.splitlines()[-1] == "0 attempt(s) settled from evidence; 1 left unknown"
     with factory() as session:
         assert session.get(Attempt, claim.attempt_id).state == "unknown"
+
+
+@pytest.mark.parametrize("planted", ["fifo", "symlink"])
+def test_the_report_reads_no_exit_record_a_job_replaced(tmp_path: Path, planted):
+    """``laneway report`` takes a settled attempt's command times from its exit.json: a
+    FIFO there is not waited on, and a link is not followed."""
+    import os
+
+    from laneway.controller.report import exit_times
+
+    attempt_dir = tmp_path / "attempt-1"
+    make_private_dir(attempt_dir)
+    times = {"started_at": "2026-01-01T00:00:00Z", "ended_at": "2026-01-01T00:00:05Z"}
+    if planted == "fifo":
+        os.mkfifo(attempt_dir / "exit.json")
+    else:
+        (tmp_path / "elsewhere.json").write_text(json.dumps(times))
+        (attempt_dir / "exit.json").symlink_to(tmp_path / "elsewhere.json")
+    assert exit_times(str(attempt_dir)) == (None, None)
+    (attempt_dir / "exit.json").unlink()
+    write_json(attempt_dir / "exit.json", times)
+    started, ended = exit_times(str(attempt_dir))
+    assert started is not None and ended is not None and (ended - started).seconds == 5
