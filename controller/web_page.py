@@ -251,10 +251,14 @@ function render(state) {
       return [stage, bar, `${done}/${total}`, by.running || 0, by.ready || 0, by.waiting || 0,
         (by.failed || 0) + (by.unknown ? ` (+${by.unknown} unknown)` : '')];
     }));
-  table('running', ['attempt', 'job', 'lane', 'node', 'pid', 'elapsed', 'peak RSS', 'state'],
+  // The GPUs it holds (status_model.held_gpus_words says them the same way).
+  const held = (gpus) => (gpus || []).map((d) => {
+    const name = `GPU ${d.index}` + (d.uuid ? ` (${d.uuid})` : '');
+    return d.whole === false ? `a share of ${name}` : name; }).join(', ') || '-';
+  table('running', ['attempt', 'job', 'lane', 'node', 'pid', 'elapsed', 'peak RSS', 'GPUs', 'state'],
     state.running.map((r) => [attemptLink(r.attempt_id), jobLink(run, r.item, r.stage), r.lane, r.node, r.pid,
       `${dur(r.elapsed_seconds)} / ${dur(r.timeout_seconds)}`,
-      r.peak_rss_mib === null ? '-' : `${r.peak_rss_mib.toFixed(1)} MiB`,
+      r.peak_rss_mib === null ? '-' : `${r.peak_rss_mib.toFixed(1)} MiB`, held(r.gpus),
       r.verified === false ? el('span', {class: 'unverified'}, `unverified: ${r.unverified_because}`)
         : r.state]));
   table('workers', ['node', 'worker', 'pid', 'host', 'heartbeat', 'slots', 'state'],

@@ -82,5 +82,32 @@ def test_status_and_explain_show_the_gpus_each_running_attempt_holds(
     (device,) = explained["attempt"]["gpus"]
     assert f"  holds GPU {device['index']} ({device['uuid']})" in render.explain_text(explained)
 
+    if engine.dialect.name == "sqlite":  # the page, in Chromium, on the runtime dir's ledger
+        seen_on_the_page(runtime, held)
     gate.touch()
     drive(engine, [worker], run_id)
+
+
+def seen_on_the_page(runtime: Path, held: dict) -> None:
+    """The dashboard's running table names the GPU each attempt holds."""
+    import signal
+
+    from tests.integration.test_cli_services import finish, spawn
+    from tests.integration.test_web import browser_or_skip, browser_page, serving_url
+
+    playwright_api = browser_or_skip()
+    web = spawn("web", "--bind", "127.0.0.1:0", "--runtime-dir", str(runtime))
+    try:
+        with browser_page(playwright_api, serving_url(web)) as (page, errors):
+            page.wait_for_selector("#running tr:nth-child(5)", timeout=30_000)
+            rows = page.locator("#running tr").all_inner_texts()[1:]
+            for attempt_id, (_, gpus) in held.items():
+                (row,) = [r for r in rows if r.startswith(f"{attempt_id}\t")]
+                if gpus:
+                    assert f"GPU {gpus[0]['index']} ({gpus[0]['uuid']})" in row, row
+                else:
+                    assert "GPU" not in row, row
+            assert errors == []
+    finally:
+        web.send_signal(signal.SIGTERM)
+        finish(web)
