@@ -1,17 +1,21 @@
 """The operator's writes: `pause`, `stop`, `resume`, `halt`, `clear-halt`, `cancel`,
 `reconcile`, `retry`.
 
-Each parses, makes one recorded change through the ledger (who, when, why; retried
-while the ledger is briefly away) and renders it. Registered in order by cli/main.py.
+Each parses its arguments, calls the one action of controller/operator.py that makes
+its recorded change (who, when, why; retried while the ledger is briefly away) and
+renders what it returns (`reconcile`: controller/reconcile.py and the ledger).
+Registered in order by cli/main.py.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -27,7 +31,10 @@ from laneway.cli.common import (
 from laneway.controller import db
 from laneway.controller.clock import SystemClock
 from laneway.controller.errors import UsageError
-from laneway.controller.states import ControlKind, ControlScope
+
+if TYPE_CHECKING:
+    from laneway.controller.operator import Operator
+    from laneway.controller.retry_plan import Rerun
 
 RunArg = Annotated[
     int | None,
@@ -45,7 +52,7 @@ LaneOpt = Annotated[str | None, typer.Option("--lane", help="Only this lane of t
 
 
 def _control(
-    kind: ControlKind,
+    action: str,
     run: int | None,
     everything: bool,
     reason: str,
@@ -53,68 +60,35 @@ def _control(
     as_json: bool,
     *,
     lane: str | None = None,
-    clear: tuple[ControlKind, ...] = (),
 ) -> None:
-    from laneway.controller import ledger
+    """A control command: its arguments checked, ``controller.operator``'s ``action``
+    (``pause``, ``stop``, ``halt``; ``resume``, ``clear_halt`` lift) called, the control
+    set or the count cleared rendered."""
+    from laneway.controller import operator
 
     with common.refusals(as_json):
         if (run is None) == (not everything):
             raise UsageError("name a RUN, or pass --all for every run (not both)")
         if lane is not None and run is None:
             raise UsageError("--lane needs a RUN")
-        engine = common.writer(runtime_dir)
-        now = SystemClock().now()
-        for trying in db.retrying(patience=RETRY_SECONDS):
-            with trying, db.transaction(db.session_factory(engine)) as session:
-                if run is not None:
-                    run_row = ledger.get_run(session, run)
-                    if lane is not None and lane not in {
-                        lane_config.name for lane_config in ledger.run_config(run_row).lanes
-                    }:
-                        raise UsageError(f"run {run} has no lane {lane!r}")
-                    if kind is ControlKind.PAUSE and not clear:
-                        ledger.check_pausable(session, run, lane=lane)
-                if clear:
-                    count = ledger.clear_controls(
-                        session,
-                        clear,
-                        reason=common.reason_given(reason),
-                        actor=common.actor(),
-                        now=now,
-                        run_id=run,
-                    )
-                    body = {"ok": True, "cleared": count, "kinds": [k.value for k in clear]}
-                else:
-                    scope = (
-                        ControlScope.GLOBAL
-                        if run is None
-                        else ControlScope.LANE
-                        if lane
-                        else ControlScope.RUN
-                    )
-                    control_id = ledger.set_control(
-                        session,
-                        kind,
-                        scope=scope,
-                        run_id=run,
-                        lane=lane,
-                        reason=common.reason_given(reason),
-                        actor=common.actor(),
-                        now=now,
-                    )
-                    body = {
-                        "ok": True,
-                        "control_id": control_id,
-                        "kind": kind.value,
-                        "scope": scope.value,
-                    }
+        op = _operator(runtime_dir)
+        act = getattr(operator, action)
+        done = act(op, run, reason=reason, lane=lane) if lane else act(op, run, reason=reason)
+    body = {"ok": True, **done.as_dict()}
     target = "every run" if run is None else f"run {run}" + (f" lane {lane}" if lane else "")
-    if clear:
+    if isinstance(done, operator.ControlsCleared):
         common.emit(body, as_json, lambda b: f"cleared {b['cleared']} control(s) on {target}")
     else:
         common.emit(
-            body, as_json, lambda b: f"{kind.value} set on {target} (control {b['control_id']})"
+            body, as_json, lambda b: f"{b['kind']} set on {target} (control {b['control_id']})"
         )
+
+
+def _operator(runtime_dir: Path) -> Operator:
+    """The operator acting from here (``user@host``) on the runtime dir's ledger."""
+    from laneway.controller.operator import Operator
+
+    return Operator(common.writer(runtime_dir), common.actor(), patience=RETRY_SECONDS)
 
 
 def pause(
@@ -131,12 +105,10 @@ def pause(
     A pause of a finished run (or of one of its lanes) is refused, nothing written:
     nothing of it is dispatched any more (`retry` reopens a job of it).
     """
-    _control(ControlKind.PAUSE, run, everything, reason, runtime_dir, as_json, lane=lane)
+    _control("pause", run, everything, reason, runtime_dir, as_json, lane=lane)
 
 
-def _control_command(
-    kind: ControlKind, doc: str, *, clear: tuple[ControlKind, ...] = ()
-) -> Callable[..., None]:
+def _control_command(action: str, doc: str) -> Callable[..., None]:
     """A control command on a run or on every run (``pause`` alone also takes --lane)."""
 
     def command(
@@ -147,27 +119,18 @@ def _control_command(
         database_url: DatabaseUrl = None,
         as_json: JsonFlag = False,
     ) -> None:
-        _control(kind, run, everything, reason, runtime_dir, as_json, clear=clear)
+        _control(action, run, everything, reason, runtime_dir, as_json)
 
     command.__doc__ = doc
     return command
 
 
 stop = _control_command(
-    ControlKind.STOP,
-    "Drain: no new dispatch; running attempts finish and settle. `resume` lifts it.",
+    "stop", "Drain: no new dispatch; running attempts finish and settle. `resume` lifts it."
 )
-resume = _control_command(
-    ControlKind.PAUSE,
-    "Lift pauses and stops (not halts: those need `clear-halt`).",
-    clear=(ControlKind.PAUSE, ControlKind.STOP),
-)
-halt = _control_command(
-    ControlKind.HALT, "Halt dispatch (fatal): only `clear-halt` with a reason lifts it."
-)
-clear_halt = _control_command(
-    ControlKind.HALT, "Lift halts, with a recorded reason.", clear=(ControlKind.HALT,)
-)
+resume = _control_command("resume", "Lift pauses and stops (not halts: those need `clear-halt`).")
+halt = _control_command("halt", "Halt dispatch (fatal): only `clear-halt` with a reason lifts it.")
+clear_halt = _control_command("clear_halt", "Lift halts, with a recorded reason.")
 
 
 def cancel(
@@ -196,22 +159,14 @@ def cancel(
     reports; the worker settles the attempt as cancelled. --run also stops the run's
     dispatch and cancels its waiting and ready jobs. Run it on the attempt's machine.
     """
+    from laneway.controller import operator
     from laneway.workers import stopping
 
     with common.refusals(as_json):
         if (attempt is None) == (run is None):
             raise UsageError("name one ATTEMPT, or pass --run RUN (not both)")
-        engine = common.writer(runtime_dir)
-        now = SystemClock().now()
-        done = stopping.cancel(
-            engine,
-            attempt=attempt,
-            run=run,
-            reason=common.reason_given(reason),
-            actor=common.actor(),
-            now=now,
-            patience=RETRY_SECONDS,
-        )
+        op = _operator(runtime_dir)
+        done = operator.cancel(op, attempt=attempt, run=run, reason=reason, here=stopping)
     signalled = done.attempts_signalled
     body = {"ok": True, "jobs_cancelled": done.jobs_cancelled, "attempts_signalled": signalled}
     common.emit(
@@ -428,88 +383,38 @@ def retry(
     start instead (`laneway run CONFIG --new`), with how many succeeded jobs that run
     reuses.
     """
-    from laneway.controller import ledger, retry_plan
+    from laneway.controller import operator
     from laneway.controller.states import Outcome
 
-    with common.refusals(as_json):
+    with common.refusals(as_json), _sources_refused(as_json):
         why = common.reason_given(reason)
         if job is not None and (stage is not None or outcome is not None):
             raise UsageError("--stage and --outcome choose jobs for a bulk retry: omit JOB")
         if job is None and run is None:
             raise UsageError("name a JOB (id or ITEM.STAGE), or --run RUN for a bulk retry")
-        engine = common.writer(runtime_dir)
-        job_id = None if job is None else common.job_id(engine, job, run)
-        if run is not None and stage is not None:
-            with db.session_factory(engine)() as session:
-                stages = [s.name for s in ledger.run_config(ledger.get_run(session, run)).stages]
-            if stage not in stages:
-                raise UsageError(f"--stage: {stage!r} is not a stage of run {run}")
-        if job_id is not None:
-            named = [job_id]
-        else:
-            assert run is not None
-            with db.one_read(engine) as session:
-                ledger.get_run(session, run)
-                named = ledger.failed_jobs(
-                    session,
-                    run,
-                    stage=stage,
-                    outcome=None if outcome is None else Outcome(outcome.value),
-                )
-        _refuse_changed_sources(engine, run if job_id is None else None, named, as_json)
-        reruns = retry_plan.producers_to_rerun(engine, named)
-    if reruns and not yes:
-        _confirm_reruns(reruns, as_json)
-    with common.refusals(as_json):
-        for trying in db.retrying(patience=RETRY_SECONDS):
-            with trying, db.transaction(db.session_factory(engine)) as session:
-                now = SystemClock().now()
-                for rerun in reversed(reruns):  # the deepest producer first
-                    ledger.rerun_producer(
-                        session,
-                        rerun.job_id,
-                        why=rerun.why,
-                        reason=why,
-                        actor=common.actor(),
-                        now=now,
-                    )
-                if job_id is not None:
-                    moved = ledger.retry_job(
-                        session, job_id, reason=why, actor=common.actor(), now=now
-                    )
-                    retried = [job_id]
-                elif reruns:
-                    # The producers re-run for exactly the jobs looked at: one that is no
-                    # longer failed refuses the whole retry (nothing is half done).
-                    for named_id in named:
-                        ledger.retry_job(
-                            session, named_id, reason=why, actor=common.actor(), now=now
-                        )
-                    retried = named
-                    moved = len(retried)
-                else:
-                    assert run is not None
-                    ledger.get_run(session, run)
-                    retried = ledger.retry_failed(
-                        session,
-                        run,
-                        reason=why,
-                        actor=common.actor(),
-                        now=now,
-                        stage=stage,
-                        outcome=None if outcome is None else Outcome(outcome.value),
-                    )
-                    moved = len(retried)
-    rerun_ids = [rerun.job_id for rerun in reruns]
-    also = f"; re-run first: job(s) {', '.join(map(str, rerun_ids))}" if reruns else ""
-    listed = [rerun.as_dict() for rerun in reruns]
-    if job_id is not None:
+        op = _operator(runtime_dir)
+        done = operator.retry(
+            op,
+            reason=why,
+            job=None if job is None else common.job_id(op.engine, job, run),
+            run=run,
+            stage=stage,
+            outcome=None if outcome is None else Outcome(outcome.value),
+            confirm=(lambda _reruns: True) if yes else functools.partial(_confirm, as_json),
+        )
+    rerun_ids = [rerun.job_id for rerun in done.reruns]
+    also = f"; re-run first: job(s) {', '.join(map(str, rerun_ids))}" if rerun_ids else ""
+    listed = [rerun.as_dict() for rerun in done.reruns]
+    if done.job_id is not None:
         common.emit(
-            {"ok": True, "job_id": job_id, "jobs_moved": moved, "rerun": listed},
+            {"ok": True, "job_id": done.job_id, "jobs_moved": done.moved, "rerun": listed},
             as_json,
-            lambda b: f"job {job_id} is ready for a new attempt ({moved} job(s) moved){also}",
+            lambda b: (
+                f"job {done.job_id} is ready for a new attempt ({done.moved} job(s) moved){also}"
+            ),
         )
         return
+    retried = done.retried
     common.emit(
         {"ok": True, "run_id": run, "retried": retried, "rerun": listed},
         as_json,
@@ -521,26 +426,24 @@ def retry(
     )
 
 
-def _refuse_changed_sources(engine: Any, run: int | None, named: list[int], as_json: bool) -> None:
-    """Refuse the retry, before anything moves, when its run (``run``, else the run of
-    the jobs ``named``) has frozen sources that changed on disk: the next claim would
-    halt it. One JSON object with --json: the refusal's lines, the files, the command
-    and the reuse count (``retry_sources.StaleSources.as_dict``)."""
-    from laneway.controller import retry_sources
+@contextmanager
+def _sources_refused(as_json: bool) -> Iterator[None]:
+    """``retry`` refused over changed frozen sources: with --json one object that adds
+    the files, the new run's command and its reuse count to the refusal's lines
+    (``retry_sources.StaleSources.as_dict``); in words, the lines alone."""
+    from laneway.controller.retry_sources import SourcesChanged
 
-    for run_id in [run] if run is not None else retry_sources.runs_of(engine, named):
-        stale = retry_sources.stale_sources(engine, run_id)
-        if stale is None:
-            continue
-        error = retry_sources.SourcesChanged(stale)
+    try:
+        yield
+    except SourcesChanged as error:
         if not as_json:
-            common.fail(error)
+            raise
         body = {"ok": False, "error": type(error).__name__, "problems": error.reasons}
-        typer.echo(render.as_json({**body, **stale.as_dict()}))
-        raise typer.Exit(error.exit_code)
+        typer.echo(render.as_json({**body, **error.stale.as_dict()}))
+        raise typer.Exit(error.exit_code) from None
 
 
-def _confirm_reruns(reruns: list[Any], as_json: bool) -> None:
+def _confirm(as_json: bool, reruns: Sequence[Rerun]) -> bool:
     """Name each producer that must run again and why, and ask once; without a terminal
     (or with --json) refuse, naming ``--yes``: re-running succeeded work needs the
     operator's word."""
@@ -550,18 +453,11 @@ def _confirm_reruns(reruns: list[Any], as_json: bool) -> None:
         for r in reruns
     ]
     if as_json or not (sys.stdin.isatty() and sys.stderr.isatty()):
-        common.fail(
-            UsageError(
-                f"{len(reruns)} producer(s) must run again first ({lines[0]}"
-                + (f"; and {len(reruns) - 1} more" if len(reruns) > 1 else "")
-                + "): pass --yes to re-run them with this retry"
-            ),
-            as_json,
+        raise UsageError(
+            f"{len(reruns)} producer(s) must run again first ({lines[0]}"
+            + (f"; and {len(reruns) - 1} more" if len(reruns) > 1 else "")
+            + "): pass --yes to re-run them with this retry"
         )
     for line in lines:
         typer.echo(render.clean(line), err=True)
-    if not typer.confirm(f"re-run {len(reruns)} producer(s) first, then retry?", err=True):
-        typer.echo(
-            "laneway: not retried: nothing was changed (--yes re-runs without asking)", err=True
-        )
-        raise typer.Exit(1)
+    return typer.confirm(f"re-run {len(reruns)} producer(s) first, then retry?", err=True)
