@@ -28,8 +28,6 @@ from laneway.cli.common import (
     JsonFlag,
     RuntimeDir,
 )
-from laneway.controller import db
-from laneway.controller.clock import SystemClock
 from laneway.controller.errors import UsageError
 
 if TYPE_CHECKING:
@@ -233,8 +231,7 @@ def reconcile(
     what its evidence says, and settles those whose evidence is conclusive into the
     outcome their exit record establishes, after one confirmation (--yes for scripts).
     """
-    from laneway.controller import evidence, ledger
-    from laneway.controller.reconcile import outputs_for_success, read_result_file
+    from laneway.controller.reconcile import read_result_file, reconcile_by_hand
 
     if from_evidence:
         _reconcile_from_evidence(run, attempt, as_, result, reason, yes, runtime_dir, as_json)
@@ -247,29 +244,15 @@ def reconcile(
         if run is not None or yes:
             raise UsageError("--run and --yes go with --from-evidence")
         recorded = read_result_file(result) if result else None
-        engine = common.writer(runtime_dir)
-        with db.session_factory(engine)() as session:
-            found = ledger.get_attempt(session, attempt)
-            exit_code, exit_signal = evidence.verified_exit(found)
-            node = found.node
-        why = common.reason_given(reason)
-        # A success hands its declared outputs on, as a worker's settle would.
-        stored = outputs_for_success(engine, attempt) if as_.value == "succeeded" else []
-        for trying in db.retrying(patience=RETRY_SECONDS):
-            with trying, db.transaction(db.session_factory(engine)) as session:
-                now = SystemClock().now()
-                job_state = ledger.reconcile_attempt(
-                    session,
-                    attempt,
-                    verdict=as_.value,
-                    reason=why,
-                    actor=common.actor(),
-                    now=now,
-                    result=recorded,
-                    exit_code=exit_code,
-                    exit_signal=exit_signal,
-                )
-                ledger.record_artifacts(session, attempt, stored, node=node, now=now)
+        job_state = reconcile_by_hand(
+            common.writer(runtime_dir),
+            attempt,
+            as_=as_.value,
+            reason=reason,
+            result=recorded,
+            actor=common.actor(),
+            patience=RETRY_SECONDS,
+        )
     body = {"ok": True, "attempt_id": attempt, "as": as_.value, "job_state": job_state.value}
     common.emit(
         body,

@@ -602,27 +602,19 @@ def _settle_from_exit_record(
     lost). True if settled."""
     if judged is None or judged.verdict.outcome is None:
         return False
-    if attempt.state == AttemptState.INTENT:
-        # Its identity was waiting for the settle its worker never wrote.
-        ledger.record_spawn_from_exit(
-            session,
-            attempt.id,
-            fence=attempt.fence,
-            actor=ACTOR,
-            now=now,
-            exit_record=judged.exit_record,
-        )
-    ledger.settle_from_verdict(
+    ledger.settle_judged(
         session,
         attempt.id,
-        fence=attempt.fence,
-        verdict=judged.verdict,
-        exit_record=judged.exit_record,
-        result=judged.result,
+        judged,
+        ledger.Fenced(
+            attempt.fence,
+            # Its identity was waiting for the settle its worker never wrote.
+            identity_from_exit=attempt.state == AttemptState.INTENT,
+            revoke=True,
+            reason_suffix=" (settled by the controller after its lease expired)",
+        ),
         actor=ACTOR,
         now=now,
-        revoke=True,
-        reason_suffix=" (settled by the controller after its lease expired)",
+        node=attempt.node,
     )
-    ledger.record_artifacts(session, attempt.id, judged.stored, node=attempt.node, now=now)
     return True

@@ -11,10 +11,12 @@ anything is written:
 
 The judgement alone (``laneway status``, the dashboard) is ``evidence.mark_conclusive``.
 
-An operator's own ``reconcile ATTEMPT --as succeeded`` of a stage that declares outputs
-hands them over too (``outputs_for_success``): stored from the attempt's workspace and
-recorded with the settle, or refused, so that no job reconciled succeeded leaves the
-stages that need it without their inputs.
+An operator's own ``reconcile ATTEMPT --as …`` is ``reconcile_by_hand``; as succeeded,
+for a stage that declares outputs, it hands them over too (``outputs_for_success``):
+stored from the attempt's workspace and recorded with the settle, or refused, so that
+no job reconciled succeeded leaves the stages that need it without their inputs.
+
+Both write through ``ledger.settle_judged``, the one write of every verdict.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from laneway.controller import db, evidence, identity, ledger, limits
-from laneway.controller.attempt import Delivery, judge_attempt
+from laneway.controller.attempt import Delivery, Judged, judge_attempt
 from laneway.controller.clock import Clock, SystemClock
 from laneway.controller.config import StageConfig
 from laneway.controller.errors import IllegalTransition, UsageError
@@ -133,7 +135,7 @@ def settle_from_evidence(
     clock: Clock | None = None,
 ) -> list[Settled]:
     """Settle each attempt whose evidence ``review`` found conclusive, in order, as its
-    exit record says (``ledger.reconcile_attempt`` with verdict ``evidence``), recorded
+    exit record says (``ledger.settle_judged``, reconciled as ``evidence``), recorded
     by ``actor`` with ``reason`` (default ``EVIDENCE_REASON``) and what was found.
 
     A success hands over its stage's declared outputs as a worker's settle would: stored
@@ -149,28 +151,71 @@ def settle_from_evidence(
         found, stored = evidence.with_outputs(found, row.attempt_dir, stage, review.store_url)
         for trying in db.retrying(patience=patience):
             with trying, db.transaction(db.session_factory(engine)) as session:
-                job_state = ledger.reconcile_attempt(
+                job_state = ledger.settle_judged(
                     session,
                     found.attempt_id,
-                    verdict="evidence",
-                    reason=f"{why}; {found.words}",
+                    Judged(Verdict(found.outcome, found.words), result=found.result, stored=stored),
+                    ledger.Reconciled(
+                        "evidence",
+                        reason=f"{why}; {found.words}",
+                        exit_code=found.exit_code,
+                        exit_signal=found.exit_signal,
+                    ),
                     actor=actor,
                     now=clock.now(),
-                    result=found.result,
-                    exit_code=found.exit_code,
-                    exit_signal=found.exit_signal,
-                    outcome=found.outcome,
+                    node=row.node,
                 )
-                ledger.record_artifacts(session, row.id, stored, node=row.node, now=clock.now())
         settled.append(Settled(found, job_state))
     return settled
+
+
+def reconcile_by_hand(
+    engine: Engine,
+    attempt_id: int,
+    *,
+    as_: str,
+    reason: str,
+    result: dict[str, Any] | None,
+    actor: str,
+    patience: float = 30.0,
+    clock: Clock | None = None,
+) -> JobState:
+    """An operator's ``reconcile ATTEMPT --as AS --reason REASON [--result FILE]``: the
+    unknown attempt settled as ``as_`` says (``ledger.RECONCILE_AS``), with the exit code
+    and signal of its verified exit record when it has one, ``result`` (read by
+    ``read_result_file``) and, for a success, its stage's declared outputs
+    (``outputs_for_success``), in one write transaction retried on a transient ledger
+    failure for up to ``patience`` seconds. Returns the job's new state.
+
+    Raises NotFound for an unknown attempt, UsageError for a ``reason`` that says
+    nothing, IllegalTransition when the attempt is not unknown (another reconcile won)
+    or a success's outputs cannot be handed over."""
+    clock = clock or SystemClock()
+    with db.session_factory(engine)() as session:
+        found = ledger.get_attempt(session, attempt_id)
+        exit_code, exit_signal = evidence.verified_exit(found)
+        node = found.node
+    if not reason.strip():
+        raise UsageError("--reason must say why (it is recorded in the ledger)")
+    why = reason.strip()
+    # A success hands its declared outputs on, as a worker's settle would.
+    stored = outputs_for_success(engine, attempt_id) if as_ == "succeeded" else []
+    said = ledger.RECONCILE_AS.get(as_)  # one it does not know: refused by the reconcile
+    judged = Judged(Verdict(said[0] if said else None, why), result=result, stored=stored)
+    how = ledger.Reconciled(as_, reason=why, exit_code=exit_code, exit_signal=exit_signal)
+    for trying in db.retrying(patience=patience):
+        with trying, db.transaction(db.session_factory(engine)) as session:
+            job_state = ledger.settle_judged(
+                session, attempt_id, judged, how, actor=actor, now=clock.now(), node=node
+            )
+    return job_state
 
 
 def outputs_for_success(engine: Engine, attempt_id: int) -> list[dict[str, Any]]:
     """What an operator's ``reconcile ATTEMPT --as succeeded`` records: the declared
     outputs of the attempt's stage, found in its workspace, hashed and put in the run's
     artifact store (``judge_attempt`` given the success; call it outside any
-    transaction, then record the result with the settle: ``ledger.record_artifacts``).
+    transaction, then hand the result to the settle: ``ledger.settle_judged``).
     Nothing for a stage without outputs, or an attempt that is not unknown (the
     reconcile refuses it itself).
 

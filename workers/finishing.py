@@ -185,31 +185,15 @@ class Finishing:
             verdict = verdict_of.verdict
             try:
                 with ledger.refused_before_writing(session):
-                    if verdict.outcome is None:
-                        ledger.mark_unknown(
-                            session,
-                            attempt_id,
-                            reason=verdict.reason,
-                            actor=self.worker.worker_id,
-                            now=now,
-                            fence=flight.claim.fence,
-                            result=verdict_of.result,
-                        )
-                    else:
-                        ledger.settle_from_verdict(
-                            session,
-                            attempt_id,
-                            fence=flight.claim.fence,
-                            verdict=verdict,
-                            exit_record=verdict_of.exit_record,
-                            result=verdict_of.result,
-                            actor=self.worker.worker_id,
-                            now=now,
-                            measured=measurements(flight.peaks),
-                        )
-                        ledger.record_artifacts(
-                            session, attempt_id, verdict_of.stored, node=self.worker.node, now=now
-                        )
+                    ledger.settle_judged(
+                        session,
+                        attempt_id,
+                        verdict_of,
+                        ledger.Fenced(flight.claim.fence, measured=measurements(flight.peaks)),
+                        actor=self.worker.worker_id,
+                        now=now,
+                        node=self.worker.node,
+                    )
                 outcomes.append(verdict.outcome.value if verdict.outcome else "unknown")
                 if verdict.outcome not in (None, Outcome.SUCCEEDED):
                     settled_failures.append(flight)

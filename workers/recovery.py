@@ -249,38 +249,19 @@ class Recovery:
         verdict = judged.verdict
         with db.transaction(self.worker.factory) as session:
             now = db.ledger_now(session, self.worker.clock)
-            if verdict.outcome is None:
-                ledger.mark_unknown(
-                    session,
-                    attempt.id,
-                    reason=verdict.reason,
-                    actor=self.worker.worker_id,
-                    now=now,
-                    fence=fence,
-                    result=judged.result,
-                )
-                return f"{label}: unknown ({verdict.reason})"
-            if attempt.state == AttemptState.INTENT:
-                # Its identity was waiting for the settle its worker never wrote.
-                ledger.record_spawn_from_exit(
-                    session,
-                    attempt.id,
-                    fence=fence,
-                    actor=self.worker.worker_id,
-                    now=now,
-                    exit_record=judged.exit_record,
-                )
-            ledger.settle_from_verdict(
+            ledger.settle_judged(
                 session,
                 attempt.id,
-                fence=fence,
-                verdict=verdict,
-                exit_record=judged.exit_record,
-                result=judged.result,
+                judged,
+                ledger.Fenced(
+                    fence,
+                    # Its identity was waiting for the settle its worker never wrote.
+                    identity_from_exit=attempt.state == AttemptState.INTENT,
+                ),
                 actor=self.worker.worker_id,
                 now=now,
+                node=self.worker.node,
             )
-            ledger.record_artifacts(
-                session, claim.attempt_id, judged.stored, node=self.worker.node, now=now
-            )
+        if verdict.outcome is None:
+            return f"{label}: unknown ({verdict.reason})"
         return f"{label}: settled {verdict.outcome.value} from its exit record"

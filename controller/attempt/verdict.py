@@ -98,7 +98,7 @@ class Delivery:
 class Judged:
     """What an attempt left on disk, judged: the verdict (outcome None: not established),
     the exit record and result as read (None when the outcome was given), and the
-    outputs stored for the settle to record (``ledger.record_artifacts``)."""
+    outputs stored for the settle to record (``ledger.settle_judged``)."""
 
     verdict: Verdict
     exit_record: dict[str, Any] | None = None

@@ -20,7 +20,9 @@ One module per phase of an attempt's life, each importing only those listed befo
 - ``settle``: spawn identity, outcomes, breakers;
 - ``recovery``: expired leases, orphans, adoption (the lease design note is there);
 - ``notices``: controllers' heartbeats, notifications and their deliveries;
-- ``operator``: reconcile, retry, cancel, closeout bookkeeping.
+- ``operator``: reconcile, retry, cancel, closeout bookkeeping;
+- ``judged``: the one write of a verdict (``settle_judged``): unknown, settled or
+  reconciled, the late identity, a success's stored outputs.
 
 Callers import this package (``from laneway.controller import ledger``) and use the names below.
 """
@@ -28,7 +30,6 @@ Callers import this package (``from laneway.controller import ledger``) and use 
 from laneway.controller.launch import argv_hash, artifact_store_url, attempt_dir, inputs_dir
 from laneway.controller.ledger.artifacts import (
     inputs_for,
-    record_artifacts,
     record_inputs,
     run_artifacts,
 )
@@ -45,6 +46,7 @@ from laneway.controller.ledger.controls import (
     run_paused,
     set_control,
 )
+from laneway.controller.ledger.judged import Fenced, Reconciled, settle_judged
 from laneway.controller.ledger.notices import (
     attention_events,
     controller_heartbeat,
@@ -152,6 +154,8 @@ __all__ = [
     "Claim",
     "ClaimRaced",
     "Delivered",
+    "Fenced",
+    "Reconciled",
     "RunInfo",
     "active_run_ids",
     "active_workers",
@@ -206,7 +210,6 @@ __all__ = [
     "promote_item",
     "promote_run",
     "reconcile_attempt",
-    "record_artifacts",
     "record_capture",
     "record_decisions",
     "record_delivery",
@@ -234,6 +237,7 @@ __all__ = [
     "set_control",
     "settle_attempt",
     "settle_from_verdict",
+    "settle_judged",
     "stage_peaks",
     "stale_workers",
     "stop_worker",
