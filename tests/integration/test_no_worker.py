@@ -192,13 +192,19 @@ def test_explain_says_first_that_no_worker_runs_on_the_node(
     text = invoke("explain", str(job_id), "--runtime-dir", str(runtime))
     lines = text.stdout.splitlines()
     assert lines[0].startswith(f"job {job_id} ")
-    assert lines[1] == (
+    # The job's next step leads (its lane's, as `status` gives it): on SQLite no
+    # controller serves this run either, so continuing it in the foreground starts both;
+    # on a shared ledger the controller may run elsewhere, so it is the worker.
+    step = body["next_step"]
+    assert step["code"] in ("no_controller", "no_worker"), step
+    assert lines[1] == f"next step: {step['words']}: {step['command']}"
+    assert lines[2] == (
         "no worker is running on node n1: nothing will claim or settle its jobs; "
         f"start one: {start_command(runtime)}"
     )
     # The other reasons as before, after it (no memory sample: no worker reported one).
-    assert lines[2] == "also blocked by:"
-    assert any(line.startswith("  memory_floor") for line in lines[3:])
+    assert lines[3] == "also blocked by:"
+    assert any(line.startswith("  memory_floor") for line in lines[4:])
 
 
 def test_explain_a_failed_job_shows_its_evidence_and_the_retry_command(
