@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from laneway.controller import advice
+from laneway.controller.codes import RefusalCode
 from laneway.controller.status_model import (
     Closeout,
     RunningAttempt,
@@ -387,7 +388,7 @@ def explain_text(report: dict[str, Any]) -> str:
                 f"its jobs; start one: {worker['start']}"
             )
         )
-    others = [b for b in report["blocked_by"] if b["code"] != "no_worker"]
+    others = [b for b in report["blocked_by"] if b["code"] != RefusalCode.NO_WORKER]
     if others:
         out.append("also blocked by:" if unserved else "blocked by:")
         out += [f"  {clean(b['words'])}" for b in others]

@@ -12,6 +12,7 @@ from typing import Any
 
 from laneway.cli import render
 from laneway.controller import queries
+from laneway.controller.codes import RefusalCode, StepCode
 from laneway.controller.rows import Rows
 from laneway.controller.status import status_report
 from laneway.controller.status_model import StatusReport
@@ -67,11 +68,11 @@ def holding(report: StatusReport) -> tuple[str | None, str | None, str | None]:
             return lane.reason.code, lane.lane, lane.reason.words
     if report.unknown:
         count = len(report.unknown)
-        return "unknown_outcome", None, f"{count} attempt(s) with an unknown outcome"
+        return RefusalCode.UNKNOWN_OUTCOME, None, f"{count} attempt(s) with an unknown outcome"
     if report.running or any(lane.running for lane in report.lanes):
-        return "running", None, None
+        return StepCode.RUNNING, None, None
     if not any(lane.pending for lane in report.lanes):
-        return "done", None, "every job is terminal; the controller closes the run"
+        return StepCode.DONE, None, "every job is terminal; the controller closes the run"
     return None, None, None
 
 

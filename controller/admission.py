@@ -64,10 +64,15 @@ import math
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from laneway.controller import usage as usage_math
+from laneway.controller.codes import CONTROL_CODES, RefusalCode
 from laneway.controller.refusal_words import describe
+from laneway.controller.states import ControlKind
+
+Reason = tuple[RefusalCode, dict[str, Any]]
+"""A refusal's code and its numbers (the detail the ledger records and words)."""
 
 
 def runs_on(stage_nodes: Sequence[str] | None, lane_node: str) -> tuple[str, ...]:
@@ -300,7 +305,9 @@ class Refusal:
     run_id: int
     lane: str
     stage: str | None
-    code: str
+    code: RefusalCode | Literal[""]
+    """Why it waits; ``""`` only where the ledger records a dispatch in a refusal's shape
+    (``controller/ledger/claim.py``)."""
     detail: dict[str, Any]
     job_id: int | None = None
 
@@ -394,12 +401,12 @@ def admit(snapshot: Snapshot) -> Admission:
     for run_id, lane in sorted(snapshot.waiting_lanes - has_candidates):
         # A halt, unknown outcome, pause or stop is the truer reason for an idle lane.
         blocked = _control_refusal(snapshot, Candidate(0, run_id, lane, ""))
-        code, detail = blocked or ("needs_pending", {})
+        code, detail = blocked or (RefusalCode.NEEDS_PENDING, {})
         result.refusals.append(Refusal(run_id, lane, None, code, detail))
     return result
 
 
-def explain(snap: Snapshot, job: Candidate) -> list[tuple[str, dict[str, Any]]]:
+def explain(snap: Snapshot, job: Candidate) -> list[Reason]:
     """Every reason that blocks ``job`` now (not only the first), with its numbers."""
     node = snap.node
     return list(
@@ -429,9 +436,9 @@ def _refusals(
     stage: Counter[tuple[int, str]],
     held: dict[tuple[int, str | None, str], float],
     rated: dict[tuple[int, str, str], float],
-) -> Iterator[tuple[str, dict[str, Any]]]:
+) -> Iterator[Reason]:
     if job.nodes and snap.node.name not in job.nodes:
-        yield "other_node", {"node": snap.node.name, "nodes": list(job.nodes)}
+        yield RefusalCode.OTHER_NODE, {"node": snap.node.name, "nodes": list(job.nodes)}
     blocked = _control_refusal(snap, job)
     if blocked is not None:
         yield blocked
@@ -444,28 +451,28 @@ def _refusals(
     node = snap.node
     lacking = snap.missing_secrets.get((job.run_id, job.stage))
     if lacking:
-        yield "secret_missing", {"node": node.name, "variables": lacking}
+        yield RefusalCode.SECRET_MISSING, {"node": node.name, "variables": lacking}
     if running >= node.max_jobs:
-        yield "max_jobs", {"running": running, "max_jobs": node.max_jobs}
+        yield RefusalCode.MAX_JOBS, {"running": running, "max_jobs": node.max_jobs}
     if free <= 0:
-        yield "slots_full", {"slots": snap.free_slots}
+        yield RefusalCode.SLOTS_FULL, {"slots": snap.free_slots}
     cap = snap.lane_caps.get((job.run_id, job.lane), {}).get(job.stage)
     in_lane = lane_stage[(job.run_id, job.lane, job.stage)]
     if cap is not None and in_lane >= cap:
-        yield "lane_cap", {"running": in_lane, "cap": cap}
+        yield RefusalCode.LANE_CAP, {"running": in_lane, "cap": cap}
     global_cap = snap.stage_caps.get((job.run_id, job.stage))
     in_stage = stage[(job.run_id, job.stage)]
     if global_cap is not None and in_stage >= global_cap:
-        yield "stage_cap", {"running": in_stage, "cap": global_cap}
+        yield RefusalCode.STAGE_CAP, {"running": in_stage, "cap": global_cap}
     if job.gpus > 0 or job.gpu_mib > 0:
         gpu = _gpu_refusal(node, job, devices)
         if gpu is not None:
             yield gpu
     if node.mem_available_mib is None:
-        yield "memory_floor", {"why": "no memory sample from this node yet"}
+        yield RefusalCode.MEMORY_FLOOR, {"why": "no memory sample from this node yet"}
     elif node.mem_available_mib - reserved - job.memory_mib < node.memory_floor_mib:
         yield (
-            "memory_floor",
+            RefusalCode.MEMORY_FLOOR,
             {
                 "available_mib": round(node.mem_available_mib),
                 "reserved_mib": round(reserved),
@@ -477,7 +484,7 @@ def _refusals(
 
 def _rate_refusal(
     snap: Snapshot, job: Candidate, rated: dict[tuple[int, str, str], float]
-) -> tuple[str, dict[str, Any]] | None:
+) -> Reason | None:
     """The first of the job's rate limits (in the order its stage lists them) that one
     more attempt would pass: its calls, then its usage keys in name order."""
     for name in job.limits:
@@ -492,7 +499,7 @@ def _rate_refusal(
         if window.calls is not None:
             started = window.started + rated.get((job.run_id, name, "calls"), 0.0)
             if started + 1 > window.calls:
-                return "rate_limit", base | {
+                return RefusalCode.RATE_LIMIT, base | {
                     "key": "calls",
                     "in_window": started,
                     "this": 1,
@@ -502,7 +509,7 @@ def _rate_refusal(
             used = window.used.get(key, 0.0) + rated.get((job.run_id, name, key), 0.0)
             expected = job.limit_usage.get(key, 0.0)
             if usage_math.over_budget(used, expected, cap):
-                return "rate_limit", base | {
+                return RefusalCode.RATE_LIMIT, base | {
                     "key": key,
                     "in_window": round(used, 6),
                     "this": round(expected, 6),
@@ -513,7 +520,7 @@ def _rate_refusal(
 
 def _budget_refusal(
     snap: Snapshot, job: Candidate, held: dict[tuple[int, str | None, str], float]
-) -> tuple[str, dict[str, Any]] | None:
+) -> Reason | None:
     """The first budget (the run's, then the stage's; keys in name order) that this
     attempt's expected cost would pass. ``held``: what this admission already started."""
     for scope in (None, job.stage):
@@ -522,7 +529,7 @@ def _budget_refusal(
             reserved += held.get((job.run_id, scope, key), 0.0)
             expected = job.expected_usage.get(key, 0.0)
             if usage_math.over_budget(spent + reserved, expected, budget):
-                return "budget", {
+                return RefusalCode.BUDGET, {
                     "scope": "run" if scope is None else "stage",
                     "stage": job.stage,
                     "key": key,
@@ -580,16 +587,14 @@ def pick_devices(
     return None
 
 
-def _gpu_refusal(
-    node: NodeView, job: Candidate, devices: list[DeviceView]
-) -> tuple[str, dict[str, Any]] | None:
+def _gpu_refusal(node: NodeView, job: Candidate, devices: list[DeviceView]) -> Reason | None:
     """Why ``job`` gets no device on ``node`` now (None: ``pick_devices`` finds some):
     ``gpu_capacity`` (no GPU, or fewer devices than asked), ``gpu_busy`` (whole devices
     held), ``gpu_memory`` (a share fits on no device; each device's arithmetic)."""
     if not devices:
-        return "gpu_capacity", {"why": "node has no GPU configured"}
+        return RefusalCode.GPU_CAPACITY, {"why": "node has no GPU configured"}
     if job.gpus > len(devices):
-        return "gpu_capacity", {
+        return RefusalCode.GPU_CAPACITY, {
             "why": f"the stage asks for {job.gpus} GPU(s); node has {len(devices)}"
         }
     if pick_devices(devices, job, node.gpu_fraction) is not None:
@@ -597,13 +602,13 @@ def _gpu_refusal(
     held = {d.label(): f"held by {len(d.holders)} attempt(s)" for d in devices if d.holders}
     if job.gpus > 0:
         free = len(devices) - len(held)
-        return "gpu_busy", {
+        return RefusalCode.GPU_BUSY, {
             "why": f"the stage asks for {job.gpus} whole GPU(s); {free} of "
             f"{len(devices)} free ({'; '.join(f'{k} {v}' for k, v in held.items())})",
             "devices": held,
         }
     if all(any(h.whole for h in d.holders) for d in devices):
-        return "gpu_busy", {
+        return RefusalCode.GPU_BUSY, {
             "why": "every GPU of the node is held whole by another attempt",
             "devices": held,
         }
@@ -612,36 +617,36 @@ def _gpu_refusal(
         for d in devices
         if (why := _share_fits(d, job, node.gpu_fraction)) is not None
     }
-    return "gpu_memory", {
+    return RefusalCode.GPU_MEMORY, {
         "why": "; ".join(f"{label}: {why}" for label, why in per_device.items()),
         "devices": per_device,
         "gpu_running": sum(len(d.holders) for d in devices),
     }
 
 
-def stopped(snap: Snapshot, job: Candidate) -> str | None:
+def stopped(snap: Snapshot, job: Candidate) -> RefusalCode | None:
     """The reason code when a halt, an unknown outcome, a pause or a stop in ``snap``
     covers ``job``; None when none does."""
     refusal = _control_refusal(snap, job)
     return refusal[0] if refusal is not None else None
 
 
-def _control_refusal(snap: Snapshot, job: Candidate) -> tuple[str, dict[str, Any]] | None:
+def _control_refusal(snap: Snapshot, job: Candidate) -> Reason | None:
     """Halt, then unknown outcome, then pause, then stop: what an operator must lift."""
-    halt = _control(snap, job, "halt")
+    halt = _control(snap, job, ControlKind.HALT)
     if halt is not None:
-        return "halted", {"scope": halt.scope, "reason": halt.reason}
+        return RefusalCode.HALTED, {"scope": halt.scope, "reason": halt.reason}
     if snap.unknown_runs.get(job.run_id):
-        return "unknown_outcome", {"unknown_attempts": snap.unknown_runs[job.run_id]}
+        return RefusalCode.UNKNOWN_OUTCOME, {"unknown_attempts": snap.unknown_runs[job.run_id]}
     if snap.unknown_everywhere:
-        return "unknown_outcome", {
+        return RefusalCode.UNKNOWN_OUTCOME, {
             "unknown_attempts": snap.unknown_everywhere,
             "scope": "everything",
         }
-    for kind, code in (("pause", "paused"), ("stop", "stopped")):
+    for kind in (ControlKind.PAUSE, ControlKind.STOP):
         control = _control(snap, job, kind)
         if control is not None:
-            return code, {"scope": control.scope, "reason": control.reason}
+            return CONTROL_CODES[kind], {"scope": control.scope, "reason": control.reason}
     return None
 
 

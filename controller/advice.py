@@ -35,6 +35,8 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING, Any
 
+from laneway.controller.codes import CONTROL_CODES, CONTROL_KINDS, RefusalCode, StepCode
+from laneway.controller.states import ControlKind, ControlScope
 from laneway.controller.status_model import NextStep
 from laneway.controller.usage import BUDGET_SPENT
 
@@ -48,55 +50,58 @@ BREAKER = "infrastructure failures of "
 """How the reason of the infrastructure breaker's pause begins
 (``controller/ledger/settle.py::_trip_infra_breaker``)."""
 
-DONE = "done"
-RUNNING = "running"
-NEW_RUN_CODES = frozenset({"budget", "sources_changed"})
+DONE = StepCode.DONE
+RUNNING = StepCode.RUNNING
+NO_CONTROLLER = StepCode.NO_CONTROLLER
+NEW_RUN_CODES = frozenset({RefusalCode.BUDGET, StepCode.SOURCES_CHANGED})
 """Steps whose way on is a new run, not continuing this one."""
 
-WAITS = {
-    "max_jobs": "nothing to do: the node runs its max_jobs; the next settle frees a slot",
-    "slots_full": "nothing to do: every worker slot is busy; the next settle frees one",
-    "lane_cap": "nothing to do: the lane's cap for the stage is reached; it frees as they settle",
-    "stage_cap": "nothing to do: the stage's cap is reached; it frees as they settle",
-    "needs_pending": "nothing to do: earlier stages of its items are still pending",
-    "batch_cap": "nothing to do: the run's batch cap is reached",
-    "rate_limit": (
+WAITS: dict[str, str] = {
+    RefusalCode.MAX_JOBS: "nothing to do: the node runs its max_jobs; the next settle frees a slot",
+    RefusalCode.SLOTS_FULL: "nothing to do: every worker slot is busy; the next settle frees one",
+    RefusalCode.LANE_CAP: (
+        "nothing to do: the lane's cap for the stage is reached; it frees as they settle"
+    ),
+    RefusalCode.STAGE_CAP: "nothing to do: the stage's cap is reached; it frees as they settle",
+    RefusalCode.NEEDS_PENDING: "nothing to do: earlier stages of its items are still pending",
+    RefusalCode.BATCH_CAP: "nothing to do: the run's batch cap is reached",
+    RefusalCode.RATE_LIMIT: (
         "nothing to do: the stage's rate limit is reached; its window frees by itself "
         "(`laneway explain JOB` shows the arithmetic and when)"
     ),
-    "gpu_capacity": (
+    RefusalCode.GPU_CAPACITY: (
         "nothing to do until a GPU attempt settles (a second one shares the node only "
         "when measured peaks say it fits)"
     ),
 }
+"""The words of a capacity wait, by its refusal code: it clears by itself."""
 
-NO_CONTROLLER = "no_controller"
 OPERATOR_FIRST = frozenset(
     {
-        "unknown_outcome",
-        "halted",
-        "paused",
-        "stopped",
-        "breaker",
-        "budget",
-        "sources_changed",
-        "secret_missing",
+        RefusalCode.UNKNOWN_OUTCOME,
+        RefusalCode.HALTED,
+        RefusalCode.PAUSED,
+        RefusalCode.STOPPED,
+        StepCode.BREAKER,
+        RefusalCode.BUDGET,
+        StepCode.SOURCES_CHANGED,
+        RefusalCode.SECRET_MISSING,
     }
 )
 """Steps a person takes first even when the controller is gone: continuing the run
 would only be held by them again."""
 
-RUN_ORDER = (
-    "unknown_outcome",
-    "sources_changed",
-    "budget",
-    "halted",
-    "breaker",
-    "paused",
-    "stopped",
-    "secret_missing",
-    NO_CONTROLLER,
-    "no_worker",
+RUN_ORDER: tuple[str, ...] = (
+    RefusalCode.UNKNOWN_OUTCOME,
+    StepCode.SOURCES_CHANGED,
+    RefusalCode.BUDGET,
+    RefusalCode.HALTED,
+    StepCode.BREAKER,
+    RefusalCode.PAUSED,
+    RefusalCode.STOPPED,
+    RefusalCode.SECRET_MISSING,
+    StepCode.NO_CONTROLLER,
+    RefusalCode.NO_WORKER,
 )
 """Which lane's step is the run's (``run_next_step``): what must happen first. What a
 person must lift (``OPERATOR_FIRST``) comes before ``no_controller``: a run held by its
@@ -120,7 +125,7 @@ def continue_command(run_id: int, runtime_dir: str) -> str:
     return f"laneway run --continue {run_id}{_where(runtime_dir)}"
 
 
-HALTING = frozenset({"unknown_outcome", "halted", "sources_changed"})
+HALTING = frozenset({RefusalCode.UNKNOWN_OUTCOME, RefusalCode.HALTED, StepCode.SOURCES_CHANGED})
 """Run concerns that hold even a lane with nothing left to start: its run dispatches
 nothing and cannot finish until they are lifted."""
 
@@ -140,16 +145,17 @@ def run_concern(status: StatusReport) -> NextStep | None:
             return _evidence_step(found.attempt_id, found.evidence_on, status)
         # The first unknown attempt's command names it; ``status`` lists them all.
         first = status.unknown[0]
-        return NextStep("unknown_outcome", "reconcile the unknown attempt", first.reconcile)
+        return NextStep(
+            RefusalCode.UNKNOWN_OUTCOME, "reconcile the unknown attempt", first.reconcile
+        )
     wide = [c for c in status.controls if c.lane is None]
-    for kind in ("halt", "pause", "stop"):
+    for kind in (ControlKind.HALT, ControlKind.PAUSE, ControlKind.STOP):
         held = [c for c in wide if c.kind == kind]
         if held:
             # Of several pauses, the budget's, then the breaker's: they say how to go on.
             held.sort(key=lambda c: _control_rank(c.reason or ""))
-            code = {"halt": "halted", "pause": "paused", "stop": "stopped"}[kind]
             scopes = {c.scope for c in held}
-            return _control_step(code, held[0].reason or "", scopes, status)
+            return _control_step(CONTROL_CODES[kind], held[0].reason or "", scopes, status)
     return None
 
 
@@ -165,7 +171,7 @@ def _evidence_step(attempt_id: int, found: dict[str, Any], status: StatusReport)
     run = status.run
     host = found.get("host") or "its machine"
     return NextStep(
-        "unknown_outcome",
+        RefusalCode.UNKNOWN_OUTCOME,
         f"conclusive evidence of unknown attempt {attempt_id} is on node {found.get('node')} "
         f"(host {host}: it settles as {found.get('outcome')}); run this on {host} to settle "
         "it from that evidence",
@@ -213,30 +219,32 @@ def no_controller_step(status: StatusReport) -> NextStep:
     )
 
 
-def _control_step(code: str, why: str, scopes: set[str], status: StatusReport) -> NextStep:
+def _control_step(
+    code: RefusalCode, why: str, scopes: set[ControlScope], status: StatusReport
+) -> NextStep:
     """The step of a control that holds the run or a lane: ``code`` ``halted``,
     ``paused`` or ``stopped``, ``why`` its reason."""
     run = status.run
-    if code == "paused" and why.startswith(BUDGET_SPENT):
+    if code == RefusalCode.PAUSED and why.startswith(BUDGET_SPENT):
         return _budget_step(status)
-    if code == "halted" and why.startswith(SOURCES_CHANGED):
+    if code == RefusalCode.HALTED and why.startswith(SOURCES_CHANGED):
         # Each problem names its file first (``pipeline.source_drift``); an unreadable
         # one's own "; frozen HASH" is no file.
         parts = why[len(SOURCES_CHANGED) :].split("; ")
         files = [part.split(": ", 1)[0] for part in parts if not part.startswith("frozen ")]
         return NextStep(
-            "sources_changed",
+            StepCode.SOURCES_CHANGED,
             f"the run's frozen sources changed ({', '.join(files)}); `clear-halt` cannot "
             "lift this halt: start a new run, which freezes them again and reuses what "
             "succeeded",
             new_run_command(run.runtime_dir, run.config_path),
         )
-    target = "--all" if scopes == {"global"} else str(run.id)
-    verb = "clear-halt" if code == "halted" else "resume"
+    target = "--all" if scopes == {ControlScope.GLOBAL} else str(run.id)
+    verb = "clear-halt" if code == RefusalCode.HALTED else "resume"
     command = f"laneway {verb} {target} --reason '...'{_where(run.runtime_dir)}"
-    if code == "paused" and why.startswith(BREAKER):
+    if code == RefusalCode.PAUSED and why.startswith(BREAKER):
         return NextStep(
-            "breaker",
+            StepCode.BREAKER,
             "the infrastructure breaker paused the run; once the infrastructure is fixed",
             command,
         )
@@ -246,7 +254,7 @@ def _control_step(code: str, why: str, scopes: set[str], status: StatusReport) -
 def _budget_step(status: StatusReport) -> NextStep:
     succeeded = status.totals.get("succeeded", 0)
     return NextStep(
-        "budget",
+        RefusalCode.BUDGET,
         f"the run stopped at its budget; raise `budget` in the config and start a new "
         f"run ({succeeded} succeeded job(s) are reused, not run or paid for again; "
         "`resume` would pause it again)",
@@ -269,27 +277,27 @@ def _held_step(lane: Lane, status: StatusReport, concern: NextStep | None) -> Ne
     reason = lane.reason
     if reason is None:
         return NextStep(
-            "unrecorded",
+            StepCode.UNRECORDED,
             "no refusal recorded yet: `laneway explain JOB` lists what blocks a ready job",
             None,
         )
     code = reason.code
     why = str(reason.detail.get("reason") or "")
-    if code == "unknown_outcome":
+    if code == RefusalCode.UNKNOWN_OUTCOME:
         return NextStep(
-            "unknown_outcome",
+            RefusalCode.UNKNOWN_OUTCOME,
             "reconcile the unknown attempt(s) that halt dispatch (another run's, scope everything)",
             None,
         )
-    if code == "no_worker":
-        return NextStep("no_worker", "start a worker", str(reason.detail.get("start")))
-    if code == "budget":
+    if code == RefusalCode.NO_WORKER:
+        return NextStep(RefusalCode.NO_WORKER, "start a worker", str(reason.detail.get("start")))
+    if code == RefusalCode.BUDGET:
         return _budget_step(status)
-    if code in ("paused", "stopped", "halted"):
-        kinds = {"paused": "pause", "stopped": "stop", "halted": "halt"}
-        scopes = {c.scope for c in status.controls if c.kind == kinds[code]}
-        return _control_step(code, why, scopes, status)
-    if code == "secret_missing":
+    kind = CONTROL_KINDS.get(code)
+    if kind is not None:
+        scopes = {c.scope for c in status.controls if c.kind == kind}
+        return _control_step(CONTROL_CODES[kind], why, scopes, status)
+    if code == RefusalCode.SECRET_MISSING:
         names = " ".join(str(v) for v in reason.detail.get("variables", []))
         node = reason.detail.get("node") or reason.node or lane.node
         return NextStep(
@@ -299,7 +307,7 @@ def _held_step(lane: Lane, status: StatusReport, concern: NextStep | None) -> Ne
             "runs); nothing of the stage was started or failed",
             None,
         )
-    if code == "memory_floor":
+    if code == RefusalCode.MEMORY_FLOOR:
         return NextStep(
             code,
             "wait for running attempts to release memory, free memory on node "
@@ -322,7 +330,7 @@ def _unverified_step(lane: Lane, status: StatusReport) -> NextStep | None:
     if start is None:
         return None
     return NextStep(
-        "no_worker",
+        RefusalCode.NO_WORKER,
         f"nobody can say its {len(mine)} attempt(s) still run ({mine[0].unverified_because});"
         " start a worker: it adopts the supervisors that still run and settles the rest "
         "from their exit records",

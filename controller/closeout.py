@@ -45,6 +45,7 @@ from laneway.controller.clock import iso
 from laneway.controller.config import CloseoutStep, PipelineConfig, render_closeout
 from laneway.controller.durable import make_private_dir, open_private, write_json
 from laneway.controller.models import Attempt, Control, Event, Run
+from laneway.controller.process_group import group_alive
 from laneway.controller.redact import Redactor
 from laneway.controller.states import AttemptState, ControlKind, EventKind, RunState, StepState
 
@@ -264,7 +265,7 @@ def _watch(current: _Running) -> int | None:
     read (or given up on after ``DRAIN_SECONDS`` of silence), else None."""
     now = time.monotonic()
     code = current.process.poll()
-    alive = code is None or _group_alive(current.process.pid)
+    alive = code is None or group_alive(current.process.pid, zombies_count=False)
     if current.kill_at is None and alive:
         if code is None and now >= current.deadline:
             current.timed_out = True
@@ -284,31 +285,6 @@ def _watch(current: _Running) -> int | None:
             return None
     current.pump.stop()
     return code
-
-
-def _group_alive(pgid: int) -> bool:
-    """Is a process of the group still running? Zombies do not count: the controller is
-    no subreaper, so a step's orphans are reaped by init, or (where init does not reap)
-    never, and a zombie holds no output open and can do nothing."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        pids = [name for name in os.listdir("/proc") if name.isascii() and name.isdigit()]
-    except OSError:
-        return True  # no /proc to look in: the signal said someone is there
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        if int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
 
 
 def step_environment(run: Run, directory: Path, environ: dict[str, str]) -> dict[str, str]:

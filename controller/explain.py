@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from laneway.controller import admission, refusal_words
 from laneway.controller.clock import iso
+from laneway.controller.codes import RefusalCode
 from laneway.controller.errors import NotFound
 from laneway.controller.states import AttemptState, JobState
 
@@ -30,6 +31,7 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
     from sqlalchemy import select
 
     from laneway.controller import ledger
+    from laneway.controller.ledger.selection import SELECT_CODE
     from laneway.controller.models import Attempt, Decision, Item, Job, Node
     from laneway.controller.rows import SessionRows
     from laneway.controller.status_nodes import node_has_live_worker, worker_command
@@ -79,11 +81,13 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
         }
         if name not in runs_on:
             detail = {"node": name, "nodes": runs_on}
-            entry["why_not"] = [_blocker("other_node", detail)]
+            entry["why_not"] = [_blocker(RefusalCode.OTHER_NODE, detail)]
         elif name not in live_nodes:
             entry["start"] = worker_command(name, run.runtime_dir)
             if pending:
-                entry["why_not"] = [_blocker("no_worker", _no_worker_detail(entry, job, stage))]
+                entry["why_not"] = [
+                    _blocker(RefusalCode.NO_WORKER, _no_worker_detail(entry, job, stage))
+                ]
         where.append(entry)
     report["placement"] = {
         "nodes": list(stage.nodes) if stage.nodes else None,
@@ -97,7 +101,7 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
         # The choice a selection by yield made of it, with the figures it used.
         report["selection"] = session.execute(
             select(Decision.detail)
-            .where(Decision.job_id == job.id, Decision.reason_code == "select")
+            .where(Decision.job_id == job.id, Decision.reason_code == SELECT_CODE)
             .order_by(Decision.id.desc())
             .limit(1)
         ).scalar()
@@ -106,14 +110,17 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
             session.execute(select(Job.stage, Job.state).where(Job.item_id == job.item_id)).all()
         )
         report["blocked_by"] = [
-            {"code": "needs_pending", "words": f"needs {need}, which is {states[need]}"}
+            {
+                "code": RefusalCode.NEEDS_PENDING,
+                "words": f"needs {need}, which is {states[need]}",
+            }
             for need in stage.needs
             if states.get(need) != JobState.SUCCEEDED.value
         ]
     elif job.state == JobState.READY.value and job.retry_after is not None:
         report["blocked_by"] = [
             {
-                "code": "retry_backoff",
+                "code": RefusalCode.RETRY_BACKOFF,
                 "words": f"waiting out its stage's retry backoff until {iso(job.retry_after)}; "
                 "the controller makes it claimable then",
             }
@@ -151,7 +158,7 @@ def explain_job(session: Session, job_id: int, *, now: datetime) -> dict[str, An
     if concern is None and not live and pending:
         # Said first: until a worker runs on a node that runs it, nothing else matters.
         detail = _no_worker_detail(where[0], job, stage)
-        report["blocked_by"].insert(0, _blocker("no_worker", detail))
+        report["blocked_by"].insert(0, _blocker(RefusalCode.NO_WORKER, detail))
     return report
 
 
@@ -170,7 +177,7 @@ def _next_step(
     return step, concern
 
 
-def _blocker(code: str, detail: dict[str, Any]) -> dict[str, Any]:
+def _blocker(code: RefusalCode, detail: dict[str, Any]) -> dict[str, Any]:
     return {"code": code, "detail": detail, "words": refusal_words.describe(code, detail)}
 
 
@@ -270,8 +277,8 @@ def _explain_on(
         .order_by(Decision.id.desc())
         .limit(1)
     ).first()
-    if newest is not None and newest.reason_code == "secret_missing":
-        blocked.insert(0, _blocker("secret_missing", dict(newest.detail)))
+    if newest is not None and newest.reason_code == RefusalCode.SECRET_MISSING:
+        blocked.insert(0, _blocker(RefusalCode.SECRET_MISSING, dict(newest.detail)))
     peak = ledger.stage_peaks(session, [job.run_id]).get((job.run_id, job.stage), (None, None))
     free = node.mem_available_mib
     arithmetic = {

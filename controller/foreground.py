@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from laneway.controller import advice, controller_lock, db, ledger, ledger_open, pipeline
 from laneway.controller import daemon as daemon_module
+from laneway.controller.codes import OPERATOR_LIFTS, RefusalCode, StepCode
 from laneway.controller.errors import LedgerUnavailable, UsageError
 from laneway.controller.rows import Rows, SessionRows
 from laneway.controller.states import RunState
@@ -46,7 +47,7 @@ LOOK_SECONDS = 1.0
 """How often the loop builds the run's whole status (progress, blocked reasons)."""
 PROBE_SECONDS = 0.1
 """How often, when nothing moved here, the loop reads whether its run finished."""
-BLOCKING_CODES = frozenset({"halted", "unknown_outcome", "paused", "stopped"})
+BLOCKING_CODES = OPERATOR_LIFTS
 """Idle-reason codes (controller/admission.py) only an operator lifts."""
 
 
@@ -163,11 +164,11 @@ def read_view(status: StatusReport) -> RunView:
             if lane.pending
         ),
         closeout_underway=closeout == "running" or (closeout == "pending" and finished),
-        budget_spent=_step_code(status) == "budget",
+        budget_spent=_step_code(status) == RefusalCode.BUDGET,
     )
 
 
-def _step_code(status: StatusReport) -> str | None:
+def _step_code(status: StatusReport) -> StepCode | RefusalCode | str | None:
     step = advice.run_next_step(status)
     return None if step is None else step.code
 
@@ -215,7 +216,7 @@ class ForegroundResult:
                 if not new_run:  # a new run's step is said on its own line below
                     words += f"; next: {step.line()}"
             said.append(Notice("run_blocked", words, fields))
-        if step is not None and step.code == "budget":
+        if step is not None and step.code == RefusalCode.BUDGET:
             # Continuing would pause it again: only more budget lets it go on.
             reused = self.final.totals.get("succeeded", 0)
             words = (
@@ -225,7 +226,7 @@ class ForegroundResult:
             )
             fields = {"run_id": run_id, "command": step.command}
             said.append(Notice("run_budget_spent", words, fields))
-        elif step is not None and step.code == "sources_changed":
+        elif step is not None and step.code == StepCode.SOURCES_CHANGED:
             words = f"laneway: run {run_id} cannot go on: {step.line()}"
             fields = {"run_id": run_id, "command": step.command}
             said.append(Notice("run_sources_changed", words, fields))

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from laneway.controller import advice, ledger, web_links
+from laneway.controller.codes import StepCode
 from laneway.controller.models import Run, Worker
 from laneway.controller.states import Attention
 from laneway.controller.status import build_status
@@ -62,7 +63,7 @@ def place(
     run = session.get(Run, run_id) if run_id is not None else None
     if run is None:
         return Placed(
-            NextStep("unplaced", "see `laneway status`", "laneway status"), None, reason=None
+            NextStep(StepCode.UNPLACED, "see `laneway status`", "laneway status"), None, reason=None
         )
     status = build_status(session, run, now=now)
     where = (
@@ -85,7 +86,7 @@ def place(
         # The run holds nothing for a person any more (it was lifted meanwhile): say
         # where it stands, with the command that shows it.
         step = NextStep(
-            "see_status",
+            StepCode.SEE_STATUS,
             "nothing holds the run now (it was lifted since); its status says where it stands",
             f"laneway status {run.id} --runtime-dir {shlex.quote(run.runtime_dir)}",
         )
@@ -117,7 +118,7 @@ def _worker_lost(session: Session, worker_id: str | None) -> Placed:
     if node is None or run is None:
         return Placed(
             NextStep(
-                "worker_lost",
+                StepCode.WORKER_LOST,
                 f"worker {worker_id} is lost; `laneway status` names the nodes without one",
                 "laneway status",
             ),
@@ -128,7 +129,7 @@ def _worker_lost(session: Session, worker_id: str | None) -> Placed:
         "the supervisors that still run and settles the rest from their exit records"
     )
     return Placed(
-        NextStep("worker_lost", words, worker_command(node, run.runtime_dir)),
+        NextStep(StepCode.WORKER_LOST, words, worker_command(node, run.runtime_dir)),
         web_links.run_path(run.id) + WORKERS_ANCHOR,
     )
 
@@ -138,7 +139,7 @@ def _controller_lost(session: Session) -> Placed:
     if run is None:
         return Placed(
             NextStep(
-                "controller_lost",
+                StepCode.CONTROLLER_LOST,
                 "the controller is lost; no run is active, so nothing waits for it",
                 "laneway runs",
             ),
@@ -146,7 +147,7 @@ def _controller_lost(session: Session) -> Placed:
         )
     return Placed(
         NextStep(
-            "controller_lost",
+            StepCode.CONTROLLER_LOST,
             "the controller is lost: no lease of a lost worker expires, no breaker trips and "
             "no run is closed; start one (or continue the run with `laneway run --continue "
             f"{run.id}`)",

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from laneway.controller.codes import RefusalCode
+
 LANE_NODE = "lane's node"
 """How a stage without ``nodes`` is placed: on the node of the job's lane."""
 
@@ -20,39 +22,40 @@ def placement_words(stage_nodes: Sequence[str] | None) -> str:
 
 def describe(code: str, detail: dict[str, Any]) -> str:
     """A refusal in words, e.g. ``memory_floor — free 900 MiB - unreleased 0 - stage 2048 <
-    floor 1024``."""
-    if code == "memory_floor" and "available_mib" in detail:
+    floor 1024``. ``code``: a ``RefusalCode``, or a code read back from a ledger that this
+    version does not know (worded as its code, or its ``why``)."""
+    if code == RefusalCode.MEMORY_FLOOR and "available_mib" in detail:
         return (
             f"memory_floor — free {detail['available_mib']} MiB - unreleased "
             f"{detail['reserved_mib']} - stage {detail['stage_mib']} < floor {detail['floor_mib']}"
         )
-    if code == "budget" and "key" in detail:
+    if code == RefusalCode.BUDGET and "key" in detail:
         return budget_words(detail)
-    if code in ("lane_cap", "stage_cap"):
+    if code in (RefusalCode.LANE_CAP, RefusalCode.STAGE_CAP):
         return f"{code} — {detail['running']} running, cap {detail['cap']}"
-    if code == "max_jobs":
+    if code == RefusalCode.MAX_JOBS:
         return f"max_jobs — {detail['running']} running, node max_jobs {detail['max_jobs']}"
-    if code in ("halted", "paused", "stopped"):
+    if code in (RefusalCode.HALTED, RefusalCode.PAUSED, RefusalCode.STOPPED):
         return f"{code} ({detail['scope']}) — {detail['reason']}"
-    if code == "unknown_outcome":
+    if code == RefusalCode.UNKNOWN_OUTCOME:
         return (
             f"unknown_outcome — {detail['unknown_attempts']} attempt(s) await `laneway reconcile`"
         )
-    if code == "other_node":
+    if code == RefusalCode.OTHER_NODE:
         return (
             f"other_node — node {detail['node']} does not run this stage; it runs on "
             f"{', '.join(detail['nodes'])}"
         )
-    if code == "rate_limit" and "limit" in detail:
+    if code == RefusalCode.RATE_LIMIT and "limit" in detail:
         return rate_words(detail)
-    if code == "secret_missing":
+    if code == RefusalCode.SECRET_MISSING:
         return (
             f"secret_missing — {', '.join(detail['variables'])} not set in the environment "
             f"of the worker on node {detail['node']}"
         )
-    if code == "needs_pending":
+    if code == RefusalCode.NEEDS_PENDING:
         return "needs_pending — waiting for earlier stages to finish"
-    if code == "no_worker":
+    if code == RefusalCode.NO_WORKER:
         words = f"no_worker — no live worker on node {detail.get('node')}"
         if detail.get("stage") and detail.get("nodes"):
             words += f" (stage {detail['stage']} runs on {', '.join(detail['nodes'])})"

@@ -37,7 +37,9 @@ from sqlalchemy.orm import Session
 
 from laneway.controller import advice, ledger, oom, refusal_words, spend
 from laneway.controller.clock import iso
+from laneway.controller.codes import RefusalCode
 from laneway.controller.evidence import read_exit_record
+from laneway.controller.ledger.selection import SELECT_CODE
 from laneway.controller.models import (
     Artifact,
     Attempt,
@@ -52,7 +54,9 @@ from laneway.controller.models import (
 )
 from laneway.controller.report_window import run_window
 from laneway.controller.states import (
+    AttemptState,
     EventKind,
+    Verdict,
     WorkerState,
 )
 from laneway.controller.status import build_status
@@ -186,11 +190,15 @@ def build_report(
                 {"attempt_id": attempt.id, "item": item.key, "stage": job.stage}
                 | {"node": attempt.node, **found}
             )
-        state = str(attempt.outcome or ("running" if attempt.state != "unknown" else "unknown"))
+        state = str(
+            attempt.outcome or ("running" if attempt.state != AttemptState.UNKNOWN else "unknown")
+        )
         if state == "running" and attempt.id in unverified:
             state = UNVERIFIED
         command_start, command_end = (
-            exit_times(attempt.attempt_dir) if attempt.state == "settled" else (None, None)
+            exit_times(attempt.attempt_dir)
+            if attempt.state == AttemptState.SETTLED
+            else (None, None)
         )
         begun = command_start or attempt.started_at or attempt.intent_at
         # An attempt without a settle lasts to the window's end, which is ``now`` while
@@ -305,7 +313,7 @@ def selection_report(
     how many admissions explored. None for a run without ``select``."""
     if config.select is None:
         return None
-    chosen = [d for d in decisions if d.reason_code == "select"]
+    chosen = [d for d in decisions if d.reason_code == SELECT_CODE]
     latest = chosen[-1].detail if chosen else {}
     groups = sorted({str(i.fields[config.group_field]) for i in config.items})
     over_time: dict[str, list[int]] = {g: [0] * SELECTION_BUCKETS for g in groups}
@@ -515,7 +523,7 @@ def _idle_period(
     worked = any(y > x for x, y in _gaps(unserved, a, until))
     reasons = _reasons(decisions, lane, start, a, b, unserved, dispatched) if worked else []
     if unserved:
-        words = refusal_words.describe("no_worker", {"node": node, "spans": unserved})
+        words = refusal_words.describe(RefusalCode.NO_WORKER, {"node": node, "spans": unserved})
         if missing * 2 >= b - a:
             reasons.insert(0, words)
         else:
@@ -551,10 +559,10 @@ def _reasons(
             last_before[decision.stage] = decision
             continue
         inside = at <= b if dispatched is None else at < dispatched
-        if inside and decision.verdict == "refused":
+        if inside and decision.verdict == Verdict.REFUSED:
             if not any(x <= at < y for x, y in unserved):
                 words.append(refusal_words.describe(decision.reason_code or "", decision.detail))
     for decision in last_before.values():
-        if decision.verdict == "refused":
+        if decision.verdict == Verdict.REFUSED:
             words.insert(0, refusal_words.describe(decision.reason_code or "", decision.detail))
     return list(dict.fromkeys(words))

@@ -19,10 +19,21 @@ from typing import TYPE_CHECKING, Any
 
 from laneway.controller import advice, queries, refusal_words
 from laneway.controller.clock import iso
+from laneway.controller.codes import CONTROL_CODES, RefusalCode, refusal_code
 from laneway.controller.errors import NotFound
 from laneway.controller.pidfile import running_controller
 from laneway.controller.rows import Rows, SessionRows, _json, _moment
-from laneway.controller.states import EventKind, JobState, Verdict, WorkerState
+from laneway.controller.states import (
+    AttemptState,
+    ControlKind,
+    ControlScope,
+    EventKind,
+    JobState,
+    RunState,
+    StepState,
+    Verdict,
+    WorkerState,
+)
 from laneway.controller.status_model import (
     BackingOff,
     Closeout,
@@ -173,7 +184,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
                 stage=stage,
                 lane=lane,
                 node=node,
-                state=state,
+                state=AttemptState(state),
                 pid=pid,
                 elapsed_seconds=round((now - started).total_seconds(), 1),
                 timeout_seconds=stages[stage]["timeout_seconds"] if stage in stages else None,
@@ -212,7 +223,15 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
     ]
 
     controls = [
-        Control(control_id, kind, scope, lane, reason, set_by, iso(_moment(set_at)))
+        Control(
+            control_id,
+            ControlKind(kind),
+            ControlScope(scope),
+            lane,
+            reason,
+            set_by,
+            iso(_moment(set_at)),
+        )
         for control_id, kind, scope, lane, reason, set_by, set_at in source.rows(
             queries.CONTROLS_IN_FORCE, rid
         )
@@ -235,7 +254,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
         run=RunInfo(
             id=run["id"],
             name=run["name"],
-            state=run["state"],
+            state=RunState(run["state"]),
             created_at=iso(run["created_at"]),
             finished_at=iso(run["finished_at"]),
             config_sha256=run["config_sha256"],
@@ -256,7 +275,7 @@ def status_report(source: Rows, run_id: int | None, *, now: datetime) -> StatusR
         no_worker=[
             NoWorker(node, worker_command(node, run["runtime_dir"]))
             for node in nodes
-            if node not in live and run["state"] != "finished"
+            if node not in live and run["state"] != RunState.FINISHED
         ],
         lanes=_lanes(
             source,
@@ -418,7 +437,7 @@ def _lanes(
         running = by_state.get(JobState.RUNNING.value, 0)
         pending = by_state.get(JobState.READY.value, 0) + by_state.get(JobState.WAITING.value, 0)
         reason = None
-        if running == 0 and pending and run["state"] != "finished":
+        if running == 0 and pending and run["state"] != RunState.FINISHED:
             # The nodes that would take the lane's ready jobs: each stage's ``nodes``, or
             # the lane's node (only waiting jobs: the lane's node records why).
             serving = {
@@ -488,23 +507,24 @@ def held_by_control(controls: list[Control], lane: str, *, unknown: int = 0) -> 
     a halt, the run's ``unknown`` attempts, a pause, a stop (global, run or this lane's
     controls); else None."""
 
-    def control_of(kind: str) -> Control | None:
+    def control_of(kind: ControlKind) -> Control | None:
         return next((c for c in controls if c.kind == kind and c.lane in (None, lane)), None)
 
-    def held(code: str, detail: dict[str, Any], since: str | None) -> Reason:
+    def held(code: RefusalCode, detail: dict[str, Any], since: str | None) -> Reason:
         words = refusal_words.describe(code, detail)
         return Reason(code=code, stage=None, since=since, detail=detail, words=words)
 
-    halt = control_of("halt")
+    halt = control_of(ControlKind.HALT)
     if halt is not None:
-        return held("halted", {"scope": halt.scope, "reason": halt.reason}, halt.set_at)
+        detail = {"scope": halt.scope, "reason": halt.reason}
+        return held(RefusalCode.HALTED, detail, halt.set_at)
     if unknown:
-        return held("unknown_outcome", {"unknown_attempts": unknown}, None)
-    for kind, code in (("pause", "paused"), ("stop", "stopped")):
+        return held(RefusalCode.UNKNOWN_OUTCOME, {"unknown_attempts": unknown}, None)
+    for kind in (ControlKind.PAUSE, ControlKind.STOP):
         control = control_of(kind)
         if control is not None:
             detail = {"scope": control.scope, "reason": control.reason}
-            return held(code, detail, control.set_at)
+            return held(CONTROL_CODES[kind], detail, control.set_at)
     return None
 
 
@@ -514,7 +534,7 @@ def _current_refusal(source: Rows, run_id: int, lane: str) -> Reason | None:
     if not found or found[0][0] != Verdict.REFUSED.value:
         return None
     _verdict, reason_code, stage, decided_at, detail, node = found[0]
-    code = reason_code or "refused"
+    code = refusal_code(reason_code) if reason_code else "refused"
     detail = _json(detail) or {}
     return Reason(
         code=code,
@@ -537,7 +557,7 @@ def closeout_state(source: Rows, run: dict[str, Any]) -> Closeout:
     that died while they ran).
     """
     names = [step["name"] for step in run["config"].get("closeout") or []]
-    steps = [CloseoutStep(name, "pending", None) for name in names]
+    steps = [CloseoutStep(name, StepState.PENDING, None) for name in names]
     body = Closeout(
         state="none", step=None, step_count=len(steps), current=None, failed_steps=[], steps=steps
     )
@@ -555,24 +575,33 @@ def closeout_state(source: Rows, run: dict[str, Any]) -> Closeout:
         if step is None:
             continue
         if kind == EventKind.CLOSEOUT_STEP_STARTED:
-            step.state = "running"
+            step.state = StepState.RUNNING
         else:
-            step.state, step.exit_code = detail.get("state"), detail.get("exit_code")
+            step.state, step.exit_code = _step_state(detail.get("state")), detail.get("exit_code")
     if finished is not None:
         for name, state in (finished.get("steps") or {}).items():
             if name in by_name:
-                by_name[name].state = state
-        failed = [s.name for s in steps if s.state != "succeeded"]
+                by_name[name].state = _step_state(state)
+        failed = [s.name for s in steps if s.state != StepState.SUCCEEDED]
         body.state, body.failed_steps = ("failed" if failed else "finished"), failed
         return body
-    not_failed = ("succeeded", "running", "pending")
+    not_failed = (StepState.SUCCEEDED, StepState.RUNNING, StepState.PENDING)
     body.failed_steps = [s.name for s in steps if s.state not in not_failed]
-    current = next((s for s in steps if s.state == "running"), None)
-    if current is None and all(s.state == "pending" for s in steps):
+    current = next((s for s in steps if s.state == StepState.RUNNING), None)
+    if current is None and all(s.state == StepState.PENDING for s in steps):
         body.state = "pending"
         return body
     if current is None:  # between two steps: the next pending one starts on the next tick
-        current = next((s for s in steps if s.state == "pending"), steps[-1])
+        current = next((s for s in steps if s.state == StepState.PENDING), steps[-1])
     number = next(i for i, s in enumerate(steps) if s is current) + 1
     body.state, body.step, body.current = "running", number, current.name
     return body
+
+
+def _step_state(value: Any) -> StepState | None:
+    """A closeout step's state as its event recorded it (None, or text this version does
+    not know, stays as it is)."""
+    try:
+        return StepState(value)
+    except ValueError:
+        return value  # type: ignore[no-any-return]

@@ -7,17 +7,41 @@ form (``laneway status --json``, ``status.json``, ``SUMMARY.json``, ``/api/state
 ``laneway run --json``): keys in the order each dataclass declares its fields.
 
 Standard library only: ``laneway status`` on SQLite imports this without SQLAlchemy.
-Timestamps are ISO text (``clock.iso``), as they are printed.
+Timestamps are ISO text (``clock.iso``), as they are printed. A field that holds a state
+is typed with its enum (``controller/states.py``), a code with ``controller/codes.py``'s:
+``StrEnum`` members, so the JSON form holds the same text.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from laneway.controller.codes import RefusalCode, StepCode, refusal_code, step_code
+from laneway.controller.states import (
+    AttemptState,
+    ControlKind,
+    ControlScope,
+    RunState,
+    StepState,
+    WorkerState,
+)
+
+E = TypeVar("E", bound=StrEnum)
 
 
 def _names(cls: type) -> list[str]:
     return [f.name for f in fields(cls)]
+
+
+def _member(enum: type[E], value: Any) -> Any:
+    """``value`` read back from JSON as the member of ``enum`` it is the text of; anything
+    else (a hand-written body's None) as it is."""
+    try:
+        return enum(value)
+    except ValueError:
+        return value
 
 
 class _Flat:
@@ -34,7 +58,7 @@ class RunInfo(_Flat):
 
     id: int
     name: str
-    state: str
+    state: RunState
     created_at: str | None
     finished_at: str | None
     config_sha256: str
@@ -44,7 +68,7 @@ class RunInfo(_Flat):
 
     @property
     def finished(self) -> bool:
-        return self.state == "finished"
+        return self.state == RunState.FINISHED
 
 
 @dataclass
@@ -52,8 +76,8 @@ class Control(_Flat):
     """A pause, stop or halt in force (global or the run's)."""
 
     id: int
-    kind: str
-    scope: str
+    kind: ControlKind
+    scope: ControlScope
     lane: str | None
     reason: str
     set_by: str
@@ -132,7 +156,7 @@ class RunningAttempt(_Flat):
     stage: str
     lane: str
     node: str
-    state: str
+    state: AttemptState
     pid: int | None
     elapsed_seconds: float
     timeout_seconds: float | None
@@ -190,7 +214,7 @@ class Worker(_Flat):
     host: str
     pid: int
     slots: int
-    state: str
+    state: WorkerState
     live: bool
     started_at: str | None
     heartbeat_at: str | None
@@ -270,12 +294,13 @@ class NoWorker(_Flat):
 @dataclass
 class Reason:
     """Why a lane holds jobs it could start: ``code`` (admission's reason codes, or
-    ``halted``/``paused``/``stopped``/``unknown_outcome``/``no_worker``) in ``words``.
+    ``halted``/``paused``/``stopped``/``unknown_outcome``/``no_worker``: a ``RefusalCode``;
+    a code this version does not know, recorded by an older one, stays text) in ``words``.
 
     ``recorded``: a refusal admission recorded, which names its ``node`` (in ``as_dict``
     only then)."""
 
-    code: str
+    code: RefusalCode | str
     stage: str | None
     since: str | None
     detail: dict[str, Any]
@@ -315,11 +340,11 @@ class NextStep(_Flat):
     """What an operator does about a lane (``advice.next_step``): ``code`` (the holding
     reason: ``budget``, ``sources_changed``, ``halted``, ``breaker``, ``paused``,
     ``stopped``, ``unknown_outcome``, ``no_worker``, a capacity code, ``running``,
-    ``done``, ...), the
+    ``done``, ...: a ``StepCode``, or the ``RefusalCode`` that holds the lane), the
     step in ``words`` and at most one ``command`` (None: nothing to type; it clears by
     itself, or the lane is done)."""
 
-    code: str
+    code: StepCode | RefusalCode | str
     words: str
     command: str | None
 
@@ -394,7 +419,7 @@ class Throughput(_Flat):
 @dataclass
 class CloseoutStep(_Flat):
     name: str
-    state: str | None
+    state: StepState | None
     exit_code: int | None
 
 
@@ -442,6 +467,25 @@ def _with_liveness(worker: dict[str, Any]) -> dict[str, Any]:
     state = worker.get("state")
     guessed = "live" if worker.get("live") else ("stopped" if state == "stopped" else "lost")
     return {**worker, "liveness": guessed}
+
+
+def _typed(entry: dict[str, Any], **enums: type[StrEnum]) -> dict[str, Any]:
+    """An entry read back from JSON with the fields named in ``enums`` as their members."""
+    return {
+        **entry,
+        **{key: _member(enum, entry[key]) for key, enum in enums.items() if key in entry},
+    }
+
+
+def _reason(entry: dict[str, Any]) -> Reason:
+    code = entry["code"]
+    typed = refusal_code(code) if isinstance(code, str) else code
+    return Reason(**{**entry, "code": typed}, recorded="node" in entry)
+
+
+def _next_step(entry: dict[str, Any]) -> NextStep:
+    code = entry["code"]
+    return NextStep(**{**entry, "code": step_code(code) if isinstance(code, str) else code})
 
 
 @dataclass
@@ -527,25 +571,31 @@ class StatusReport:
             reason, step = entry["reason"], entry.get("next_step")
             return Lane(
                 **base,
-                reason=None if reason is None else Reason(**reason, recorded="node" in reason),
+                reason=None if reason is None else _reason(reason),
                 action=Advice(entry["action"]) if "action" in entry else None,
-                next_step=None if step is None else NextStep(**step),
+                next_step=None if step is None else _next_step(step),
             )
 
         closeout = dict(body["closeout"])
-        closeout["steps"] = [CloseoutStep(**step) for step in closeout["steps"]]
+        closeout["steps"] = [
+            CloseoutStep(**_typed(step, state=StepState)) for step in closeout["steps"]
+        ]
         return cls(
-            run=RunInfo(**body["run"]),
+            run=RunInfo(**_typed(body["run"], state=RunState)),
             generated_at=body["generated_at"],
-            controls=[Control(**c) for c in body["controls"]],
+            controls=[
+                Control(**_typed(c, kind=ControlKind, scope=ControlScope)) for c in body["controls"]
+            ],
             unknown=[unknown(u) for u in body["unknown"]],
             jobs=body["jobs"],
             totals=body["totals"],
             reused=body["reused"],
             retry_backoff=[BackingOff(**b) for b in body["retry_backoff"]],
             outcomes=body["outcomes"],
-            running=[RunningAttempt(**r) for r in body["running"]],
-            workers=[Worker(**_with_liveness(w)) for w in body["workers"]],
+            running=[RunningAttempt(**_typed(r, state=AttemptState)) for r in body["running"]],
+            workers=[
+                Worker(**_typed(_with_liveness(w), state=WorkerState)) for w in body["workers"]
+            ],
             nodes=[NodeSummary(**n) for n in body["nodes"]],
             no_worker=[NoWorker(**n) for n in body["no_worker"]],
             lanes=[lane(entry) for entry in body["lanes"]],
@@ -554,7 +604,7 @@ class StatusReport:
             closeout=Closeout(**closeout),
             recent_events=[Event(**e) for e in body["recent_events"]],
             controller=ControllerState(**body["controller"]) if "controller" in body else None,
-            next_step=NextStep(**body["next_step"]) if body.get("next_step") else None,
+            next_step=_next_step(body["next_step"]) if body.get("next_step") else None,
         )
 
     def summary(self) -> dict[str, Any]:

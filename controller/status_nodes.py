@@ -15,6 +15,7 @@ from typing import Any
 
 from laneway.controller import identity, queries, refusal_words
 from laneway.controller.clock import iso
+from laneway.controller.codes import RefusalCode
 from laneway.controller.errors import NotFound
 from laneway.controller.rows import Rows, _moment
 from laneway.controller.states import WorkerState
@@ -116,7 +117,7 @@ def node_workers(source: Rows, nodes: list[str], *, now: datetime) -> list[Worke
                 host=host,
                 pid=pid,
                 slots=slots,
-                state=state,
+                state=WorkerState(state),
                 live=liveness == LIVE,
                 started_at=iso(_moment(started)),
                 heartbeat_at=iso(heartbeat),
@@ -212,11 +213,11 @@ def no_worker_reason(
     if stage is not None and nodes:
         detail.update(stage=stage, nodes=list(nodes))
     return Reason(
-        code="no_worker",
+        code=RefusalCode.NO_WORKER,
         stage=stage,
         since=since,
         detail=detail,
-        words=refusal_words.describe("no_worker", detail),
+        words=refusal_words.describe(RefusalCode.NO_WORKER, detail),
     )
 
 

@@ -50,6 +50,7 @@ import time
 from laneway.controller import crashpoints, durable, faults
 from laneway.controller.crashpoints import crash_point
 from laneway.controller.durable import write_bytes
+from laneway.controller.process_group import group_alive
 from laneway.workers import identity
 from laneway.workers.identity import boot_id, process_start_time
 from laneway.workers.redact import Redactor
@@ -154,16 +155,6 @@ def _on_child(_signum: int, _frame: object) -> None:
     which reaps."""
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _signal_group(pgid: int, signum: int) -> None:
     try:
         os.killpg(pgid, signum)
@@ -194,7 +185,7 @@ def _children() -> list[int]:
 
 def _attempt_alive(pgid: int) -> bool:
     """Any process of the attempt left: in the job's group, or re-parented to us."""
-    return _group_alive(pgid) or bool(_children())
+    return group_alive(pgid, zombies_count=True) or bool(_children())
 
 
 def _signal_attempt(pgid: int, signum: int) -> int:
