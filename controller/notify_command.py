@@ -27,6 +27,7 @@ from typing import IO, Any
 from laneway.controller import environment
 from laneway.controller.config_models import NotifyConfig
 from laneway.controller.notify_delivery import Undelivered
+from laneway.controller.process_group import group_alive
 
 STDERR_TAIL = 8192
 """Bytes of a command's stderr kept (its end): enough for its last line."""
@@ -105,35 +106,11 @@ def _feed(process: subprocess.Popen[bytes], body: bytes) -> None:
         pass  # the command does not read its stdin: its exit says what it made of it
 
 
-def group_alive(pgid: int) -> bool:
-    """Is a process of the group still running? A zombie does not count (it holds
-    nothing open and does nothing; its parent, or init, reaps it)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        pids = [name for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return True  # no /proc to look in: the signal said someone is there
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        if int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
-
-
 def stop_group(pgid: int) -> None:
     """TERM the group, KILL it after ``STOP_GRACE_SECONDS``; back once none of it runs
     (or, where a signal cannot reach it, after the KILL's grace)."""
     for signum in (signal.SIGTERM, signal.SIGKILL):
-        if not group_alive(pgid):
+        if not group_alive(pgid, zombies_count=False):
             return
         try:
             os.killpg(pgid, signum)
@@ -142,7 +119,7 @@ def stop_group(pgid: int) -> None:
         except PermissionError:
             pass  # a member changed its user: what can be stopped was
         until = time.monotonic() + STOP_GRACE_SECONDS
-        while time.monotonic() < until and group_alive(pgid):
+        while time.monotonic() < until and group_alive(pgid, zombies_count=False):
             time.sleep(0.02)
 
 
