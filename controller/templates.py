@@ -8,7 +8,8 @@ it lands in (``render_shell_script``, with controller/shell_quoting.py); ``{name
 inserts it unquoted. The checks a config gets when it is loaded (``placeholder_problems``,
 ``closeout_problems``, ``render_problems``) render every template as attempts will, so a
 value that cannot be inserted is refused before a run starts. The models live in
-controller/config_models.py; their validator calls these checks.
+controller/config_stage.py, below this module; ``PipelineConfig``'s validator
+(controller/config_models.py, above it) calls these checks.
 """
 
 from __future__ import annotations
@@ -16,16 +17,10 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from laneway.controller.config_models import (
-    ENV_REF,
-    NAME_RE,
-    CloseoutStep,
-    ItemConfig,
-    PipelineConfig,
-    StageConfig,
-)
+from laneway.controller.config_fields import ENV_REF, NAME_RE
+from laneway.controller.config_stage import CloseoutStep, ItemConfig, StageConfig
 from laneway.controller.shell_quoting import (
     PLAIN_NUMBER,
     PLAIN_VALUE,
@@ -314,7 +309,18 @@ def render_closeout(
     return render_command(step.argv, values), cwd
 
 
-def preview_argv(config: PipelineConfig) -> dict[str, list[str]]:
+class Previewed(Protocol):
+    """What ``preview_argv`` reads of a config (a ``PipelineConfig``, which sits above
+    this module and is therefore not named here)."""
+
+    @property
+    def stages(self) -> list[StageConfig]: ...
+
+    @property
+    def items(self) -> list[ItemConfig]: ...
+
+
+def preview_argv(config: Previewed) -> dict[str, list[str]]:
     """Each stage's argv rendered for the first item, as a run would start it (for
     ``dry-run``); empty when the config has no items."""
     if not config.items:
