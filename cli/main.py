@@ -43,8 +43,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "commands_run",
         "plan_run",
         "What a new run of CONFIG would do, before anything is created: per stage, how "
-        "many jobs would be reused (from which run) and how many would run, and why (which "
-        "file, field, definition or input changed; what it needs runs again; new), then the "
+        "many jobs would be reused (from which run; with --reuse-despite, how many of them "
+        "although a file changed) and how many would run, and why (which file, field, "
+        "definition or input changed; what it needs runs again; new), what a paid stage's "
+        "jobs cost (measured from earlier attempts' usage, else expected_usage), then the "
         "expected spend against each budget. Reads the ledger only. Exit 1 if preflight "
         "refuses, 2 if the config is invalid.",
     ),
