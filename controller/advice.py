@@ -1,33 +1,38 @@
-"""What an operator needs to do about a lane: one ``NextStep`` per holding reason, built
-from a ``status_report`` (read-only).
+"""What an operator needs to do about a run and each of its lanes, from a
+``status_report`` (read-only): the ONE order of concerns every view weighs.
 
-``next_step(lane, status)`` is the one mapping. ``status_report`` sets each lane's
-``next_step`` with it, so ``laneway status`` (text and ``--json``), ``status --watch``,
-the live display of ``laneway run``, the web page (``/api/state``) and ``laneway run``'s
-exit message (``run_next_step``) all say the same thing. Each step names at most ONE
-command:
+``run_concern(status)`` is what the run itself needs, first: unknown outcomes (the
+reconcile command of the first; ``reconcile --run N --from-evidence`` on the node's host
+when a restarted worker noted conclusive evidence there), frozen sources that changed
+(the halt of ``controller/ledger/claim.py::_halt_on_source_drift``: a new run, naming
+the files; ``clear-halt`` cannot lift it), a halt (``clear-halt``), a budget that leaves
+nothing more to start (a pause whose reason begins with ``usage.BUDGET_SPENT``: raise
+``budget`` and start a new run, ``laneway run <config> --new``, which reuses every job
+that succeeded; never ``resume``, which would pause it again), the infrastructure
+breaker's pause, a pause, a stop (``resume``). Only run-wide controls count here.
 
-- a budget that leaves nothing more to start (a pause whose reason begins with
-  ``usage.BUDGET_SPENT``, or admission's ``budget`` refusal): raise ``budget`` in the
-  config and start a new run (``laneway run CONFIG --new``), which reuses every job that
-  succeeded; never ``resume``, which would pause it again;
-- frozen sources that changed (the halt of
-  ``controller/ledger/claim.py::_halt_on_source_drift``): a new run, naming the files;
-  ``clear-halt`` cannot lift it (the next claim halts again);
-- a halt, a pause (the infrastructure breaker's too), a stop: ``clear-halt`` / ``resume``;
-- unknown outcomes: the reconcile command of the first unknown attempt;
-- no live worker: the command that starts one;
-- a capacity refusal (a cap, full slots, earlier stages pending): nothing to do, it
-  clears by itself (no command);
+``next_step(lane, status)`` is each lane's step; ``status_report`` sets it on every lane:
+
 - a running lane: nothing to do, unless every attempt it has in flight is unverified
   (its worker stale or lost): the command that starts a worker of its node;
-- a lane with nothing left to start: done (no command);
-- a controller that is gone (``StatusReport.controller``, known on SQLite) while the run
-  is active: ``no_controller``, the command that continues the run in the foreground
-  (``laneway run --continue N``; its words name ``laneway controller`` too), in place of
-  every step that would otherwise wait for the controller (running, done, a capacity
-  wait, no worker); never in place of what a person must lift first (``OPERATOR_FIRST``:
-  unknown outcomes, a halt, pause or stop, the breaker, a budget, changed sources).
+- a lane with nothing left to start: done (no command), unless its run is halted or has
+  an unknown outcome (``HALTING``), which it then shows;
+- a lane with work: the run's concern if there is one; else its own hold (a lane's
+  pause, admission's ``budget`` refusal, a secret the worker lacks), no live worker (the
+  command that starts one), or a capacity refusal (a cap, full slots, earlier stages
+  pending: nothing to do, it clears by itself);
+- no controller (``StatusReport.controller`` gone or stopped) while the run has work it
+  could do and no concern: ``no_controller``, the command that continues the run in the
+  foreground (``laneway run --continue N``; its words name ``laneway controller`` too);
+  never in place of what a person must lift first (``OPERATOR_FIRST``), never on a done
+  lane.
+
+``run_next_step(status)`` is the run's one step (``StatusReport.next_step``), which
+``laneway status`` (text and ``--json``), ``status --watch``, the live display and exit
+message of ``laneway run``, ``explain``, the web page's banner, the report, the metrics
+and every notification lead with: the run's concern; else a lane's own hold; else a
+missing controller; else the first lane step with a command (``RUN_ORDER``); None when
+nobody is needed. Each step names at most ONE command.
 """
 
 from __future__ import annotations
@@ -132,7 +137,7 @@ nothing and cannot finish until they are lifted."""
 
 def run_concern(status: StatusReport) -> NextStep | None:
     """What the run itself needs before anything else, or None: the ONE order every view
-    weighs first (``docs/operations.md``, "One next step"): an unknown outcome (the first
+    weighs first (the module docstring says the whole order): an unknown outcome (the first
     unknown attempt's reconcile command), a halt over changed sources (a new run), a
     halt, the budget (raise it, then a new run), the infrastructure breaker's pause, a
     pause, a stop. Only the run-wide controls count (``scope`` run or global); a lane's
