@@ -220,6 +220,9 @@ def worker(
             gpu=gpu,
         )
         worker_id = service.start()
+    # The handler before the line that says it started: a TERM right after that line
+    # stops the worker cleanly (the wait for its node restored the default action).
+    stopper = common.Stopper(log)
     log(
         "worker_started",
         f"laneway worker {worker_id}: node {node}, {slots} slots",
@@ -240,7 +243,6 @@ def worker(
         "notify_error", f"laneway worker {worker_id}: {line}", reason=line
     )
     notifier.start()
-    stopper = common.Stopper(log)
     try:
         service.serve(stopper.stop)
     finally:
@@ -459,10 +461,12 @@ def controller(
         except LanewayError as error:
             common.fail(error)
     controller_lock.claim_pidfile(runtime)
+    # The handler before the line that says it started: a TERM right after that line
+    # stops it cleanly (the wait for the ledger restored the default action).
+    stopper = common.Stopper(log, drains=False)
     log("controller_started", f"laneway controller: {runtime}", runtime_dir=str(runtime))
     if metrics_url:
         log("metrics", f"laneway controller: metrics at {metrics_url}metrics", url=metrics_url)
-    stopper = common.Stopper(log, drains=False)
     try:
         serving = daemon_module.Controller(engine, lost_after_seconds=lost_after, notify=option)
         _log_outages(serving, log, "laneway controller")

@@ -81,17 +81,23 @@ def test_a_dripping_receiver_delays_no_other_channels_notification(
         good.on_arrival.append(lambda: seen_dripping.append(drip.dripping.is_set()))
         notifier = notifier_of(engine, clock, None)
         halt(factory, clock, slow)  # first: one thread delivering in order would drip on
-        halt(factory, clock, other)
         notifier.start()
         try:
+            # A handshake, not a race: the other run's halt happens once the first one's
+            # answer has begun to drip (each receiver's thread starts on its own).
+            wait_until(drip.dripping.is_set)
+            halt(factory, clock, other)
             wait_until(lambda: good.requests)
             # The other run's halt arrived while the first one's answer was dripping.
             assert seen_dripping == [True]
             assert wait_until(lambda: dict(notifications(factory)).get(other) == "delivered")
         finally:
-            drip.done.set()  # the drip ends: the server closes, the try fails
+            drip.done.set()  # the drip ends: the server closes, the try ends
             notifier.stop()
-    assert dict(notifications(factory)) == {slow: "failed", other: "delivered"}
+    # The dripping one ended too, either way (its 204 status line came whole; whether the
+    # header block's cut end is read as its end depends on when the close lands).
+    ended = dict(notifications(factory))
+    assert ended[other] == "delivered" and ended[slow] in ("failed", "delivered"), ended
 
 
 @pytest.mark.parametrize("hostile", [{"drip": 0.02}, {"hang": True}])

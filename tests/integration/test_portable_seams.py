@@ -180,7 +180,8 @@ def test_a_portable_worker_beside_a_linux_one_survives_kill_9_and_runs_nothing_t
         return all(a.state == "running" and a.worker_id == current[0].id for a in now)
 
     wait_until(adopted, timeout=90)
-    assert "adopted live supervisor" in _log(nodes, "portable"), _log(nodes, "portable")
+    # Its log line follows the adoption's commit: wait for it rather than race it.
+    wait_until(lambda: "adopted live supervisor" in _log(nodes, "portable"), timeout=90)
 
     # kill -9 of one supervisor: no exit record, so its attempt is unknown, never re-run.
     victim = doomed[0]
