@@ -38,7 +38,7 @@ WORKERS_ANCHOR = "#workers"
 
 @dataclass(frozen=True)
 class Placed:
-    """A notice's next step and where to look: ``link`` is a dashboard path (None: no
+    """A notice's next step and where to look: ``path`` is a dashboard path (None: no
     page fits); ``reason`` replaces the notice's when set (a finished run's counts)."""
 
     step: NextStep
